@@ -1,0 +1,1 @@
+"""End-to-end harness, load generator and demo for model-rollout."""

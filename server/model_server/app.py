@@ -1,0 +1,123 @@
+"""Wires the engine manager, HTTP API and control socket into one aiohttp application."""
+
+from __future__ import annotations
+
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+
+from .audit import AuditLog
+from .auth import AccessPolicy
+from .backends import Backend, make_backend
+from .config import ModelSpec, ServerConfig
+from .control_socket import ControlSocketServer
+from .engine_manager import EngineManager
+from .errors import ServingError
+from .http_api import MANAGER, METRICS, POLICY, add_routes, json_errors
+from .metrics import ServerMetrics
+from .repository import ModelRepository, check_name
+
+log = logging.getLogger(__name__)
+CURRENT_FILE = "CURRENT"
+
+
+def natural_key(text: str) -> list[object]:
+    """``v2`` < ``v10``: compare digit runs as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+class ModelServer:
+    def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self.policy = AccessPolicy.from_files(config.admin_token_file, config.tenants_file)
+        self.metrics = ServerMetrics()
+        self.audit = AuditLog(config.audit_log)
+        self.repository = ModelRepository(config.repository)
+        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="infer")
+        budget = config.memory_budget_mb
+        self.manager = EngineManager(
+            backend or make_backend(config.backend, config.cache_dir),
+            self.repository,
+            self.metrics,
+            self.audit,
+            retain=config.retain,
+            memory_budget_bytes=int(budget * 2**20) if budget else None,
+            executor=self.executor,
+        )
+        self.control = (
+            ControlSocketServer(self.manager, config.control_socket)
+            if config.control_socket
+            else None
+        )
+
+    def model_specs(self) -> list[ModelSpec]:
+        specs = list(self.config.models)
+        for tenant in self.policy.tenants.values():
+            specs += [ModelSpec(f"{tenant.name}/{m}") for m in tenant.models]
+        if not specs:  # serve every model found at the top of the repository
+            root = self.repository.root
+            specs = (
+                [
+                    ModelSpec(p.name)
+                    for p in sorted(root.iterdir())
+                    if p.is_dir() and self.repository.versions(p.name)
+                ]
+                if root.is_dir()
+                else []
+            )
+        return specs
+
+    def initial_version(self, spec: ModelSpec) -> str | None:
+        if spec.version:
+            return spec.version
+        current = self.repository.model_dir(spec.key) / CURRENT_FILE
+        if current.is_file():
+            return check_name("version", current.read_text().strip())
+        versions = sorted(self.repository.versions(spec.key), key=natural_key)
+        return versions[-1] if versions else None
+
+    async def start(self, app: web.Application) -> None:
+        for spec in self.model_specs():
+            self.manager.register(spec.key)
+            version = self.initial_version(spec)
+            if version is None:
+                log.warning("model %s has no version yet; not ready until one is loaded", spec.key)
+                continue
+            try:
+                await self.manager.load(spec.key, version, who="startup", source="startup")
+            except ServingError as exc:
+                log.error("could not load %s:%s at start: %s", spec.key, version, exc.message)
+        if self.control is not None:
+            await self.control.start()
+
+    async def stop(self, app: web.Application) -> None:
+        if self.control is not None:
+            await self.control.stop()
+        self.manager.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
+        app[MANAGER] = self.manager
+        app[POLICY] = self.policy
+        app[METRICS] = self.metrics
+        app[SERVER] = self
+        add_routes(app)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+
+SERVER = web.AppKey("server", ModelServer)
+
+
+def create_app(config: ServerConfig, backend: Backend | None = None) -> web.Application:
+    return ModelServer(config, backend).make_app()
+
+
+def run(config: ServerConfig) -> None:
+    Path(config.repository).mkdir(parents=True, exist_ok=True)
+    web.run_app(create_app(config), host=config.host, port=config.port, print=None, access_log=None)

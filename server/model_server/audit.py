@@ -1,0 +1,47 @@
+"""Structured JSON audit log: one line per load, swap, rollback or refusal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("model_server.audit")
+
+
+@dataclass
+class AuditEvent:
+    action: str  # load | rollback | startup
+    model: str
+    version: str
+    who: str
+    source: str  # http | socket | startup
+    result: str  # success | failure | noop
+    from_version: str | None = None
+    digest: str | None = None
+    duration_s: float | None = None
+    error: str | None = None
+
+
+class AuditLog:
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        self.events: list[dict[str, Any]] = []  # recent events, for /v1/audit and tests
+        self.max_kept = 1000
+
+    def record(self, event: AuditEvent) -> dict[str, Any]:
+        entry = {"ts": time.time(), **asdict(event)}
+        line = json.dumps(entry, sort_keys=True)
+        with self._lock:
+            self.events.append(entry)
+            del self.events[: -self.max_kept]
+            if self.path is not None:
+                with self.path.open("a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+        log.info(line)
+        return entry

@@ -1,0 +1,112 @@
+"""ONNX Runtime on the CPU: the embedded default backend.
+
+Graph optimisation is done once per (model, runtime, CPU) and the optimised model is
+kept in the engine cache, mirroring how TensorRT engines are cached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..device_info import cpu_name
+from ..digest import sha256_file
+from ..engine_cache import CacheKey, EngineCache
+from .base import TensorSpec
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _spec(arg: ort.NodeArg) -> TensorSpec:
+    dtype = _ORT_TYPES.get(arg.type)
+    if dtype is None:
+        raise ValueError(f"tensor {arg.name!r} has unsupported type {arg.type}")
+    shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
+    return TensorSpec(arg.name, np.dtype(dtype), shape)
+
+
+class OnnxRuntimeEngine:
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session: ort.InferenceSession | None = session
+        self._closed = threading.Event()
+        self.inputs = tuple(_spec(a) for a in session.get_inputs())
+        self.outputs = tuple(_spec(a) for a in session.get_outputs())
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self._session
+        if session is None:
+            raise RuntimeError("engine is closed")
+        names = [o.name for o in self.outputs]
+        return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+
+    def close(self) -> None:
+        self._session = None  # the session frees its memory when the last reference goes
+        self._closed.set()
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+    #: ONNX Runtime holds the weights plus its arena; twice the file is a safe estimate.
+    memory_factor = 2.0
+
+    def __init__(self, cache: EngineCache | None = None, intra_op_threads: int = 1) -> None:
+        self.cache = cache
+        self.intra_op_threads = intra_op_threads
+        self.last_cache_hit: bool | None = None
+
+    def estimate_memory_bytes(self, path: Path) -> int:
+        return int(path.stat().st_size * self.memory_factor)
+
+    def _options(self) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        return options
+
+    def cache_key(self, path: Path) -> CacheKey:
+        return CacheKey(
+            model_name=path.parent.parent.name or path.stem,
+            model_sha256=sha256_file(path),
+            runtime=f"ort{ort.__version__}",
+            device=cpu_name(),
+            precision="fp32",
+            shape_profile="dynamic",
+        )
+
+    def _optimize(self, source: Path, target: Path) -> None:
+        options = self._options()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(target)
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+    def load(self, path: Path) -> OnnxRuntimeEngine:
+        if self.cache is None:
+            options = self._options()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            return OnnxRuntimeEngine(session)
+        with self.cache.open(self.cache_key(path), lambda tmp: self._optimize(path, tmp)) as hit:
+            self.last_cache_hit = hit.hit
+            options = self._options()
+            # already optimised for this CPU: skip the expensive passes on every load
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            session = ort.InferenceSession(
+                str(hit.path), options, providers=["CPUExecutionProvider"]
+            )
+        return OnnxRuntimeEngine(session)

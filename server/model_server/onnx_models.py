@@ -1,0 +1,90 @@
+"""Small real ONNX models (MatMul/Add/Relu MLPs) built with ``onnx.helper``.
+
+Used by the demo, the benchmarks and the tests; no weights are downloaded. The same
+seed always gives the same weights, and :func:`reference_forward` computes what any
+correct backend must answer, so a response can be attributed to exactly one version.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+INPUT_NAME = "input"
+OUTPUT_NAME = "output"
+
+
+@dataclass(frozen=True)
+class MlpWeights:
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    @classmethod
+    def random(cls, seed: int, in_dim: int, hidden: int, out_dim: int, depth: int) -> MlpWeights:
+        rng = np.random.default_rng(seed)
+        dims = [in_dim] + [hidden] * (depth - 1) + [out_dim]
+        return cls(
+            tuple(
+                (
+                    (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
+                    rng.standard_normal(b).astype(np.float32) * 0.1,
+                )
+                for a, b in itertools.pairwise(dims)
+            )
+        )
+
+
+def build_mlp(weights: MlpWeights) -> onnx.ModelProto:
+    nodes, inits = [], []
+    current = INPUT_NAME
+    for i, (w, b) in enumerate(weights.layers):
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        last = i == len(weights.layers) - 1
+        nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"mm{i}"]))
+        added = OUTPUT_NAME if last else f"add{i}"
+        nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [added]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [added], [f"relu{i}"]))
+            current = f"relu{i}"
+    in_dim = weights.layers[0][0].shape[0]
+    out_dim = weights.layers[-1][0].shape[1]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", in_dim])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", out_dim])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # readable by older runtimes too
+    onnx.checker.check_model(model)
+    return model
+
+
+def reference_forward(weights: MlpWeights, x: np.ndarray) -> np.ndarray:
+    out = x.astype(np.float32)
+    for i, (w, b) in enumerate(weights.layers):
+        out = out @ w + b
+        if i < len(weights.layers) - 1:
+            out = np.maximum(out, 0)
+    return out
+
+
+def write_mlp(
+    path: str | Path,
+    seed: int,
+    in_dim: int = 8,
+    hidden: int = 16,
+    out_dim: int = 4,
+    depth: int = 3,
+) -> MlpWeights:
+    """Write an MLP to ``path`` and return its weights (for reference outputs)."""
+    weights = MlpWeights.random(seed, in_dim, hidden, out_dim, depth)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_mlp(weights), str(path))
+    return weights

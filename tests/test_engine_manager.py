@@ -1,0 +1,148 @@
+"""Engine manager semantics below HTTP: reference counting, retention, memory budget."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import add_version
+from model_server.audit import AuditLog
+from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.engine_manager import EngineManager
+from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded
+from model_server.metrics import ServerMetrics
+from model_server.repository import ModelRepository
+
+
+class GatedBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose engines block inference until a gate opens (to hold requests
+    in flight across a swap), and whose v-nan model produces NaN at warm-up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.closed: list[Path] = []
+
+    def load(self, path: Path):  # type: ignore[override]
+        engine = super().load(path)
+        backend = self
+        inner_infer, inner_close = engine.infer, engine.close
+
+        def infer(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            backend.gate.wait(10)
+            out = inner_infer(feeds)
+            if "nan" in str(path):
+                out = {k: v * np.nan for k, v in out.items()}
+            return out
+
+        def close() -> None:
+            backend.closed.append(path)
+            inner_close()
+
+        engine.infer = infer  # type: ignore[method-assign]
+        engine.close = close  # type: ignore[method-assign]
+        return engine
+
+
+def make_manager(root: Path, retain: int = 2, budget: int | None = None) -> EngineManager:
+    manager = EngineManager(
+        GatedBackend(),
+        ModelRepository(root),
+        ServerMetrics(),
+        AuditLog(),
+        retain=retain,
+        memory_budget_bytes=budget,
+    )
+    manager.register("mlp")
+    return manager
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    for i in (1, 2, 3):
+        add_version(tmp_path, "mlp", f"v{i}", seed=i)
+    add_version(tmp_path, "mlp", "vnan", seed=9)
+    return tmp_path
+
+
+X = {"input": np.ones((1, 8), np.float32)}
+
+
+async def test_old_engine_freed_only_after_its_in_flight_requests(root: Path) -> None:
+    manager = make_manager(root, retain=1)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    await manager.load("mlp", "v1")
+    backend.gate.clear()
+    in_flight = [asyncio.create_task(manager.infer("mlp", X)) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    slot = manager.slot("mlp")
+    v1 = slot.current
+    assert v1 is not None and v1.in_flight == 5
+    loading = asyncio.create_task(manager.load("mlp", "v2"))
+    await asyncio.sleep(0.3)
+    assert not loading.done()  # its warm-up waits on the gate as well
+    backend.gate.set()
+    result = await loading
+    assert result.from_version == "v1" and result.to_version == "v2"
+    answers = await asyncio.gather(*in_flight)
+    assert [v.version for v, _ in answers] == ["v1"] * 5  # all pinned to v1, all answered
+    assert v1.closed and v1.in_flight == 0
+    assert backend.closed == [v1.path]
+
+
+async def test_retained_version_is_an_instant_rollback(root: Path) -> None:
+    manager = make_manager(root, retain=2)
+    await manager.load("mlp", "v1")
+    await manager.load("mlp", "v2")
+    result = await manager.rollback("mlp")
+    assert (result.from_version, result.to_version, result.instant) == ("v2", "v1", True)
+    assert result.duration_s < 0.01
+    await manager.load("mlp", "v3")  # v2 was least recently served: evicted
+    assert [v.version for v in manager.slot("mlp").loaded()] == ["v1", "v3"]
+    assert manager.slot("mlp").closed_versions == ["v2"]
+    with pytest.raises(Conflict):
+        await manager.rollback("mlp", "v2")
+
+
+async def test_warm_up_failure_keeps_old_version(root: Path) -> None:
+    manager = make_manager(root)
+    await manager.load("mlp", "v1")
+    with pytest.raises(LoadRefused, match="warm-up"):
+        await manager.load("mlp", "vnan")
+    slot = manager.slot("mlp")
+    assert slot.current is not None and slot.current.version == "v1"
+    assert [v.version for v in slot.loaded()] == ["v1"]
+    assert manager.audit.events[-1]["result"] == "failure"
+
+
+async def test_memory_budget_refuses_a_load_that_does_not_fit(root: Path) -> None:
+    size = (root / "mlp" / "v1" / "model.onnx").stat().st_size
+    per_version = int(size * OnnxRuntimeBackend.memory_factor)
+    # room for two versions (the double buffer) but not three
+    manager = make_manager(root, retain=3, budget=int(per_version * 2.5))
+    await manager.load("mlp", "v1")
+    await manager.load("mlp", "v2")
+    await manager.load("mlp", "v3")  # evicts the retained v1 to make room
+    assert [v.version for v in manager.slot("mlp").loaded()] == ["v2", "v3"]
+
+    tight = make_manager(root, retain=2, budget=int(per_version * 1.5))
+    await tight.load("mlp", "v1")
+    with pytest.raises(MemoryBudgetExceeded, match="memory budget"):
+        await tight.load("mlp", "v2")
+    assert tight.slot("mlp").current.version == "v1"  # type: ignore[union-attr]
+
+
+async def test_path_outside_repository_is_refused(root: Path, tmp_path_factory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    version = add_version(elsewhere, "mlp", "v9", seed=9)
+    manager = make_manager(root)
+    await manager.load("mlp", "v1")
+    with pytest.raises(Exception, match="outside the trusted model directory"):
+        await manager.load("mlp", "v9", path=version.path, expected_sha256=version.sha256)

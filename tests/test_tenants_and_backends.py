@@ -1,0 +1,136 @@
+"""Per-tenant API keys route to per-tenant models; optional backends fail clearly."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from aiohttp.test_utils import TestClient, TestServer
+
+from helpers import add_version, infer_body, which_version
+from model_server.app import ModelServer
+from model_server.backends import BackendUnavailable, make_backend
+from model_server.config import ServerConfig
+
+X = np.ones((1, 8), np.float32)
+
+
+async def test_api_keys_route_to_tenant_models(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    acme = {"v1": add_version(root, "acme/mlp", "v1", seed=11)}
+    globex = {"v1": add_version(root, "globex/mlp", "v1", seed=22)}
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": {
+                    "acme": {"api_key": "key-acme", "models": ["mlp"]},
+                    "globex": {"api_key": "key-globex", "models": ["mlp"]},
+                }
+            }
+        )
+    )
+    app = ModelServer(ServerConfig(repository=root, tenants_file=tenants)).make_app()
+    async with TestClient(TestServer(app)) as client:
+        for key, versions in (("key-acme", acme), ("key-globex", globex)):
+            response = await client.post(
+                "/v2/models/mlp/infer",
+                json=infer_body(X),
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert response.status == 200
+            which_version(versions, X, await response.json())
+        assert (await client.post("/v2/models/mlp/infer", json=infer_body(X))).status == 401
+        response = await client.post(
+            "/v2/models/mlp/infer", json=infer_body(X), headers={"X-API-Key": "stolen"}
+        )
+        assert response.status == 401
+        listing = await (await client.get("/v1/models", headers={"X-API-Key": "key-acme"})).json()
+        assert [m["name"] for m in listing["models"]] == ["mlp"]
+        # no admin token configured: the admin API is off, not open
+        response = await client.post("/v1/reload?model=acme/mlp&target_version=v1")
+        assert response.status == 403
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT present")
+def test_missing_tensorrt_is_a_clear_message() -> None:
+    import model_server.backends.tensorrt_backend  # noqa: F401  importing never needs TensorRT
+
+    with pytest.raises(BackendUnavailable, match=r"TensorRT .*pip install"):
+        make_backend("tensorrt")
+
+
+def test_cli_reports_missing_backend(tmp_path: Path) -> None:
+    import subprocess
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("TensorRT present")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "model_server",
+            "--repository",
+            str(tmp_path),
+            "--backend",
+            "tensorrt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "TensorRT" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_torch_backend_matches_reference(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch not installed")
+    version = add_version(tmp_path, "mlp", "v1", seed=4)
+    engine = make_backend("torch", device="cpu").load(version.path)
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(engine.infer({"input": x})["output"], version.expected(x), atol=1e-5)
+    assert engine.inputs[0].shape == (-1, 8)
+    engine.close()
+
+
+_no_gpu = "needs TensorRT and an NVIDIA GPU (run on the device machine)"
+
+
+@pytest.mark.gpu
+def test_tensorrt_builds_caches_and_serves(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt", reason=_no_gpu)
+    from model_server.backends.cuda_memory import device_count
+    from model_server.backends.tensorrt_backend import ShapeProfile, TensorRTBackend
+    from model_server.engine_cache import EngineCache
+
+    if device_count() == 0:
+        pytest.skip(_no_gpu)
+    version = add_version(tmp_path / "repo", "mlp", "v1", seed=4)
+    profile = ShapeProfile({"input": ((1, 8), (4, 8), (16, 8))})
+    backend = TensorRTBackend(EngineCache(tmp_path / "cache"), precision="fp32", profile=profile)
+    engine = backend.load(version.path)
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(engine.infer({"input": x})["output"], version.expected(x), atol=1e-3)
+    engine.close()
+    assert len(backend.cache.entries()) == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.gpu
+def test_cuda_memory_round_trip() -> None:
+    from model_server.backends.cuda_memory import CudaStream, DeviceBuffer, device_count
+
+    if device_count() == 0:
+        pytest.skip("needs an NVIDIA GPU and cuda-python (run on the device machine)")
+    stream, buffer = CudaStream(), DeviceBuffer()
+    data = np.arange(1024, dtype=np.float32)
+    buffer.copy_from_host(data, stream)
+    out = np.empty_like(data)
+    buffer.copy_to_host(out, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(out, data)
+    buffer.free()
+    stream.close()
