@@ -54,3 +54,27 @@ def model_server(client: TestClient) -> ModelServer:
 
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One SeaweedFS (S3) per test session; each test uses its own bucket."""
+    from model_rollout_e2e.seaweed import SeaweedFS, weed_binary
+
+    try:
+        weed_binary()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(seaweed, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from model_rollout_e2e.seaweed import CREDENTIALS
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", CREDENTIALS["region_name"])
+    return seaweed

@@ -43,15 +43,30 @@ class LoadResult:
 
 
 def v2_body(x: np.ndarray, input_name: str = "input") -> dict:
-    return {"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}]}
+    return {
+        "inputs": [
+            {
+                "name": input_name,
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
 
 
 class LoadGenerator:
     """``concurrency`` workers each send one request at a time to a random target URL."""
 
-    def __init__(self, targets: Sequence[str], model: str, in_dim: int, concurrency: int = 8,
-                 timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        targets: Sequence[str],
+        model: str,
+        in_dim: int,
+        concurrency: int = 8,
+        timeout_s: float = 10.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.targets = list(targets)
         self.model = model
         self.concurrency = concurrency
@@ -72,8 +87,9 @@ class LoadGenerator:
             started = self.now()
             t = time.perf_counter()
             try:
-                async with session.post(f"{target}/v2/models/{self.model}/infer",
-                                        json=self.body, headers=self.headers) as response:
+                async with session.post(
+                    f"{target}/v2/models/{self.model}/infer", json=self.body, headers=self.headers
+                ) as response:
                     payload = await response.json(content_type=None)
                     ok = response.status == 200
                     version = payload.get("model_version") if ok else None
@@ -90,8 +106,9 @@ class LoadGenerator:
         self._t0 = self._t0 or time.monotonic()
         connector = aiohttp.TCPConnector(limit=self.concurrency * 2)
         async with aiohttp.ClientSession(connector=connector, timeout=self.timeout) as session:
-            workers = [asyncio.create_task(self._worker(session, i))
-                       for i in range(self.concurrency)]
+            workers = [
+                asyncio.create_task(self._worker(session, i)) for i in range(self.concurrency)
+            ]
             if duration_s is not None:
                 await asyncio.sleep(duration_s)
                 self._stop.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,15 +17,9 @@ from .engine_manager import EngineManager
 from .errors import ServingError
 from .http_api import MANAGER, METRICS, POLICY, add_routes, json_errors
 from .metrics import ServerMetrics
-from .repository import ModelRepository, check_name
+from .repository import CURRENT_FILE, ModelRepository, check_name, natural_key
 
 log = logging.getLogger(__name__)
-CURRENT_FILE = "CURRENT"
-
-
-def natural_key(text: str) -> list[object]:
-    """``v2`` < ``v10``: compare digit runs as numbers."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 class ModelServer:

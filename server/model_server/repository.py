@@ -10,6 +10,12 @@ from .errors import BadRequest, Forbidden, VersionNotFound
 from .manifest import MANIFEST_NAME, MODEL_FILE_NAMES, Manifest, ManifestError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CURRENT_FILE = "CURRENT"  # a model directory's version to serve at start (init container)
+
+
+def natural_key(text: str) -> list[object]:
+    """``v2`` < ``v10``: compare digit runs as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def check_name(kind: str, value: str) -> str:

@@ -1,0 +1,1 @@
+"""Model sidecar: pre-pulls (init mode) and hot-delivers (watch mode) verified engines."""

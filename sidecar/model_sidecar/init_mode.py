@@ -1,0 +1,52 @@
+"""Init-container mode: pre-pull the target (and previous) version before the server starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from model_server.repository import CURRENT_FILE, natural_key
+
+from .fetcher import Fetcher
+from .store import ModelStore, StoreError
+from .verify import VerificationError
+
+log = logging.getLogger(__name__)
+
+
+def predecessor(store: ModelStore, model: str, version: str) -> str | None:
+    """The version published just before ``version`` (natural order), for rollback."""
+    versions = sorted(store.list_children(model), key=natural_key)
+    older = [v for v in versions if natural_key(v) < natural_key(version)]
+    return older[-1] if older else None
+
+
+async def pre_pull(fetcher: Fetcher, model: str, target: str, previous: str | None) -> int:
+    """Fetch ``target`` (required) and ``previous`` (best effort); returns an exit code."""
+    try:
+        result = await fetcher.fetch(model, target)
+    except (VerificationError, StoreError) as exc:
+        log.error("cannot pre-pull %s:%s: %s", model, target, exc)
+        return 1
+    log.info(
+        "%s:%s ready at %s (%s)",
+        model,
+        target,
+        result.local.file,
+        "downloaded" if result.downloaded_bytes else "already present",
+    )
+    if previous is None:
+        try:
+            previous = predecessor(fetcher.store, model, target)
+        except StoreError as exc:
+            log.warning("cannot list %s versions: %s", model, exc)
+    if previous and previous != target:
+        try:
+            await fetcher.fetch(model, previous)
+        except (VerificationError, StoreError) as exc:
+            log.warning("previous version %s:%s not pre-pulled: %s", model, previous, exc)
+    current = fetcher.volume / model / CURRENT_FILE
+    tmp = current.with_name(f".{CURRENT_FILE}.tmp")
+    tmp.write_text(target + "\n")
+    os.replace(tmp, current)
+    return 0

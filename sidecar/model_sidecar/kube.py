@@ -1,0 +1,62 @@
+"""Just enough of the Kubernetes API for the sidecar to annotate its own pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class KubeApi:
+    url: str
+    token: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+
+    @classmethod
+    def in_cluster(cls) -> KubeApi:
+        host = os.environ["KUBERNETES_SERVICE_HOST"]
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+        return cls(
+            f"https://{host}:{port}", (SERVICE_ACCOUNT / "token").read_text().strip(), context
+        )
+
+    @classmethod
+    def from_url_or_cluster(cls, url: str | None) -> KubeApi | None:
+        if url:
+            return cls(url.rstrip("/"))
+        if "KUBERNETES_SERVICE_HOST" in os.environ and (SERVICE_ACCOUNT / "token").exists():
+            return cls.in_cluster()
+        return None
+
+    def headers(self, content_type: str = "application/json") -> dict[str, str]:
+        headers = {"Content-Type": content_type}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    async def merge_patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        url = f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}"
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.patch(
+                url,
+                data=json.dumps(patch),
+                headers=self.headers("application/merge-patch+json"),
+                ssl=self.ssl_context or True,
+            ) as response,
+        ):
+            if response.status >= 300:
+                raise RuntimeError(
+                    f"patching pod {namespace}/{name}: HTTP {response.status} "
+                    f"{(await response.text())[:200]}"
+                )

@@ -1,0 +1,71 @@
+"""What the sidecar reports: a JSON status file the operator (or a person) can read, and,
+in a cluster, the same JSON as an annotation on its own pod."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .annotations import SIDECAR_STATUS
+from .kube import KubeApi
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SidecarStatus:
+    model: str
+    target: str | None
+    serving: str | None
+    state: str  # ok | fetching | loading | refused | error
+    reason: str | None = None
+    sha256: str | None = None
+    updated_at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class StatusReporter:
+    def __init__(
+        self,
+        path: Path | None,
+        kube: KubeApi | None = None,
+        pod_namespace: str | None = None,
+        pod_name: str | None = None,
+    ) -> None:
+        self.path = path
+        self.kube = kube if pod_namespace and pod_name else None
+        self.pod_namespace = pod_namespace
+        self.pod_name = pod_name
+        self.last: SidecarStatus | None = None
+
+    async def report(self, status: SidecarStatus) -> None:
+        status = SidecarStatus(**{**asdict(status), "updated_at": time.time()})
+        same = self.last is not None and asdict(self.last) | {"updated_at": 0} == asdict(status) | {
+            "updated_at": 0
+        }
+        self.last = status
+        if same:
+            return
+        log.info("status: %s", status.to_json())
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(status.to_json())
+            os.replace(tmp, self.path)
+        if self.kube is not None:
+            assert self.pod_namespace and self.pod_name
+            try:
+                await self.kube.merge_patch_pod(
+                    self.pod_namespace,
+                    self.pod_name,
+                    {"metadata": {"annotations": {SIDECAR_STATUS: status.to_json()}}},
+                )
+            except Exception as exc:  # the file and log still carry it; retried next change
+                log.warning("could not annotate pod with status: %s", exc)
+                self.last = None

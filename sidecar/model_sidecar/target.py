@@ -1,0 +1,42 @@
+"""Where the pod's target version comes from: the pod annotation projected by the
+Downward API (per pod, set by the operator), else a ConfigMap file (deployment default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from model_server.repository import NAME_PATTERN
+
+from .annotations import PREVIOUS_VERSION, TARGET_VERSION, parse_downward_annotations
+
+
+def _valid(value: str | None) -> str | None:
+    return value if value and NAME_PATTERN.match(value) else None
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    annotations_file: Path | None = None
+    configmap_file: Path | None = None
+
+    def _annotations(self) -> dict[str, str]:
+        if self.annotations_file is None:
+            return {}
+        try:
+            return parse_downward_annotations(self.annotations_file.read_text())
+        except OSError:
+            return {}
+
+    def target(self) -> str | None:
+        """The pod annotation if it is a valid version name, else the ConfigMap's."""
+        value = _valid(self._annotations().get(TARGET_VERSION))
+        if value is None and self.configmap_file is not None:
+            try:
+                value = _valid(self.configmap_file.read_text().strip())
+            except OSError:
+                value = None
+        return value
+
+    def previous(self) -> str | None:
+        return _valid(self._annotations().get(PREVIOUS_VERSION))

@@ -1,0 +1,161 @@
+"""Watch mode: keep the server on the pod's target version.
+
+Each poll (period + random jitter, so pods do not pull at once): read the target; if the
+server serves something else, fetch and verify it, ask the server to swap over the
+control socket, and report the outcome. Refused versions are not retried until the
+target changes or ``refused_retry_s`` passes; store or server outages are retried with
+backoff while the old version keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from .control_client import ServerControl, ServerUnavailable
+from .fetcher import Fetcher
+from .metrics import SidecarMetrics
+from .status import SidecarStatus, StatusReporter
+from .store import StoreError
+from .target import TargetSource
+from .verify import VerificationError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WatchSettings:
+    model: str
+    poll_s: float = 2.0
+    jitter_s: float = 1.0
+    keep_versions: int = 3
+    refused_retry_s: float = 300.0
+
+
+class Watcher:
+    def __init__(
+        self,
+        settings: WatchSettings,
+        source: TargetSource,
+        fetcher: Fetcher,
+        control: ServerControl,
+        reporter: StatusReporter,
+        metrics: SidecarMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.fetcher = fetcher
+        self.control = control
+        self.reporter = reporter
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+        self._refused: dict[str, float] = {}  # version -> when it was refused
+        self._last_target: str | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:  # never let one bad cycle end the sidecar
+                log.exception("watch cycle failed")
+            delay = self.settings.poll_s + self.rng.uniform(0, self.settings.jitter_s)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _report(
+        self,
+        target: str | None,
+        serving: str | None,
+        state: str,
+        reason: str | None = None,
+        sha256: str | None = None,
+    ) -> None:
+        await self.reporter.report(
+            SidecarStatus(self.settings.model, target, serving, state, reason, sha256)
+        )
+
+    async def step(self) -> str:
+        """One cycle; returns the resulting state (for tests and logs)."""
+        model = self.settings.model
+        target = self.source.target()
+        if target != self._last_target:
+            self._refused.pop(target or "", None)  # a new target deserves a fresh attempt
+            jitter_first = self._last_target is not None
+            self._last_target = target
+        else:
+            jitter_first = False
+        try:
+            status = await self.control.status(model)
+        except ServerUnavailable as exc:
+            await self._report(target, None, "error", f"server unavailable: {exc}")
+            return "error"
+        serving = status.get("version")
+        if serving:
+            self.metrics.serving.labels(model, serving).set(1)
+        if target is None:
+            await self._report(
+                None,
+                serving,
+                "ok" if serving else "error",
+                None if serving else "no target version set",
+            )
+            return "no-target"
+        if serving == target:
+            await self._report(target, serving, "ok", sha256=status.get("sha256"))
+            await asyncio.to_thread(
+                self.fetcher.prune, model, self.settings.keep_versions, {serving}
+            )
+            return "ok"
+        refused_at = self._refused.get(target)
+        if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
+            return "refused"
+        if jitter_first and self.settings.jitter_s > 0:  # spread a fleet's pulls
+            await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))
+        return await self._switch(target, serving)
+
+    async def _switch(self, target: str, serving: str | None) -> str:
+        model = self.settings.model
+        await self._report(target, serving, "fetching")
+        try:
+            fetched = await self.fetcher.fetch(model, target)
+        except VerificationError as exc:
+            self._refused[target] = time.monotonic()
+            self.metrics.refusals.labels(model, exc.reason).inc()
+            self.metrics.fetches.labels(model, "refused").inc()
+            await self._report(target, serving, "refused", f"{exc.reason}: {exc.message}")
+            return "refused"
+        except StoreError as exc:
+            self.metrics.fetches.labels(model, "error").inc()
+            await self._report(target, serving, "error", f"model store: {exc}")
+            return "error"
+        self.metrics.fetches.labels(model, "ok").inc()
+        self.metrics.fetch_seconds.labels(model).observe(fetched.seconds)
+        self.metrics.bytes.labels(model).inc(fetched.downloaded_bytes)
+        await self._report(target, serving, "loading", sha256=fetched.local.manifest.sha256)
+        try:
+            answer = await self.control.load(
+                model, target, fetched.local.file, fetched.local.manifest.sha256
+            )
+        except ServerUnavailable as exc:
+            self.metrics.swaps.labels(model, "error").inc()
+            await self._report(target, serving, "error", f"server unavailable: {exc}")
+            return "error"
+        if not answer.get("ok"):
+            self._refused[target] = time.monotonic()
+            self.metrics.swaps.labels(model, "refused").inc()
+            self.metrics.refusals.labels(model, "server_refused").inc()
+            await self._report(target, serving, "refused", f"server refused: {answer.get('error')}")
+            return "refused"
+        self.metrics.swaps.labels(model, "ok").inc()
+        if serving:
+            self.metrics.serving.labels(model, serving).set(0)
+        self.metrics.serving.labels(model, target).set(1)
+        await self._report(target, target, "ok", sha256=fetched.local.manifest.sha256)
+        await asyncio.to_thread(self.fetcher.prune, model, self.settings.keep_versions, {target})
+        return "ok"

@@ -1,0 +1,140 @@
+"""Sidecar pieces that need no server: annotations, signing, verification, retention."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from model_server.manifest import Manifest
+from model_sidecar.annotations import (
+    TARGET_VERSION,
+    format_downward_annotations,
+    parse_downward_annotations,
+)
+from model_sidecar.init_mode import pre_pull, predecessor
+from model_sidecar.signing import load_public_key
+from model_sidecar.store import LocalStore, open_store
+from model_sidecar.target import TargetSource
+from model_sidecar.verify import VerificationError, Verifier
+from sidecar_helpers import make_fetcher, make_keys, publish_versions
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z0-9./-]{1,30}", fullmatch=True), st.text(max_size=40)))
+def test_downward_annotations_round_trip(annotations: dict[str, str]) -> None:
+    parsed = parse_downward_annotations(format_downward_annotations(annotations))
+    assert parsed == annotations
+
+
+def test_target_source_prefers_pod_annotation(tmp_path: Path) -> None:
+    annotations, configmap = tmp_path / "annotations", tmp_path / "configmap"
+    source = TargetSource(annotations, configmap)
+    assert source.target() is None
+    configmap.write_text("v1\n")
+    assert source.target() == "v1"
+    annotations.write_text(format_downward_annotations({TARGET_VERSION: "v2"}))
+    assert source.target() == "v2"
+    annotations.write_text(format_downward_annotations({TARGET_VERSION: "../../etc"}))
+    assert source.target() == "v1"  # an invalid name is ignored, never used as a path
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    assert isinstance(open_store(f"file://{tmp_path}"), LocalStore)
+    with pytest.raises(ValueError, match="unsupported"):
+        open_store("ftp://x/y")
+    with pytest.raises(ValueError, match="no bucket"):
+        open_store("s3:///prefix")
+
+
+def test_manifest_verification(tmp_path: Path) -> None:
+    keys, other = make_keys(tmp_path / "keys"), make_keys(tmp_path / "keys", "other")
+    store = LocalStore(tmp_path / "store")
+    publish_versions(store, keys, tmp_path, {"v1": 1})
+    data = store.read("mlp/v1/manifest.json")
+    signature = store.read("mlp/v1/manifest.sig")
+    verifier = Verifier(load_public_key(keys.public.read_bytes()), tmp_path / "volume")
+    manifest = verifier.manifest("mlp", "v1", data, signature)
+    assert manifest.shapes == {"input": [8], "output": [4]} or "input" in manifest.shapes
+
+    def reason(**kw: object) -> str:
+        args = {"model": "mlp", "version": "v1", "data": data, "signature": signature, **kw}
+        v = kw.pop("verifier", verifier)  # type: ignore[arg-type]
+        with pytest.raises(VerificationError) as info:
+            v.manifest(args["model"], args["version"], args["data"], args["signature"])  # type: ignore[union-attr]
+        return info.value.reason
+
+    assert reason(signature=None) == "unsigned"
+    assert reason(signature=b"x" * 64) == "bad_signature"
+    assert reason(data=data.replace(b'"v1"', b'"v9"')) == "bad_signature"
+    wrong_key = Verifier(load_public_key(other.public.read_bytes()), tmp_path)
+    assert reason(verifier=wrong_key) == "bad_signature"
+    assert reason(version="v2") == "bad_manifest"
+    allow = Verifier(verifier.public_key, tmp_path, frozenset({"0" * 64}))
+    assert reason(verifier=allow) == "not_allowed"
+
+    unsigned = Verifier(None, tmp_path)
+    bogus = Manifest("mlp", "v1", "model.onnx", "a" * 64, 3).to_bytes()
+    assert unsigned.manifest("mlp", "v1", bogus, None).sha256 == "a" * 64
+
+
+def test_file_checks(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    (volume / "x").mkdir(parents=True)
+    verifier = Verifier(None, volume)
+    good = volume / "x" / "model.onnx"
+    good.write_bytes(b"hello")
+    from model_server.digest import sha256_file
+
+    manifest = Manifest("mlp", "v1", "model.onnx", sha256_file(good), 5)
+    verifier.file(good, manifest)
+    good.write_bytes(b"hell")
+    with pytest.raises(VerificationError, match="truncated"):
+        verifier.file(good, manifest)
+    good.write_bytes(b"HELLO")
+    with pytest.raises(VerificationError, match="does not match"):
+        verifier.file(good, manifest)
+    outside = tmp_path / "model.onnx"
+    outside.write_bytes(b"hello")
+    with pytest.raises(VerificationError) as info:
+        verifier.file(outside, manifest)
+    assert info.value.reason == "untrusted_path"
+
+
+async def test_init_pulls_target_and_previous_and_skips_present(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    publish_versions(store, keys, tmp_path, {"v1": 1, "v2": 2, "v10": 10})
+    assert predecessor(store, "mlp", "v10") == "v2"
+    assert predecessor(store, "mlp", "v1") is None
+    fetcher = make_fetcher(store, keys, tmp_path / "volume")
+    assert await pre_pull(fetcher, "mlp", "v10", None) == 0
+    assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == [
+        "CURRENT",
+        "v10",
+        "v2",
+    ]
+    assert (tmp_path / "volume" / "mlp" / "CURRENT").read_text().strip() == "v10"
+    again = await fetcher.fetch("mlp", "v10")
+    assert again.downloaded_bytes == 0  # verified copy reused
+    # a corrupted local copy is detected and fetched again
+    (tmp_path / "volume" / "mlp" / "v10" / "model.onnx").write_bytes(b"rot")
+    assert (await fetcher.fetch("mlp", "v10")).downloaded_bytes > 0
+    assert await pre_pull(fetcher, "mlp", "v404", None) == 1
+
+
+def test_prune_keeps_newest_and_never_the_serving(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    fetcher = make_fetcher(store, keys, tmp_path / "volume")
+    for i, name in enumerate(["v1", "v2", "v3", "v4"]):
+        d = tmp_path / "volume" / "mlp" / name
+        d.mkdir(parents=True)
+        os.utime(d, (time.time() - 100 + i,) * 2)
+    removed = fetcher.prune("mlp", keep=2, protect={"v1"})
+    assert sorted(removed) == ["v2", "v3"]
+    assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == ["v1", "v4"]
