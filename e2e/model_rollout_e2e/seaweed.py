@@ -64,7 +64,9 @@ class SeaweedFS:
             config=Config(
                 s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2
             ),
-            **CREDENTIALS,
+            aws_access_key_id=CREDENTIALS["aws_access_key_id"],
+            aws_secret_access_key=CREDENTIALS["aws_secret_access_key"],
+            region_name=CREDENTIALS["region_name"],
         )
 
     def start(self, timeout_s: float = 90.0) -> SeaweedFS:
