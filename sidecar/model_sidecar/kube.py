@@ -43,20 +43,39 @@ class KubeApi:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
-    async def merge_patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        url = f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}"
-        timeout = aiohttp.ClientTimeout(total=10)
+    async def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        """One API call; returns the decoded JSON, ``None`` for 404, raises otherwise."""
+        timeout = aiohttp.ClientTimeout(total=15)
+        data = json.dumps(body) if body is not None else None
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.patch(
-                url,
-                data=json.dumps(patch),
-                headers=self.headers("application/merge-patch+json"),
+            session.request(
+                method,
+                f"{self.url}{path}",
+                data=data,
+                headers=self.headers(content_type),
                 ssl=self.ssl_context or True,
             ) as response,
         ):
+            if response.status == 404:
+                return None
+            text = await response.text()
             if response.status >= 300:
-                raise RuntimeError(
-                    f"patching pod {namespace}/{name}: HTTP {response.status} "
-                    f"{(await response.text())[:200]}"
+                raise KubeError(
+                    response.status, f"{method} {path}: HTTP {response.status} {text[:300]}"
                 )
+            return json.loads(text) if text else {}
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        return await self.request("PATCH", path, patch, "application/merge-patch+json")
+
+    async def merge_patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self.merge_patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status

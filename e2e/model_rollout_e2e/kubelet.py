@@ -1,0 +1,191 @@
+"""A stand-in for the Deployment controller and the kubelet, driven through the API.
+
+For every Deployment it keeps ``spec.replicas`` pods (from the pod template) and asks a
+:class:`PodRuntime` to run them. Two runtimes exist: :class:`SimulatedPods` (the
+sidecar's report is faked, for operator tests) and, in :mod:`.pod_processes`, real
+init/sidecar/server processes (for the end-to-end test and the demo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import logging
+import time
+from typing import Any, Protocol
+
+from model_sidecar.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_sidecar.kube import KubeApi
+
+log = logging.getLogger(__name__)
+
+
+class PodRuntime(Protocol):
+    async def start(self, pod: dict[str, Any]) -> None: ...
+
+    async def sync(self, pod: dict[str, Any]) -> bool:
+        """Bring the pod's processes in line with its object; return readiness."""
+        ...
+
+    async def stop(self, name: str) -> None: ...
+
+
+def _labels_match(selector: dict[str, str], labels: dict[str, str] | None) -> bool:
+    return all((labels or {}).get(k) == v for k, v in selector.items())
+
+
+class Kubelet:
+    def __init__(
+        self, api: KubeApi, namespace: str, runtime: PodRuntime, interval_s: float = 0.2
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.runtime = runtime
+        self.interval_s = interval_s
+        self._counter = itertools.count()
+        self._ready: dict[str, bool] = {}
+
+    def _path(self, kind: str) -> str:
+        prefix = "/apis/apps/v1" if kind == "deployments" else "/api/v1"
+        return f"{prefix}/namespaces/{self.namespace}/{kind}"
+
+    async def _list(self, kind: str) -> list[dict[str, Any]]:
+        answer = await self.api.request("GET", self._path(kind))
+        return list((answer or {}).get("items", []))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:
+                log.exception("kubelet step failed")
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def step(self) -> None:
+        pods = await self._list("pods")
+        for deployment in await self._list("deployments"):
+            spec = deployment.get("spec", {})
+            selector = spec.get("selector", {}).get("matchLabels", {})
+            owned = sorted(
+                (p for p in pods if _labels_match(selector, p["metadata"].get("labels"))),
+                key=lambda p: p["metadata"]["name"],
+            )
+            want = int(spec.get("replicas", 1))
+            for _ in range(want - len(owned)):
+                pods.append(await self._create_pod(deployment))
+            for extra in owned[want:] if want < len(owned) else []:
+                await self.delete_pod(extra["metadata"]["name"])
+                pods.remove(extra)
+        await asyncio.gather(*(self._sync(p) for p in pods))
+
+    async def _create_pod(self, deployment: dict[str, Any]) -> dict[str, Any]:
+        template = copy.deepcopy(deployment["spec"]["template"])
+        name = f"{deployment['metadata']['name']}-{next(self._counter):03d}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**template.get("metadata", {}), "name": name, "namespace": self.namespace},
+            "spec": template.get("spec", {}),
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
+        }
+        created = await self.api.request("POST", self._path("pods"), pod)
+        await self.runtime.start(created)
+        log.info("started pod %s", name)
+        return dict(created)
+
+    async def delete_pod(self, name: str) -> None:
+        await self.runtime.stop(name)
+        await self.api.request("DELETE", f"{self._path('pods')}/{name}")
+        self._ready.pop(name, None)
+
+    async def _sync(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        ready = await self.runtime.sync(pod)
+        if self._ready.get(name) != ready:
+            self._ready[name] = ready
+            await self.api.merge_patch(
+                f"{self._path('pods')}/{name}/status",
+                {
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "True" if ready else "False",
+                                "lastTransitionTime": time.strftime(
+                                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
+                                ),
+                            }
+                        ],
+                    }
+                },
+            )
+
+    async def shutdown(self) -> None:
+        for pod in await self._list("pods"):
+            await self.runtime.stop(pod["metadata"]["name"])
+
+
+class SimulatedPods:
+    """Pods whose "sidecar" reports serving its target ``delay_s`` after it changes,
+    or refuses versions listed in ``refuse`` (for operator tests without processes)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        delay_s: float = 0.3,
+        refuse: set[str] | None = None,
+        initial_version: str | None = None,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.delay_s = delay_s
+        self.refuse = refuse if refuse is not None else set()
+        self.initial_version = initial_version
+        self._seen: dict[str, tuple[str, float]] = {}  # pod -> (target, when first seen)
+        self.serving: dict[str, str | None] = {}
+
+    async def start(self, pod: dict[str, Any]) -> None:
+        self.serving[pod["metadata"]["name"]] = self.initial_version
+
+    async def sync(self, pod: dict[str, Any]) -> bool:
+        name = pod["metadata"]["name"]
+        annotations = pod["metadata"].get("annotations") or {}
+        target = annotations.get(TARGET_VERSION) or self.initial_version
+        serving = self.serving.get(name)
+        if target is None:
+            return serving is not None
+        seen = self._seen.get(name)
+        if seen is None or seen[0] != target:
+            self._seen[name] = seen = (target, time.monotonic())
+        if target == serving:
+            report = {"target": target, "serving": serving, "state": "ok"}
+        elif target in self.refuse:
+            report = {
+                "target": target,
+                "serving": serving,
+                "state": "refused",
+                "reason": "bad_signature: manifest signature does not verify",
+            }
+        elif time.monotonic() - seen[1] >= self.delay_s:
+            self.serving[name] = serving = target
+            report = {"target": target, "serving": target, "state": "ok"}
+        else:
+            report = {"target": target, "serving": serving, "state": "loading"}
+        report["model"] = "simulated"
+        encoded = json.dumps(report, sort_keys=True)
+        if annotations.get(SIDECAR_STATUS) != encoded:
+            await self.api.merge_patch(
+                f"/api/v1/namespaces/{self.namespace}/pods/{name}",
+                {"metadata": {"annotations": {SIDECAR_STATUS: encoded}}},
+            )
+        return serving is not None
+
+    async def stop(self, name: str) -> None:
+        self.serving.pop(name, None)

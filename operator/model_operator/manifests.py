@@ -1,0 +1,306 @@
+"""Kubernetes objects a ModelDeployment owns, as plain dicts (pure functions).
+
+The pod template never carries the model version: versions move by per-pod annotations
+(read by the sidecar through the Downward API) and the ConfigMap default, so changing
+``spec.version`` never changes the template and never restarts a pod.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from model_sidecar.annotations import DOMAIN
+
+from .constants import CONFIGMAP_VERSION_KEY, DEPLOYMENT_LABEL, MODEL_LABEL
+from .spec import ModelDeploymentSpec
+
+SERVER_PORT = 8000
+SIDECAR_METRICS_PORT = 9100
+MODELS_DIR = "/models"
+CONTROL_DIR = "/run/model-rollout"
+PODINFO_DIR = "/etc/podinfo"
+CONFIG_DIR = "/etc/model-rollout/config"
+KEYS_DIR = "/etc/model-rollout/keys"
+TENANTS_DIR = "/etc/model-rollout/tenants"
+SPEC_HASH = f"{DOMAIN}/spec-hash"
+
+
+def labels(name: str, spec: ModelDeploymentSpec) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "model-server",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "model-rollout-operator",
+        DEPLOYMENT_LABEL: name,
+        MODEL_LABEL: spec.model,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    return {DEPLOYMENT_LABEL: name}
+
+
+def _fetch_args(spec: ModelDeploymentSpec) -> list[str]:
+    args = [
+        "--store",
+        spec.store.sidecar_url,
+        "--volume",
+        MODELS_DIR,
+        "--model",
+        spec.model,
+        "--annotations-file",
+        f"{PODINFO_DIR}/annotations",
+        "--configmap-file",
+        f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}",
+    ]
+    if spec.signing_public_key_secret:
+        args += ["--public-key", f"{KEYS_DIR}/public.pem"]
+    else:
+        args += ["--allow-unsigned"]
+    return args
+
+
+def _sidecar_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    if spec.store.endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": spec.store.endpoint})
+    return env
+
+
+def _env_from(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    if not spec.store.credentials_secret:
+        return []
+    return [{"secretRef": {"name": spec.store.credentials_secret}}]
+
+
+def _volumes(
+    name: str, spec: ModelDeploymentSpec
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "models", "emptyDir": {}},
+        {"name": "control", "emptyDir": {}},
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [
+                    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+                ]
+            },
+        },
+        {"name": "rollout-config", "configMap": {"name": f"{name}-rollout"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "models", "mountPath": MODELS_DIR},
+        {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+        {"name": "rollout-config", "mountPath": CONFIG_DIR, "readOnly": True},
+    ]
+    if spec.signing_public_key_secret:
+        volumes.append(
+            {
+                "name": "signing-key",
+                "secret": {
+                    "secretName": spec.signing_public_key_secret,
+                    "items": [{"key": "public.pem", "path": "public.pem"}],
+                },
+            }
+        )
+        mounts.append({"name": "signing-key", "mountPath": KEYS_DIR, "readOnly": True})
+    if spec.store.pvc:
+        volumes.append(
+            {
+                "name": "store",
+                "persistentVolumeClaim": {"claimName": spec.store.pvc, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "store", "mountPath": "/store", "readOnly": True})
+    return volumes, mounts
+
+
+def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    if spec.gpus:
+        limits["nvidia.com/gpu"] = spec.gpus
+    for key, value in (("cpu", spec.cpu), ("memory", spec.memory)):
+        if value:
+            limits[key] = requests[key] = value
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
+    volumes, mounts = _volumes(name, spec)
+    control_mount = {"name": "control", "mountPath": CONTROL_DIR}
+    socket = f"{CONTROL_DIR}/control.sock"
+    sidecar_image = spec.sidecar_image or spec.image
+    server_args = [
+        "model-server",
+        "--repository",
+        MODELS_DIR,
+        "--model",
+        spec.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SERVER_PORT),
+        "--backend",
+        spec.backend,
+        "--control-socket",
+        socket,
+        "--retain",
+        str(spec.retain_versions),
+        "--cache-dir",
+        f"{MODELS_DIR}/.engine-cache",
+    ]
+    server_mounts = [m for m in mounts if m["name"] == "models"] + [control_mount]
+    if spec.tenants_secret:
+        server_args += ["--tenants-file", f"{TENANTS_DIR}/tenants.yaml"]
+        volumes.append({"name": "tenants", "secret": {"secretName": spec.tenants_secret}})
+        server_mounts.append({"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True})
+    pod_labels = labels(name, spec)
+    body: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": spec.rollout.max_unavailable, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "serviceAccountName": f"{name}-pod",
+                    "initContainers": [
+                        {
+                            "name": "prefetch",
+                            "image": sidecar_image,
+                            "args": ["model-sidecar", "init", *_fetch_args(spec)],
+                            "env": _sidecar_env(spec),
+                            "envFrom": _env_from(spec),
+                            "volumeMounts": mounts,
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": spec.image,
+                            "args": server_args,
+                            "ports": [{"name": "http", "containerPort": SERVER_PORT}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/v2/health/ready", "port": "http"},
+                                "periodSeconds": 2,
+                            },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/v2/health/live", "port": "http"},
+                                "periodSeconds": 10,
+                            },
+                            "resources": _resources(spec),
+                            "volumeMounts": server_mounts,
+                        },
+                        {
+                            "name": "sidecar",
+                            "image": sidecar_image,
+                            "args": [
+                                "model-sidecar",
+                                "watch",
+                                *_fetch_args(spec),
+                                "--control-socket",
+                                socket,
+                                "--status-file",
+                                f"{MODELS_DIR}/.sidecar-status.json",
+                                "--keep-versions",
+                                str(spec.retain_versions + 1),
+                                "--metrics-port",
+                                str(SIDECAR_METRICS_PORT),
+                            ],
+                            "env": _sidecar_env(spec),
+                            "envFrom": _env_from(spec),
+                            "ports": [
+                                {"name": "sidecar-metrics", "containerPort": SIDECAR_METRICS_PORT}
+                            ],
+                            "volumeMounts": [*mounts, control_mount],
+                        },
+                    ],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    body["metadata"]["annotations"] = {SPEC_HASH: digest(body["spec"])}
+    return body
+
+
+def service(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name, spec)},
+        "spec": {
+            "selector": selector(name),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+        },
+    }
+
+
+def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{name}-rollout",
+            "namespace": namespace,
+            "labels": labels(name, spec),
+        },
+        "data": {CONFIGMAP_VERSION_KEY: version},
+    }
+
+
+def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """Least privilege for the sidecar: read and annotate pods of its namespace."""
+    meta = {"name": f"{name}-pod", "namespace": namespace, "labels": labels(name, spec)}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": f"{name}-pod",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": f"{name}-pod", "namespace": namespace}],
+        },
+    ]
+
+
+def children(
+    name: str, namespace: str, spec: ModelDeploymentSpec, version: str
+) -> list[dict[str, Any]]:
+    return [
+        *pod_rbac(name, namespace, spec),
+        configmap(name, namespace, spec, version),
+        deployment(name, namespace, spec),
+        service(name, namespace, spec),
+    ]
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,249 @@
+"""The real kopf operator loop against kmock's stateful Kubernetes API over HTTP, with a
+simulated kubelet creating the Deployment's pods and faking the sidecars' reports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_rollout_e2e.kube_emulator import (
+    create_model_deployment,
+    get_model_deployment,
+    kube_emulator,
+    list_objects,
+    patch_model_deployment,
+)
+from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
+from model_rollout_e2e.processes import ChildProcess
+from model_sidecar.annotations import TARGET_VERSION
+from model_sidecar.kube import KubeApi
+from model_sidecar.store import S3Store
+from sidecar_helpers import make_keys, publish_versions
+
+NS = "ml"
+
+
+@dataclass
+class Cluster:
+    """The operator runs as its own process (``python -m model_operator``), as in a pod."""
+
+    api: KubeApi
+    pods: SimulatedPods
+    log_dir: Path
+    operator: ChildProcess | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def start_operator(self) -> None:
+        self.operator = ChildProcess(
+            "model_operator",
+            [
+                "--kube-api",
+                self.api.url,
+                "--namespace",
+                NS,
+                "--interval",
+                "0.25",
+                "--disable-scanning",
+                "--liveness",
+                "",
+            ],
+            self.log_dir / "operator.log",
+        ).start()
+
+    async def stop_operator(self) -> None:
+        assert self.operator is not None
+        await asyncio.to_thread(self.operator.stop)
+
+    async def md(self, name: str = "mlp") -> dict[str, Any]:
+        return await get_model_deployment(self.api, NS, name)
+
+    async def wait(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30, name: str = "mlp"
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            md = await self.md(name)
+            status = (md or {}).get("status", {})
+            if status and (not self.history or self.history[-1] != status):
+                self.history.append(status)
+            if md and predicate(status):
+                return status
+            await asyncio.sleep(0.1)
+        raise AssertionError(
+            f"timed out; last status: {self.history[-1] if self.history else None}"
+            f"\noperator log:\n{self.operator.log_tail(40) if self.operator else ''}"
+        )
+
+    async def pod_targets(self) -> dict[str, str | None]:
+        pods = await list_objects(self.api, f"/api/v1/namespaces/{NS}/pods")
+        return {
+            p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(TARGET_VERSION)
+            for p in pods
+        }
+
+
+@pytest.fixture
+async def cluster(s3_env, tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with kube_emulator() as api:
+        pods = SimulatedPods(api, NS, delay_s=0.3)
+        kubelet = Kubelet(api, NS, pods, interval_s=0.1)
+        stop_kubelet = asyncio.Event()
+        kubelet_task = asyncio.create_task(kubelet.run(stop_kubelet))
+        c = Cluster(api, pods, tmp_path)
+        c.start_operator()
+        try:
+            yield c
+        finally:
+            with contextlib.suppress(Exception):
+                await c.stop_operator()
+            stop_kubelet.set()
+            await kubelet_task
+
+
+@pytest.fixture
+def store(s3_env, tmp_path: Path) -> S3Store:
+    s3_env.create_bucket("models")
+    bucket = S3Store("models", f"op-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
+    publish_versions(bucket, make_keys(tmp_path / "keys"), tmp_path, {"v1": 1, "v2": 2, "v3": 3})
+    return bucket
+
+
+def md_body(store: S3Store, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "mlp"},
+        "spec": {
+            "model": "mlp",
+            "version": "v1",
+            "image": "registry.example/model-server:0.1",
+            "replicas": 4,
+            "backend": "onnxruntime",
+            "store": {
+                "url": f"s3://{store.bucket}/{store.prefix}",
+                "endpoint": store.client.meta.endpoint_url,
+            },
+            "canary": {"percent": 25, "pauseSeconds": 1},
+            "rollout": {"batchSize": 1, "jitterSeconds": 0.3},
+            **spec,
+        },
+    }
+
+
+def versions(count: dict[str, int]) -> Callable[[dict[str, Any]], bool]:
+    return lambda s: s.get("versions") == count and s.get("phase") == "Available"
+
+
+async def test_create_rollout_canary_batches_rollback_and_restart(
+    cluster: Cluster, store: S3Store
+) -> None:
+    await create_model_deployment(cluster.api, NS, md_body(store))
+    status = await cluster.wait(versions({"v1": 4}))
+    assert status["currentVersion"] == "v1" and status["readyReplicas"] == 4
+    deployments = await list_objects(cluster.api, f"/apis/apps/v1/namespaces/{NS}/deployments")
+    [deployment] = deployments
+    assert deployment["spec"]["replicas"] == 4
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "ModelDeployment" and owner["name"] == "mlp" and owner["uid"]
+    template = deployment["spec"]["template"]["spec"]
+    assert [c["name"] for c in template["containers"]] == ["server", "sidecar"]
+    assert template["initContainers"][0]["name"] == "prefetch"
+    for kind in ("services", "configmaps", "serviceaccounts"):
+        assert await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/{kind}")
+    [cm] = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/configmaps")
+    assert cm["data"]["target-version"] == "v1"
+
+    # v1 -> v2 with a 25% canary: one pod first, held, then one pod per batch
+    cluster.history.clear()
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    await cluster.wait(
+        lambda s: s.get("phase") == "Canary" and s.get("versions") == {"v1": 3, "v2": 1}
+    )
+    status = await cluster.wait(
+        lambda s: s.get("rollout", {}).get("batch", 0) >= 1 and s.get("phase") == "Progressing"
+    )
+    # restart the operator in the middle of the batches: it resumes from .status
+    await cluster.stop_operator()
+    targets_while_down = await cluster.pod_targets()
+    await asyncio.sleep(0.5)
+    assert await cluster.pod_targets() == targets_while_down  # nothing moves without it
+    cluster.start_operator()
+    status = await cluster.wait(versions({"v2": 4}))
+    assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
+    phases = [s.get("phase") for s in cluster.history]
+    assert phases.index("Canary") < phases.index("Progressing") and phases[-1] == "Available"
+    counts = [s.get("versions") for s in cluster.history if s.get("phase") == "Progressing"]
+    assert {"v1": 2, "v2": 2} in counts  # batches of one pod
+    assert all(c["type"] != "Degraded" or c["status"] == "False" for c in status["conditions"])
+    assert status["observedGeneration"] == 2
+    [cm] = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/configmaps")
+    assert cm["data"]["target-version"] == "v2"
+
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    reasons = [e.get("reason") for e in events]
+    for reason in (
+        "RolloutStarted",
+        "CanaryStarted",
+        "CanaryHealthy",
+        "CanaryPromoted",
+        "BatchStarted",
+        "BatchComplete",
+        "RolloutComplete",
+    ):
+        assert reason in reasons, reasons
+
+    # edit back: a fast rollback, no canary
+    cluster.history.clear()
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v1"}})
+    status = await cluster.wait(versions({"v1": 4}))
+    assert "Canary" not in [s.get("phase") for s in cluster.history]
+    assert (status["currentVersion"], status["previousVersion"]) == ("v1", "v2")
+    assert status["rollout"]["fast"] is True
+
+
+async def test_malformed_spec_is_rejected_and_changes_nothing(
+    cluster: Cluster, store: S3Store
+) -> None:
+    await create_model_deployment(cluster.api, NS, md_body(store, replicas=2))
+    await cluster.wait(versions({"v1": 2}))
+    targets = await cluster.pod_targets()
+    for bad, fragment in (
+        ({"replicas": -1}, "spec.replicas"),
+        ({"canary": {"percent": 150}}, "spec.canary.percent"),
+        ({"version": "v404"}, "not in s3://"),
+    ):
+        await patch_model_deployment(cluster.api, NS, "mlp", {"spec": bad})
+        status = await cluster.wait(lambda s: s.get("phase") == "Invalid")
+        assert fragment in status["message"], status["message"]
+        valid = next(c for c in status["conditions"] if c["type"] == "SpecValid")
+        assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+        await asyncio.sleep(0.6)
+        assert await cluster.pod_targets() == targets
+        [deployment] = await list_objects(cluster.api, f"/apis/apps/v1/namespaces/{NS}/deployments")
+        assert deployment["spec"]["replicas"] == 2
+        fix = {"replicas": 2, "canary": {"percent": 25}, "version": "v1"}
+        await patch_model_deployment(cluster.api, NS, "mlp", {"spec": fix})
+        await cluster.wait(versions({"v1": 2}))
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    assert any(e.get("reason") == "InvalidSpec" and e.get("type") == "Warning" for e in events)
+
+
+async def test_refused_version_stops_the_rollout(cluster: Cluster, store: S3Store) -> None:
+    cluster.pods.refuse.add("v3")
+    await create_model_deployment(cluster.api, NS, md_body(store))
+    await cluster.wait(versions({"v1": 4}))
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v3"}})
+    status = await cluster.wait(lambda s: s.get("phase") == "Degraded")
+    assert "refused mlp:v3" in status["message"] and "bad_signature" in status["message"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "RolloutFailed"
+    await asyncio.sleep(0.8)
+    assert list((await cluster.pod_targets()).values()).count("v3") == 1  # only the canary
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v1"}})
+    await cluster.wait(versions({"v1": 4}))
