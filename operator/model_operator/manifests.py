@@ -159,6 +159,8 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
         str(spec.retain_versions),
         "--cache-dir",
         f"{MODELS_DIR}/.engine-cache",
+        "--audit-log",
+        f"{MODELS_DIR}/.audit.jsonl",
     ]
     server_mounts = [m for m in mounts if m["name"] == "models"] + [control_mount]
     if spec.tenants_secret:

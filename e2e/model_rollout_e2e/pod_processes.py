@@ -1,0 +1,204 @@
+"""Run a pod from its real pod spec as local processes: the init container, then the
+server and the sidecar, sharing a directory as their volumes and a Unix socket.
+
+Container paths are mapped to per-pod directories, ``--port``/``--metrics-port`` get free
+ports (each pod would have its own IP), the Downward API annotations file and the
+ConfigMap file are written from the API objects as the kubelet would, and readiness is the
+server's ``/v2/health/ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_sidecar.annotations import format_downward_annotations
+from model_sidecar.kube import KubeApi
+
+from .processes import ChildProcess, free_port, http_ok
+
+log = logging.getLogger(__name__)
+PROGRAMS = {"model-server": "model_server", "model-sidecar": "model_sidecar"}
+
+
+@dataclass
+class RunningPod:
+    name: str
+    root: Path
+    port: int = 0
+    init: ChildProcess | None = None
+    init_task: asyncio.Task[int] | None = None
+    containers: dict[str, ChildProcess] = field(default_factory=dict)
+    annotations_text: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def volume(self) -> Path:
+        return self.root / "models"
+
+
+class ProcessPods:
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        work: Path,
+        mounts: dict[str, Path] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``mounts`` maps extra container paths (secrets, PVCs) to host directories."""
+        self.api = api
+        self.namespace = namespace
+        self.work = work
+        self.extra_mounts = mounts or {}
+        self.env = env or {}
+        self.pods: dict[str, RunningPod] = {}
+
+    def _mount_map(self, pod: RunningPod, spec: dict[str, Any]) -> dict[str, str]:
+        """Container path -> host path for every volume mount in the pod spec."""
+        mapping: dict[str, str] = {}
+        for container in spec.get("initContainers", []) + spec.get("containers", []):
+            for mount in container.get("volumeMounts", []):
+                path = mount["mountPath"]
+                host = self.extra_mounts.get(path) or pod.root / mount["name"]
+                mapping[path] = str(host)
+        return mapping
+
+    def _args(
+        self,
+        pod: RunningPod,
+        container: dict[str, Any],
+        mapping: dict[str, str],
+        ports: dict[str, int],
+    ) -> tuple[str, list[str]]:
+        program, *args = container["args"]
+        out: list[str] = []
+        for i, arg in enumerate(args):
+            flag = args[i - 1] if i else ""
+            if flag == "--port":
+                arg = str(ports["port"])
+            elif flag == "--metrics-port":
+                arg = str(ports["metrics"])
+            elif flag == "--host":
+                arg = "127.0.0.1"
+            for container_path in sorted(mapping, key=len, reverse=True):
+                if (
+                    arg == container_path
+                    or arg.startswith(container_path + "/")
+                    or arg.startswith(f"file://{container_path}")
+                ):
+                    arg = arg.replace(container_path, mapping[container_path], 1)
+                    break
+            out.append(arg)
+        return PROGRAMS[program], out
+
+    def _environment(self, pod_name: str, container: dict[str, Any]) -> dict[str, str]:
+        env = dict(self.env)
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                env[item["name"]] = pod_name
+            elif (
+                item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                == "metadata.namespace"
+            ):
+                env[item["name"]] = self.namespace
+        return env
+
+    async def start(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        running = RunningPod(name, self.work / name)
+        shutil.rmtree(running.root, ignore_errors=True)
+        running.root.mkdir(parents=True)
+        self.pods[name] = running
+        spec = pod["spec"]
+        mapping = self._mount_map(running, spec)
+        for host in mapping.values():
+            Path(host).mkdir(parents=True, exist_ok=True)
+        await self._project(running, pod)
+        running.port = free_port()
+        ports = {"port": running.port, "metrics": free_port()}
+        init_spec = spec["initContainers"][0]
+        module, args = self._args(running, init_spec, mapping, ports)
+        running.init = ChildProcess(
+            module, args, running.root / "init.log", self._environment(name, init_spec)
+        ).start()
+        running.init_task = asyncio.create_task(asyncio.to_thread(running.init.run_to_end, 300))
+        running.init_task.add_done_callback(
+            lambda task: self._start_containers(running, spec, mapping, ports, task)
+        )
+
+    def _start_containers(
+        self,
+        pod: RunningPod,
+        spec: dict[str, Any],
+        mapping: dict[str, str],
+        ports: dict[str, int],
+        init: asyncio.Task[int],
+    ) -> None:
+        if init.cancelled() or init.exception() is not None or init.result() != 0:
+            log.error(
+                "pod %s: init container failed:\n%s",
+                pod.name,
+                pod.init.log_tail() if pod.init else "",
+            )
+            return
+        for container in spec["containers"]:
+            module, args = self._args(pod, container, mapping, ports)
+            pod.containers[container["name"]] = ChildProcess(
+                module,
+                args,
+                pod.root / f"{container['name']}.log",
+                self._environment(pod.name, container),
+            ).start()
+
+    async def _project(self, pod: RunningPod, obj: dict[str, Any]) -> None:
+        """Write the Downward API annotations and the ConfigMap files, atomically."""
+        text = format_downward_annotations(obj["metadata"].get("annotations") or {})
+        if text != pod.annotations_text:
+            _atomic_write(pod.root / "podinfo" / "annotations", text)
+            pod.annotations_text = text
+        for volume in obj["spec"].get("volumes", []):
+            if "configMap" in volume:
+                cm = await self.api.request(
+                    "GET",
+                    f"/api/v1/namespaces/{self.namespace}/configmaps/{volume['configMap']['name']}",
+                )
+                for key, value in ((cm or {}).get("data") or {}).items():
+                    target = pod.root / volume["name"] / key
+                    if not target.exists() or target.read_text() != value:
+                        _atomic_write(target, value)
+
+    async def sync(self, pod: dict[str, Any]) -> bool:
+        running = self.pods.get(pod["metadata"]["name"])
+        if running is None:
+            return False
+        await self._project(running, pod)
+        if not running.containers:
+            return False
+        return await asyncio.to_thread(http_ok, f"{running.url}/v2/health/ready", 0.5)
+
+    async def stop(self, name: str) -> None:
+        running = self.pods.pop(name, None)
+        if running is None:
+            return
+        if running.init is not None:
+            running.init.stop()
+        for process in running.containers.values():
+            await asyncio.to_thread(process.stop)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
