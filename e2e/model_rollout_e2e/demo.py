@@ -1,0 +1,154 @@
+"""``model-rollout-demo``: the whole system on this machine, with a live view.
+
+Publishes two signed versions of a small model to a local-directory store (the embedded
+default), starts the emulated API server, the operator and 4 pods (init container,
+server and sidecar each as a real process), sends traffic to every pod, rolls out v2
+with a 25% canary and jittered batches, then rolls back to v1 by editing the version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from model_sidecar.annotations import SIDECAR_STATUS, TARGET_VERSION
+
+from .loadgen import LoadGenerator, LoadResult
+from .scenario import Scenario, StoreSetup, available
+
+
+def pods_table(pods: list[dict[str, Any]]) -> Table:
+    table = Table(title="pods", expand=True)
+    for column in ("pod", "ready", "target", "serving", "sidecar", "reason"):
+        table.add_column(column)
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        annotations = pod["metadata"].get("annotations") or {}
+        report = json.loads(annotations.get(SIDECAR_STATUS) or "{}")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (pod.get("status") or {}).get("conditions", []))
+        state = report.get("state") or "-"
+        colour = {"ok": "green", "refused": "red", "error": "red"}.get(state, "yellow")
+        table.add_row(pod["metadata"]["name"], "yes" if ready else "no",
+                      annotations.get(TARGET_VERSION, "-"), report.get("serving") or "-",
+                      f"[{colour}]{state}[/]", (report.get("reason") or "")[:40])
+    return table
+
+
+def rollout_table(status: dict[str, Any]) -> Table:
+    table = Table(title="ModelDeployment mlp", expand=True, show_header=False)
+    rollout = status.get("rollout") or {}
+    rows = [("phase", status.get("phase", "-")), ("message", status.get("message", "-")),
+            ("current / target", f"{status.get('currentVersion')} / "
+                                 f"{status.get('targetVersion')}"),
+            ("pods per version", json.dumps(status.get("versions", {}))),
+            ("stage / batch", f"{rollout.get('stage', '-')} / {rollout.get('batch', 0)}")]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def traffic_table(result: LoadResult, now: float) -> Table:
+    recent = result.window(now - 2, now)
+    summary = LoadResult.summary(recent)
+    total = LoadResult.summary(result.samples)
+    versions: dict[str, int] = {}
+    for sample in recent:
+        versions[sample.version or "error"] = versions.get(sample.version or "error", 0) + 1
+    table = Table(title="traffic (last 2 s)", expand=True)
+    for column in ("requests", "errors (all time)", "p50 ms", "p99 ms", "answered by"):
+        table.add_column(column)
+    table.add_row(str(summary["requests"]), str(total["errors"]), str(summary["p50_ms"]),
+                  str(summary["p99_ms"]), json.dumps(versions))
+    return table
+
+
+async def run_demo(replicas: int, console: Console) -> int:
+    work = Path(tempfile.mkdtemp(prefix="mr-demo-", dir="/tmp"))  # short: socket paths
+    scenario = Scenario(StoreSetup.local(work / "store"), work=work)
+    console.print(f"[bold]model-rollout demo[/] - working directory {scenario.work}")
+    scenario.publish("v1", seed=1, hidden=256, depth=4)
+    scenario.publish("v2", seed=2, hidden=256, depth=4)
+    console.print("published signed versions v1 and v2 to the local model store")
+    view: dict[str, Any] = {"status": {}, "pods": []}
+    async with scenario.running():
+        await scenario.apply("v1", replicas, canary={"percent": 25, "pauseSeconds": 3},
+                             rollout={"batchSize": 1, "jitterSeconds": 1.5})
+        console.print(f"applied ModelDeployment mlp: {replicas} replicas of v1")
+        await scenario.wait(available("v1", replicas), 180)
+        load = LoadGenerator(scenario.pod_urls(), "mlp", scenario.in_dim, concurrency=4)
+        load.start_clock()
+        traffic = asyncio.create_task(load.run())
+
+        def render() -> Group:
+            return Group(rollout_table(view["status"]), pods_table(view["pods"]),
+                         traffic_table(load.result, load.now()))
+
+        async def refresh(live: Live | None, until: asyncio.Event) -> None:
+            last_phase = None
+            while not until.is_set():
+                view["status"] = await scenario.status()
+                view["pods"] = await scenario.pod_objects()
+                if live is not None:
+                    live.update(render())
+                elif view["status"].get("phase") != last_phase:
+                    last_phase = view["status"].get("phase")
+                    console.print(f"{time.strftime('%H:%M:%S')} phase {last_phase}: "
+                                  f"{view['status'].get('message')}")
+                await asyncio.sleep(0.3)
+
+        done = asyncio.Event()
+        live = Live(render(), console=console, refresh_per_second=4) \
+            if console.is_terminal else None
+        if live is not None:
+            live.start()
+        painter = asyncio.create_task(refresh(live, done))
+        try:
+            await asyncio.sleep(2)
+            console.log("edit spec.version: v1 -> v2 (25% canary, then batches with jitter)")
+            await scenario.set_version("v2")
+            await scenario.wait(available("v2", replicas), 180)
+            await asyncio.sleep(2)
+            console.log("edit spec.version back: v2 -> v1 (rollback)")
+            await scenario.set_version("v1")
+            await scenario.wait(available("v1", replicas), 120)
+            await asyncio.sleep(2)
+        finally:
+            done.set()
+            await painter
+            if live is not None:
+                live.update(render())
+                live.stop()
+            load.stop()
+            result = await traffic
+    summary = LoadResult.summary(result.samples)
+    answered = {v: sum(1 for s in result.samples if s.version == v) for v in ("v1", "v2")}
+    latencies = np.array([s.latency_s for s in result.samples if s.ok]) * 1000
+    console.print(f"\n[bold]done[/]: {summary['requests']} requests, {summary['errors']} failed, "
+                  f"p50 {np.percentile(latencies, 50):.1f} ms, p99 "
+                  f"{np.percentile(latencies, 99):.1f} ms; answered by {answered}")
+    console.print(f"logs and pod volumes: {scenario.work}")
+    return 0 if summary["errors"] == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="model-rollout-demo", description=__doc__)
+    parser.add_argument("--replicas", type=int, default=4)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(run_demo(args.replicas, Console()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
