@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -12,13 +12,10 @@ from hypothesis import strategies as st
 from model_operator.planner import (
     BATCHES,
     CANARY,
-    COMPLETE,
     FAILED,
-    Plan,
     RolloutState,
-    plan_rollout,
 )
-from model_operator.pods import PodView
+from model_operator.simulation import SimCluster, SimPod
 from model_operator.spec import SpecError, parse_spec
 
 BASE = {
@@ -35,103 +32,14 @@ def spec(**overrides):  # type: ignore[no-untyped-def]
     return parse_spec(raw)
 
 
-@dataclass
-class FakePod:
-    """A pod whose sidecar swaps ``delay`` ticks after its target changes."""
+class Cluster(SimCluster):
+    """A simulated cluster on a tick clock: each load takes ``delay`` ticks."""
 
-    name: str
-    target: str | None = None
-    serving: str | None = None
-    countdown: int = 0
-    refuse: frozenset[str] = frozenset()
-    state: str = "ok"
-    reported: str | None = None
-
-    def view(self) -> PodView:
-        return PodView(
-            self.name,
-            self.target,
-            self.serving,
-            self.reported,
-            self.state,
-            "bad signature" if self.state == "refused" else None,
-            ready=True,
-        )
-
-    def tick(self, delay: int) -> None:
-        if self.target is None:
-            return
-        if self.target == self.serving:  # the sidecar reports it already serves the target
-            self.reported, self.state = self.target, "ok"
-            return
-        if self.reported != self.target:
-            self.reported, self.state, self.countdown = self.target, "loading", delay
-        if self.target in self.refuse:
-            self.state = "refused"
-            return
-        if self.countdown > 0:
-            self.countdown -= 1
-            return
-        self.serving, self.state = self.target, "ok"
-
-
-class Cluster:
     def __init__(self, n: int, version: str = "v1", refuse: frozenset[str] = frozenset()) -> None:
-        self.pods = [
-            FakePod(f"pod-{i:02d}", version, version, refuse=refuse, reported=version)
-            for i in range(n)
-        ]
-        self.stable: str | None = version
-        self.previous: str | None = None
-        self.state: RolloutState | None = RolloutState(version, None, COMPLETE)
-        self.now = 1000.0
-        self.rng = random.Random(1)
-        self.plans: list[Plan] = []
-        self.max_loading = 0
+        super().__init__(n, version, refuse=refuse)
 
-    def step(self, sp, promoted: str | None = None, delay: int = 1, dt: float = 1.0) -> Plan:  # type: ignore[no-untyped-def]
-        plan = plan_rollout(
-            sp,
-            self.stable,
-            self.previous,
-            self.state,
-            [p.view() for p in self.pods],
-            self.now,
-            self.rng,
-            promoted,
-        )
-        by_name = {p.name: p for p in self.pods}
-        for action in plan.actions:
-            by_name[action.pod].target = action.version
-        self.state, self.stable, self.previous = (
-            plan.state,
-            plan.stable_version,
-            plan.previous_version,
-        )
-        self.plans.append(plan)
-        loading = sum(1 for p in self.pods if p.target != p.serving and p.state != "refused")
-        self.max_loading = max(self.max_loading, loading)
-        for pod in self.pods:
-            pod.tick(delay)
-        self.now += dt
-        return plan
-
-    def run(self, sp, limit: int = 500, **kw) -> Plan:  # type: ignore[no-untyped-def]
-        for _ in range(limit):
-            plan = self.step(sp, **kw)
-            if (
-                plan.state.stage in (COMPLETE, FAILED)
-                and not plan.actions
-                and plan.phase in ("Available", "Degraded")
-            ):
-                return plan
-        raise AssertionError(f"no end after {limit} ticks: {self.plans[-1]}")
-
-    def serving(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for p in self.pods:
-            counts[p.serving or "-"] = counts.get(p.serving or "-", 0) + 1
-        return counts
+    def step(self, sp, promoted=None, delay=1, dt=1.0):  # type: ignore[no-untyped-def,override]
+        return super().step(sp, promoted, delay, dt)
 
 
 def test_spec_validation_lists_every_problem() -> None:
@@ -173,7 +81,7 @@ def test_canary_then_batches_with_jitter() -> None:
     )
     first = cluster.step(sp)
     assert first.phase == "Canary"
-    assert [a.pod for a in first.actions] == ["pod-00", "pod-01"]
+    assert [a.pod for a in first.actions] == ["pod-000", "pod-001"]
     assert all(a.previous == "v1" for a in first.actions)
     assert [e.reason for e in first.events] == ["RolloutStarted", "CanaryStarted"]
     # during canary + pause, exactly the canary pods are retargeted
@@ -218,7 +126,7 @@ def test_refusal_stops_the_rollout_and_rollback_is_fast() -> None:
     back = spec(version="v1", replicas=6, rollout={"batchSize": 2})
     plan = cluster.step(back)
     assert plan.events[0].reason == "RollbackStarted" and plan.state.fast
-    assert plan.phase == "RollingBack" and {a.pod for a in plan.actions} == {"pod-00", "pod-01"}
+    assert plan.phase == "RollingBack" and {a.pod for a in plan.actions} == {"pod-000", "pod-001"}
     assert cluster.run(back).phase == "Available"
     assert cluster.serving() == {"v1": 6} and cluster.stable == "v1"
 
@@ -240,9 +148,9 @@ def test_initial_deployment_and_new_pods() -> None:
     cluster.stable, cluster.state = None, None
     assert cluster.run(spec(version="v1", replicas=3)).phase == "Available"
     assert cluster.stable == "v1" and cluster.previous is None
-    cluster.pods.append(FakePod("pod-99"))  # scaled up: unannotated
+    cluster.pods.append(SimPod("pod-099"))  # scaled up: unannotated
     plan = cluster.step(spec(version="v1", replicas=4))
-    assert [a.pod for a in plan.actions] == ["pod-99"]
+    assert [a.pod for a in plan.actions] == ["pod-099"]
 
 
 def test_progress_deadline() -> None:

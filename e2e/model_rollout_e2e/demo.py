@@ -36,24 +36,33 @@ def pods_table(pods: list[dict[str, Any]]) -> Table:
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         annotations = pod["metadata"].get("annotations") or {}
         report = json.loads(annotations.get(SIDECAR_STATUS) or "{}")
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (pod.get("status") or {}).get("conditions", []))
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions", [])
+        )
         state = report.get("state") or "-"
         colour = {"ok": "green", "refused": "red", "error": "red"}.get(state, "yellow")
-        table.add_row(pod["metadata"]["name"], "yes" if ready else "no",
-                      annotations.get(TARGET_VERSION, "-"), report.get("serving") or "-",
-                      f"[{colour}]{state}[/]", (report.get("reason") or "")[:40])
+        table.add_row(
+            pod["metadata"]["name"],
+            "yes" if ready else "no",
+            annotations.get(TARGET_VERSION, "-"),
+            report.get("serving") or "-",
+            f"[{colour}]{state}[/]",
+            (report.get("reason") or "")[:40],
+        )
     return table
 
 
 def rollout_table(status: dict[str, Any]) -> Table:
     table = Table(title="ModelDeployment mlp", expand=True, show_header=False)
     rollout = status.get("rollout") or {}
-    rows = [("phase", status.get("phase", "-")), ("message", status.get("message", "-")),
-            ("current / target", f"{status.get('currentVersion')} / "
-                                 f"{status.get('targetVersion')}"),
-            ("pods per version", json.dumps(status.get("versions", {}))),
-            ("stage / batch", f"{rollout.get('stage', '-')} / {rollout.get('batch', 0)}")]
+    rows = [
+        ("phase", status.get("phase", "-")),
+        ("message", status.get("message", "-")),
+        ("current / target", f"{status.get('currentVersion')} / {status.get('targetVersion')}"),
+        ("pods per version", json.dumps(status.get("versions", {}))),
+        ("stage / batch", f"{rollout.get('stage', '-')} / {rollout.get('batch', 0)}"),
+    ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
@@ -69,8 +78,13 @@ def traffic_table(result: LoadResult, now: float) -> Table:
     table = Table(title="traffic (last 2 s)", expand=True)
     for column in ("requests", "errors (all time)", "p50 ms", "p99 ms", "answered by"):
         table.add_column(column)
-    table.add_row(str(summary["requests"]), str(total["errors"]), str(summary["p50_ms"]),
-                  str(summary["p99_ms"]), json.dumps(versions))
+    table.add_row(
+        str(summary["requests"]),
+        str(total["errors"]),
+        str(summary["p50_ms"]),
+        str(summary["p99_ms"]),
+        json.dumps(versions),
+    )
     return table
 
 
@@ -83,8 +97,12 @@ async def run_demo(replicas: int, console: Console) -> int:
     console.print("published signed versions v1 and v2 to the local model store")
     view: dict[str, Any] = {"status": {}, "pods": []}
     async with scenario.running():
-        await scenario.apply("v1", replicas, canary={"percent": 25, "pauseSeconds": 3},
-                             rollout={"batchSize": 1, "jitterSeconds": 1.5})
+        await scenario.apply(
+            "v1",
+            replicas,
+            canary={"percent": 25, "pauseSeconds": 3},
+            rollout={"batchSize": 1, "jitterSeconds": 1.5},
+        )
         console.print(f"applied ModelDeployment mlp: {replicas} replicas of v1")
         await scenario.wait(available("v1", replicas), 180)
         load = LoadGenerator(scenario.pod_urls(), "mlp", scenario.in_dim, concurrency=4)
@@ -92,8 +110,11 @@ async def run_demo(replicas: int, console: Console) -> int:
         traffic = asyncio.create_task(load.run())
 
         def render() -> Group:
-            return Group(rollout_table(view["status"]), pods_table(view["pods"]),
-                         traffic_table(load.result, load.now()))
+            return Group(
+                rollout_table(view["status"]),
+                pods_table(view["pods"]),
+                traffic_table(load.result, load.now()),
+            )
 
         async def refresh(live: Live | None, until: asyncio.Event) -> None:
             last_phase = None
@@ -104,13 +125,16 @@ async def run_demo(replicas: int, console: Console) -> int:
                     live.update(render())
                 elif view["status"].get("phase") != last_phase:
                     last_phase = view["status"].get("phase")
-                    console.print(f"{time.strftime('%H:%M:%S')} phase {last_phase}: "
-                                  f"{view['status'].get('message')}")
+                    console.print(
+                        f"{time.strftime('%H:%M:%S')} phase {last_phase}: "
+                        f"{view['status'].get('message')}"
+                    )
                 await asyncio.sleep(0.3)
 
         done = asyncio.Event()
-        live = Live(render(), console=console, refresh_per_second=4) \
-            if console.is_terminal else None
+        live = (
+            Live(render(), console=console, refresh_per_second=4) if console.is_terminal else None
+        )
         if live is not None:
             live.start()
         painter = asyncio.create_task(refresh(live, done))
@@ -135,9 +159,11 @@ async def run_demo(replicas: int, console: Console) -> int:
     summary = LoadResult.summary(result.samples)
     answered = {v: sum(1 for s in result.samples if s.version == v) for v in ("v1", "v2")}
     latencies = np.array([s.latency_s for s in result.samples if s.ok]) * 1000
-    console.print(f"\n[bold]done[/]: {summary['requests']} requests, {summary['errors']} failed, "
-                  f"p50 {np.percentile(latencies, 50):.1f} ms, p99 "
-                  f"{np.percentile(latencies, 99):.1f} ms; answered by {answered}")
+    console.print(
+        f"\n[bold]done[/]: {summary['requests']} requests, {summary['errors']} failed, "
+        f"p50 {np.percentile(latencies, 50):.1f} ms, p99 "
+        f"{np.percentile(latencies, 99):.1f} ms; answered by {answered}"
+    )
     console.print(f"logs and pod volumes: {scenario.work}")
     return 0 if summary["errors"] == 0 else 1
 

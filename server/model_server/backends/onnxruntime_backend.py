@@ -93,6 +93,8 @@ class OnnxRuntimeBackend:
         options = self._options()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(target)
+        # ORT warns that the result is specific to this CPU: the cache key says so already
+        options.log_severity_level = 3
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
 
     def load(self, path: Path) -> OnnxRuntimeEngine:

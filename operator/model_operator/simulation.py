@@ -1,0 +1,122 @@
+"""Rollouts simulated on a virtual clock with the real planner (what-if tooling, the
+scale benchmark and the planner's property tests share it).
+
+Each pod starts loading its new target when it first sees it and serves it after
+``load_seconds(pod, version)``; versions in ``refuse`` are refused, as a sidecar refuses
+a badly signed engine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .planner import COMPLETE, FAILED, Plan, RolloutState, plan_rollout
+from .pods import PodView
+from .spec import ModelDeploymentSpec
+
+
+@dataclass
+class SimPod:
+    name: str
+    target: str | None = None
+    serving: str | None = None
+    reported: str | None = None
+    state: str = "ok"
+    ready: bool = True
+    done_at: float | None = None
+
+    def view(self) -> PodView:
+        reason = "bad_signature: simulated refusal" if self.state == "refused" else None
+        return PodView(
+            self.name, self.target, self.serving, self.reported, self.state, reason, self.ready
+        )
+
+    @property
+    def loading(self) -> bool:
+        return self.target is not None and self.target != self.serving and self.state != "refused"
+
+
+class SimCluster:
+    def __init__(
+        self,
+        replicas: int,
+        version: str | None = "v1",
+        load_seconds: Callable[[str, str], float] = lambda pod, version: 1.0,
+        refuse: frozenset[str] = frozenset(),
+        seed: int = 1,
+    ) -> None:
+        self.pods = [SimPod(f"pod-{i:03d}", version, version, version) for i in range(replicas)]
+        self.load_seconds = load_seconds
+        self.refuse = refuse
+        self.stable: str | None = version
+        self.previous: str | None = None
+        self.state: RolloutState | None = RolloutState(version, None, COMPLETE) if version else None
+        self.now = 1000.0
+        self.rng = random.Random(seed)
+        self.plans: list[Plan] = []
+        self.max_loading = 0
+
+    def step(
+        self,
+        spec: ModelDeploymentSpec,
+        promoted: str | None = None,
+        delay: float | None = None,
+        dt: float = 1.0,
+    ) -> Plan:
+        plan = plan_rollout(
+            spec,
+            self.stable,
+            self.previous,
+            self.state,
+            [p.view() for p in self.pods],
+            self.now,
+            self.rng,
+            promoted,
+        )
+        by_name = {p.name: p for p in self.pods}
+        for action in plan.actions:
+            by_name[action.pod].target = action.version
+        self.state, self.stable, self.previous = (
+            plan.state,
+            plan.stable_version,
+            plan.previous_version,
+        )
+        self.plans.append(plan)
+        self.max_loading = max(self.max_loading, sum(p.loading for p in self.pods))
+        self.now += dt
+        for pod in self.pods:
+            self._advance(pod, delay)
+        return plan
+
+    def _advance(self, pod: SimPod, delay: float | None) -> None:
+        if pod.target is None:
+            return
+        if pod.target == pod.serving:  # the sidecar reports it already serves the target
+            pod.reported, pod.state, pod.done_at = pod.target, "ok", None
+            return
+        if pod.reported != pod.target:
+            duration = delay if delay is not None else self.load_seconds(pod.name, pod.target)
+            pod.reported, pod.state, pod.done_at = pod.target, "loading", self.now + duration
+        if pod.target in self.refuse:
+            pod.state = "refused"
+        elif pod.done_at is not None and self.now >= pod.done_at:
+            pod.serving, pod.state, pod.done_at = pod.target, "ok", None
+
+    def run(
+        self, spec: ModelDeploymentSpec, limit: int = 100_000, **kw: float | str | None
+    ) -> Plan:
+        for _ in range(limit):
+            plan = self.step(spec, **kw)  # type: ignore[arg-type]
+            if (
+                plan.state.stage in (COMPLETE, FAILED)
+                and not plan.actions
+                and plan.phase in ("Available", "Degraded")
+            ):
+                return plan
+        raise RuntimeError(f"rollout did not end within {limit} steps: {self.plans[-1]}")
+
+    def serving(self) -> dict[str, int]:
+        return dict(Counter(p.serving or "-" for p in self.pods))
