@@ -1,0 +1,131 @@
+"""Double buffering on a GPU: the engine manager with the torch backend (weights in
+device memory), no HTTP in the way.
+
+Measures inference latency while serving, the time to load + warm up a new version beside
+the old one, the instant rollback, and device memory before, during (two copies) and after
+the old version is released when its last request finishes.
+
+    python bench/gpu_swap.py          # needs torch with CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from model_server.audit import AuditLog
+from model_server.backends.torch_backend import TorchBackend
+from model_server.engine_manager import EngineManager
+from model_server.metrics import ServerMetrics
+from model_server.onnx_models import write_mlp
+from model_server.repository import ModelRepository
+
+
+async def measure(args: argparse.Namespace, root: Path) -> dict:
+    import torch
+
+    backend = TorchBackend("cuda")
+    manager = EngineManager(
+        backend, ModelRepository(root), ServerMetrics(), AuditLog(), retain=args.retain
+    )
+    manager.register("mlp")
+    mib = lambda: round(torch.cuda.memory_allocated() / 2**20, 1)  # noqa: E731
+    report: dict = {"device": torch.cuda.get_device_name(), "memory_mib": {"empty": mib()}}
+    t = time.perf_counter()
+    await manager.load("mlp", "v1")
+    report["first_load_ms"] = round((time.perf_counter() - t) * 1000, 2)
+    report["memory_mib"]["v1"] = mib()
+    x = {
+        "input": np.random.default_rng(0).standard_normal(
+            (args.batch, args.in_dim), dtype=np.float32
+        )
+    }
+    for _ in range(20):
+        await manager.infer("mlp", x)
+    latencies: list[float] = []
+
+    async def client(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await manager.infer("mlp", x)
+            latencies.append(time.perf_counter() - t0)
+
+    stop = asyncio.Event()
+    clients = [asyncio.create_task(client(stop)) for _ in range(args.clients)]
+    await asyncio.sleep(1.0)
+    steady = list(latencies)
+    peak = 0.0
+
+    async def sample_memory() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, torch.cuda.memory_allocated() / 2**20)
+            await asyncio.sleep(0.001)
+
+    sampler = asyncio.create_task(sample_memory())
+    before = len(latencies)
+    swap = await manager.load("mlp", "v2")
+    during = latencies[before:]
+    report["swap_load_warmup_ms"] = round(swap.duration_s * 1000, 2)
+    await asyncio.sleep(0.5)
+    report["memory_mib"]["both_loaded_peak"] = round(peak, 1)
+    back = await manager.rollback("mlp")
+    report["rollback_ms"] = round(back.duration_s * 1000, 3)
+    stop.set()
+    await asyncio.gather(*clients, sampler)
+    manager.slot("mlp").retain = 1
+    await manager.load("mlp", "v2")  # retain 1: v1 is released once drained
+    torch.cuda.synchronize()
+    report["memory_mib"]["after_release"] = mib()
+    ms = lambda v: round(float(np.percentile(np.array(v) * 1000, 50)), 3)  # noqa: E731
+    p99 = lambda v: round(float(np.percentile(np.array(v) * 1000, 99)), 3)  # noqa: E731
+    report["latency_ms"] = {
+        "steady_p50": ms(steady),
+        "steady_p99": p99(steady),
+        "during_swap_p50": ms(during) if during else None,
+        "during_swap_p99": p99(during) if during else None,
+    }
+    report["requests"] = len(latencies)
+    manager.close()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--in-dim", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--retain", type=int, default=2)
+    p.add_argument("--out", default="bench/results/gpu_swap.json")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        root = Path(tmp)
+        for version, seed in (("v1", 1), ("v2", 2)):
+            write_mlp(
+                root / "mlp" / version / "model.onnx",
+                seed,
+                in_dim=args.in_dim,
+                hidden=args.hidden,
+                out_dim=16,
+                depth=args.depth,
+            )
+        size = (root / "mlp" / "v1" / "model.onnx").stat().st_size / 2**20
+        report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
+    print(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
