@@ -53,6 +53,21 @@ def first_version_time(result: LoadResult, version: str, after: float) -> float 
     return min(times) - after if times else None
 
 
+def phase_report(
+    result: LoadResult, switch_at: float, switched_at: float, switch_ms: float
+) -> dict:
+    """Windows before, during (until 0.5 s after the switch completed) and after."""
+    return {
+        "steady": LoadResult.summary(result.window(0, switch_at)),
+        "during_swap": LoadResult.summary(result.window(switch_at, switched_at + 0.5)),
+        "after": LoadResult.summary(result.window(switched_at + 0.5, 1e9)),
+        "swap_call_ms": switch_ms,  # hot swap: the server's load+swap; restart: stop to ready
+        "time_to_new_version_s": first_version_time(result, "v2", switch_at),
+        "samples": result.samples,
+        "switch_at": switch_at,
+    }
+
+
 def server(
     work: Path,
     args: argparse.Namespace,
@@ -97,15 +112,7 @@ async def phase_hot_swap(work: Path, args: argparse.Namespace) -> dict:
         result = await task
     finally:
         srv.stop()
-    return {
-        "steady": LoadResult.summary(result.window(0, swap_at)),
-        "during_swap": LoadResult.summary(result.window(swap_at, swap_done + 0.5)),
-        "after": LoadResult.summary(result.window(swap_done + 0.5, 1e9)),
-        "swap_call_ms": answer["duration_ms"],
-        "time_to_new_version_s": first_version_time(result, "v2", swap_at),
-        "samples": result.samples,
-        "switch_at": swap_at,
-    }
+    return phase_report(result, swap_at, swap_done, answer["duration_ms"])
 
 
 async def phase_restart(work: Path, args: argparse.Namespace) -> dict:
@@ -127,15 +134,7 @@ async def phase_restart(work: Path, args: argparse.Namespace) -> dict:
         result = await task
     finally:
         new.stop()
-    return {
-        "steady": LoadResult.summary(result.window(0, switch_at)),
-        "during_swap": LoadResult.summary(result.window(switch_at, back_at + 0.5)),
-        "after": LoadResult.summary(result.window(back_at + 0.5, 1e9)),
-        "swap_call_ms": round((back_at - switch_at) * 1000, 3),
-        "time_to_new_version_s": first_version_time(result, "v2", switch_at),
-        "samples": result.samples,
-        "switch_at": switch_at,
-    }
+    return phase_report(result, switch_at, back_at, round((back_at - switch_at) * 1000, 3))
 
 
 def phase_cold_start(work: Path, args: argparse.Namespace) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from model_rollout_e2e.loadgen import v2_body
 from model_server.digest import sha256_file
 from model_server.manifest import Manifest
 from model_server.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
@@ -46,16 +47,7 @@ def add_version(
 
 
 def infer_body(x: np.ndarray) -> dict[str, Any]:
-    return {
-        "inputs": [
-            {
-                "name": INPUT_NAME,
-                "shape": list(x.shape),
-                "datatype": "FP32",
-                "data": x.ravel().tolist(),
-            }
-        ]
-    }
+    return v2_body(x, INPUT_NAME)
 
 
 def output_of(response_json: dict[str, Any]) -> np.ndarray:

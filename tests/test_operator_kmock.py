@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from model_rollout_e2e.kube_emulator import (
     kube_emulator,
     list_objects,
     patch_model_deployment,
+    wait_for_status,
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
 from model_rollout_e2e.processes import ChildProcess
@@ -68,19 +68,15 @@ class Cluster:
     async def wait(
         self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30, name: str = "mlp"
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            md = await self.md(name)
-            status = (md or {}).get("status", {})
+        def record(status: dict[str, Any]) -> None:
             if status and (not self.history or self.history[-1] != status):
                 self.history.append(status)
-            if md and predicate(status):
-                return status
-            await asyncio.sleep(0.1)
-        raise AssertionError(
-            f"timed out; last status: {self.history[-1] if self.history else None}"
-            f"\noperator log:\n{self.operator.log_tail(40) if self.operator else ''}"
-        )
+
+        try:
+            return await wait_for_status(self.api, NS, name, predicate, timeout, record)
+        except TimeoutError as exc:
+            log = self.operator.log_tail(40) if self.operator else ""
+            raise AssertionError(f"{exc}\noperator log:\n{log}") from None
 
     async def pod_targets(self) -> dict[str, str | None]:
         pods = await list_objects(self.api, f"/api/v1/namespaces/{NS}/pods")

@@ -3,10 +3,12 @@ resource the operator and the harness use, plus a small client for tests and the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -134,3 +136,25 @@ async def patch_model_deployment(
 async def list_objects(api: KubeApi, path: str) -> list[dict[str, Any]]:
     answer = await api.request("GET", path)
     return list((answer or {}).get("items", []))
+
+
+async def wait_for_status(
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout_s: float,
+    on_status: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Poll a ModelDeployment's status until ``predicate`` holds; TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        md = await get_model_deployment(api, namespace, name)
+        status = dict((md or {}).get("status") or {})
+        if on_status is not None:
+            on_status(status)
+        if predicate(status):
+            return status
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"status of {namespace}/{name} never matched; last: {status}")

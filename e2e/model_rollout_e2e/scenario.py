@@ -11,7 +11,6 @@ import contextlib
 import json
 import re
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from .kube_emulator import (
     kube_emulator,
     list_objects,
     patch_model_deployment,
+    wait_for_status,
 )
 from .kubelet import Kubelet
 from .pod_processes import ProcessPods
@@ -166,19 +166,13 @@ class Scenario:
         timeout_s: float,
         on_status: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            status = await self.status()
-            if on_status is not None:
-                on_status(status)
-            if predicate(status):
-                return status
-            await asyncio.sleep(0.2)
-        raise TimeoutError(
-            f"status never matched; last: {json.dumps(status)[:600]}\n"
-            f"operator log:\n{self.operator.log_tail(20) if self.operator else ''}"
-        )
+        try:
+            return await wait_for_status(
+                self.api, NAMESPACE, self.model, predicate, timeout_s, on_status
+            )
+        except TimeoutError as exc:
+            tail = self.operator.log_tail(20) if self.operator else ""
+            raise TimeoutError(f"{exc}\noperator log:\n{tail}") from None
 
     def pod_urls(self) -> list[str]:
         assert self.pods is not None
