@@ -132,7 +132,7 @@ class TensorRTEngine:
                 out = np.empty(shape, dtype=spec.dtype)
                 ctx.set_tensor_address(spec.name, slot.buffers[spec.name].ensure(out.nbytes))
                 results[spec.name] = out
-            if not ctx.execute_async_v3(slot.stream.handle):
+            if not ctx.execute_async_v3(int(slot.stream.handle)):
                 raise RuntimeError("TensorRT execution failed")
             for name, out in results.items():
                 slot.buffers[name].copy_to_host(out, slot.stream)
