@@ -88,12 +88,14 @@ def test_cli_reports_missing_backend(tmp_path: Path) -> None:
 
 
 def test_torch_backend_matches_reference(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="torch not installed")
+    torch = pytest.importorskip("torch", reason="torch not installed")
     version = add_version(tmp_path, "mlp", "v1", seed=4)
-    engine = make_backend("torch", device="cpu").load(version.path)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # weights in GPU memory there
+    engine = make_backend("torch", device=device).load(version.path)
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     np.testing.assert_allclose(engine.infer({"input": x})["output"], version.expected(x), atol=1e-5)
     assert engine.inputs[0].shape == (-1, 8)
+    assert engine.device_memory_bytes > 0
     engine.close()
 
 
