@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,6 +195,8 @@ class EngineManager:
         self.retain = retain
         self.memory_budget_bytes = memory_budget_bytes
         self.executor = executor
+        # loads get their own threads: a long load or warm-up never takes an inference thread
+        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load")
         self.slots: dict[str, ModelSlot] = {}
 
     # -- lookup ---------------------------------------------------------------
@@ -253,7 +255,7 @@ class EngineManager:
                 model_path, digest = await self._verify(key, version, path, expected_sha256)
                 self._make_room(slot, self.backend.estimate_memory_bytes(model_path))
                 loaded = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._load_and_warm, key, version, model_path, digest
+                    self._loader, self._load_and_warm, key, version, model_path, digest
                 )
             except ServingError as exc:
                 self._refused(key, version, previous, digest, started, who, source, exc)
@@ -331,7 +333,7 @@ class EngineManager:
             path = self.repository.check_trusted(path)
             if not path.is_file():
                 raise LoadRefused(f"{path} does not exist")
-        digest = await asyncio.get_running_loop().run_in_executor(self.executor, sha256_file, path)
+        digest = await asyncio.get_running_loop().run_in_executor(self._loader, sha256_file, path)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise LoadRefused(
                 f"{key}:{version}: sha256 of {path.name} is {digest}, expected {expected_sha256}"
@@ -431,3 +433,4 @@ class EngineManager:
     def close(self) -> None:
         for slot in self.slots.values():
             slot.close_all()
+        self._loader.shutdown(wait=False, cancel_futures=True)
