@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -146,3 +147,35 @@ async def test_path_outside_repository_is_refused(root: Path, tmp_path_factory) 
     await manager.load("mlp", "v1")
     with pytest.raises(Exception, match="outside the trusted model directory"):
         await manager.load("mlp", "v9", path=version.path, expected_sha256=version.sha256)
+
+
+async def test_a_slow_load_never_blocks_inference(root: Path) -> None:
+    """One inference thread only: requests keep being answered while v2 loads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class SlowLoading(OnnxRuntimeBackend):
+        def load(self, path: Path):  # type: ignore[override]
+            time.sleep(1.0)
+            return super().load(path)
+
+    manager = EngineManager(
+        SlowLoading(),
+        ModelRepository(root),
+        ServerMetrics(),
+        AuditLog(),
+        executor=ThreadPoolExecutor(1),
+    )
+    manager.register("mlp")
+    await manager.load("mlp", "v1")
+    loading = asyncio.create_task(manager.load("mlp", "v2"))
+    await asyncio.sleep(0.1)
+    answered = 0
+    started = time.monotonic()
+    while not loading.done():
+        version, _ = await manager.infer("mlp", X)
+        assert version.version == "v1"
+        answered += 1
+    await loading
+    assert answered > 20, answered  # about one second of uninterrupted serving
+    assert time.monotonic() - started >= 0.8
+    manager.close()
