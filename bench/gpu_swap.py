@@ -37,11 +37,21 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     )
     manager.register("mlp")
     mib = lambda: round(torch.cuda.memory_allocated() / 2**20, 1)  # noqa: E731
-    report: dict = {"device": torch.cuda.get_device_name(), "memory_mib": {"empty": mib()}}
+
+    def weights() -> dict[str, float]:
+        """Device memory held by each loaded version's weights."""
+        return {v.version: round(v.memory_bytes / 2**20, 1) for v in manager.slot("mlp").loaded()}
+
+    report: dict = {
+        "device": torch.cuda.get_device_name(),
+        "memory_mib": {"empty": mib()},
+        "weights_mib": {},
+    }
     t = time.perf_counter()
     await manager.load("mlp", "v1")
     report["first_load_ms"] = round((time.perf_counter() - t) * 1000, 2)
     report["memory_mib"]["v1"] = mib()
+    report["weights_mib"]["after_v1"] = weights()
     x = {
         "input": np.random.default_rng(0).standard_normal(
             (args.batch, args.in_dim), dtype=np.float32
@@ -76,6 +86,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     report["swap_load_warmup_ms"] = round(swap.duration_s * 1000, 2)
     await asyncio.sleep(0.5)
     report["memory_mib"]["both_loaded_peak"] = round(peak, 1)
+    report["weights_mib"]["after_v2"] = weights()
     back = await manager.rollback("mlp")
     report["rollback_ms"] = round(back.duration_s * 1000, 3)
     stop.set()
@@ -84,6 +95,8 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     await manager.load("mlp", "v2")  # retain 1: v1 is released once drained
     torch.cuda.synchronize()
     report["memory_mib"]["after_release"] = mib()
+    report["weights_mib"]["after_release"] = weights()
+    report["closed_versions"] = list(manager.slot("mlp").closed_versions)
     ms = lambda v: round(float(np.percentile(np.array(v) * 1000, 50)), 3)  # noqa: E731
     p99 = lambda v: round(float(np.percentile(np.array(v) * 1000, 99)), 3)  # noqa: E731
     report["latency_ms"] = {
