@@ -5,8 +5,6 @@ from model_sidecar.annotations import DOMAIN
 GROUP = DOMAIN
 VERSION = "v1alpha1"
 PLURAL = "modeldeployments"
-KIND = "ModelDeployment"
-SHORT_NAME = "md"
 
 DEPLOYMENT_LABEL = f"{DOMAIN}/deployment"  # on pods, to find a ModelDeployment's pods
 MODEL_LABEL = f"{DOMAIN}/model"
