@@ -156,3 +156,86 @@ async def test_kubectl_parses_everything(tmp_path: Path) -> None:
             parsed = json.loads(out)
             items = parsed.get("items", [parsed])
             assert len(items) == len(load_all(path)), path.name
+
+
+def _maybe(strategy):  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    return st.one_of(st.none(), strategy)
+
+
+def _spec_strategy():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    ints = st.integers(-3, 1200)
+    numbers = st.one_of(st.integers(-5, 4000), st.floats(-5, 4000, allow_nan=False))
+    names = st.sampled_from(["m", "resnet50", "v2", "2026-11-30", "a_b.c", "../x", "", "-x"])
+    return st.fixed_dictionaries(
+        {
+            "model": names,
+            "version": names,
+            "image": st.sampled_from(["img:1", ""]),
+        },
+        optional={
+            "replicas": ints,
+            "backend": st.sampled_from(["tensorrt", "onnxruntime", "torch", "tf"]),
+            "precision": st.sampled_from(["fp32", "fp16", "int8", "bf16"]),
+            "retainVersions": ints,
+            "store": st.sampled_from(
+                [
+                    {"url": "s3://bucket/p"},
+                    {"pvc": "c"},
+                    {},
+                    {"url": "s3://bucket", "pvc": "c"},
+                    {"url": "http://x"},
+                ]
+            ),
+            "resources": st.fixed_dictionaries({}, optional={"gpu": ints}),
+            "canary": st.fixed_dictionaries(
+                {},
+                optional={"percent": ints, "pauseSeconds": numbers, "manualPromote": st.booleans()},
+            ),
+            "rollout": st.fixed_dictionaries(
+                {},
+                optional={
+                    "batchSize": ints,
+                    "batchPercent": ints,
+                    "jitterSeconds": numbers,
+                    "maxUnavailable": ints,
+                    "maxConcurrentLoads": ints,
+                    "progressDeadlineSeconds": numbers,
+                },
+            ),
+        },
+    )
+
+
+def test_crd_schema_and_operator_agree() -> None:
+    """Whatever the API server's schema accepts the operator accepts, and vice versa."""
+    from hypothesis import given, settings
+
+    schema = cr_schema()
+
+    @settings(max_examples=400, deadline=None)
+    @given(_spec_strategy())
+    def check(spec: dict[str, Any]) -> None:
+        spec.setdefault("store", {"url": "s3://bucket/p"})
+        doc = {
+            "apiVersion": "serving.model-rollout.io/v1alpha1",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "x"},
+            "spec": spec,
+        }
+        try:
+            jsonschema.validate(doc, schema)
+            schema_ok = True
+        except jsonschema.ValidationError:
+            schema_ok = False
+        try:
+            parse_spec(spec)
+            operator_ok = True
+        except SpecError:
+            operator_ok = False
+        assert schema_ok == operator_ok, spec
+
+    check()
