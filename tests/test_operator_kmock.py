@@ -22,7 +22,7 @@ from model_rollout_e2e.kube_emulator import (
     wait_for_status,
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
-from model_rollout_e2e.processes import ChildProcess
+from model_rollout_e2e.processes import ChildProcess, OperatorProcess
 from model_sidecar.annotations import TARGET_VERSION
 from model_sidecar.kube import KubeApi
 from model_sidecar.store import S3Store
@@ -42,20 +42,8 @@ class Cluster:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def start_operator(self) -> None:
-        self.operator = ChildProcess(
-            "model_operator",
-            [
-                "--kube-api",
-                self.api.url,
-                "--namespace",
-                NS,
-                "--interval",
-                "0.25",
-                "--disable-scanning",
-                "--liveness",
-                "",
-            ],
-            self.log_dir / "operator.log",
+        self.operator = OperatorProcess(
+            self.api.url, NS, 0.25, self.log_dir / "operator.log"
         ).start()
 
     async def stop_operator(self) -> None:

@@ -116,3 +116,28 @@ class ServerProcess(ChildProcess):
 
         wait_until(ready, timeout_s, what=f"server on port {self.port}")
         return time.monotonic() - started
+
+
+class OperatorProcess(ChildProcess):
+    """``python -m model_operator`` against one API server and namespace, as in its pod."""
+
+    def __init__(
+        self,
+        kube_api: str,
+        namespace: str,
+        interval_s: float,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        args = [
+            "--kube-api",
+            kube_api,
+            "--namespace",
+            namespace,
+            "--interval",
+            str(interval_s),
+            "--disable-scanning",
+            "--liveness",
+            "",
+        ]
+        super().__init__("model_operator", args, log_path, env)

@@ -32,7 +32,7 @@ from .kube_emulator import (
 )
 from .kubelet import Kubelet
 from .pod_processes import ProcessPods
-from .processes import ChildProcess
+from .processes import ChildProcess, OperatorProcess
 
 NAMESPACE = "ml"
 KEYS_MOUNT = "/etc/model-rollout/keys"
@@ -112,21 +112,8 @@ class Scenario:
                 await kubelet.shutdown()
 
     def start_operator(self) -> None:
-        self.operator = ChildProcess(
-            "model_operator",
-            [
-                "--kube-api",
-                self.api.url,
-                "--namespace",
-                NAMESPACE,
-                "--interval",
-                str(self.operator_interval),
-                "--disable-scanning",
-                "--liveness",
-                "",
-            ],
-            self.work / "operator.log",
-            self.env,
+        self.operator = OperatorProcess(
+            self.api.url, NAMESPACE, self.operator_interval, self.work / "operator.log", self.env
         ).start()
 
     def deployment_body(self, version: str, replicas: int, **spec: Any) -> dict[str, Any]:
