@@ -39,6 +39,7 @@ def build_status(
     existing_conditions: list[dict[str, Any]],
 ) -> dict[str, Any]:
     versions = Counter(p.serving for p in pods if p.serving)
+    ready = sum(p.ready for p in pods)
     target = plan.state.to_version
     rolling = plan.phase in ("Progressing", "Canary", "RollingBack")
     degraded = plan.phase == "Degraded"
@@ -54,9 +55,9 @@ def build_status(
         ),
         condition(
             "Available",
-            sum(p.ready for p in pods) >= max(1, replicas) or replicas == 0,
+            ready >= max(1, replicas) or replicas == 0,
             "MinimumReplicasAvailable" if pods else "NoPods",
-            f"{sum(p.ready for p in pods)}/{replicas} pods ready",
+            f"{ready}/{replicas} pods ready",
             now,
             existing_conditions,
         ),
@@ -76,7 +77,7 @@ def build_status(
         "previousVersion": plan.previous_version,
         "targetVersion": target,
         "replicas": len(pods),
-        "readyReplicas": sum(p.ready for p in pods),
+        "readyReplicas": ready,
         "updatedReplicas": sum(p.serves(target) for p in pods),
         "versions": dict(sorted(versions.items())),
         "rollout": plan.state.to_status(),

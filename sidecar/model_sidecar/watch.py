@@ -108,10 +108,7 @@ class Watcher:
             return "no-target"
         if serving == target:
             await self._report(target, serving, "ok", sha256=status.get("sha256"))
-            await asyncio.to_thread(
-                self.fetcher.prune, model, self.settings.keep_versions, {serving}
-            )
-            return "ok"
+            return "ok"  # versions only arrive through _switch, which prunes after a swap
         refused_at = self._refused.get(target)
         if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
             return "refused"
