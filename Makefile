@@ -20,12 +20,16 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet '$(TORCH_CPU)' \
 	  || echo "$(TORCH_CPU) not available here: the torch backend's test will be skipped"
+	# the test tooling (e2e/: harness, demo, model builder) is not in the wheel; put it on
+	# this venv's path for the tests, benchmarks and the demo
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  | xargs -I{} sh -c 'echo "$(CURDIR)/e2e" > {}/model_rollout_e2e_tooling.pth'
 	touch $@
 
 install: $(BIN)/.installed
 
 demo: install
-	$(BIN)/model-rollout-demo
+	$(BIN)/python -m model_rollout_e2e.demo
 
 lint: install
 	$(BIN)/ruff check .

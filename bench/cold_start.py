@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_cache import EngineCache
 from model_server.engine_manager import warm_up
-from model_server.onnx_models import write_mlp
 
 
 def start_pod(model: str, cache_dir: str, queue: multiprocessing.Queue) -> None:

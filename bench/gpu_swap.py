@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from model_rollout_e2e.onnx_models import write_mlp
 from model_server.audit import AuditLog
 from model_server.backends.torch_backend import TorchBackend
 from model_server.engine_manager import EngineManager
 from model_server.metrics import ServerMetrics
-from model_server.onnx_models import write_mlp
 from model_server.repository import ModelRepository
 
 

@@ -15,8 +15,8 @@ import random
 import sys
 from pathlib import Path
 
-from model_operator.simulation import SimCluster
 from model_operator.spec import parse_spec
+from model_rollout_e2e.simulation import SimCluster
 
 STRATEGIES = {
     "staged": {

@@ -19,11 +19,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
+from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import ServerProcess, free_port
-from model_server.digest import sha256_file
-from model_server.manifest import Manifest
-from model_server.onnx_models import write_mlp
 
 ADMIN_TOKEN = "bench-token"
 

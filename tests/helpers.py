@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import v2_body
-from model_server.digest import sha256_file
-from model_server.manifest import Manifest
-from model_server.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
+from model_rollout_e2e.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
 
 IN_DIM = 8
 

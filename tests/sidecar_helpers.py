@@ -6,8 +6,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_server.onnx_models import write_mlp
-from model_sidecar.annotations import TARGET_VERSION, format_downward_annotations
+from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
+from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.control_client import ServerControl
 from model_sidecar.fetcher import Fetcher
 from model_sidecar.metrics import SidecarMetrics

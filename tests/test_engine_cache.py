@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_cache import CacheKey, EngineCache
-from model_server.onnx_models import write_mlp
 
 KEY = CacheKey("resnet50", "ab" * 32, "trt10.3.0", "NVIDIA H200", "fp16", "input:1x3-8x3-32x3")
 

@@ -25,3 +25,27 @@ def test_fresh_interpreter_in_repo_root_sees_stdlib_operator() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr
+
+
+ROOT = Path(__file__).parent.parent
+IMAGES = {  # Dockerfile -> (source folders it copies, the extras it installs)
+    "Dockerfile.server": ({"common", "server", "sidecar"}, "server,sidecar"),
+    "Dockerfile.operator": ({"common", "operator"}, "operator"),
+}
+
+
+def test_each_image_carries_only_its_programs() -> None:
+    import re
+
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["dependencies"] == []  # the base is the contract alone
+    extras = project["project"]["optional-dependencies"]
+    assert not any("onnxruntime" in d or "numpy" in d for d in extras["operator"])
+    assert "model_rollout_e2e" not in str(project["tool"]["setuptools"])  # tooling stays out
+    for name, (folders, extra) in IMAGES.items():
+        text = (ROOT / name).read_text()
+        copied = set(re.findall(r"^COPY (\w+) \1$", text, re.M))
+        assert copied == folders, (name, copied)
+        assert f'".[{extra}]"' in text, name

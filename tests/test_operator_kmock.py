@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from model_operator.config import OperatorConfig
+from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_e2e.kube_emulator import (
     create_model_deployment,
     get_model_deployment,
@@ -27,7 +28,6 @@ from model_rollout_e2e.kube_emulator import (
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
 from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
-from model_sidecar.annotations import TARGET_VERSION
 from model_sidecar.kube import KubeApi
 from model_sidecar.store import S3Store
 from sidecar_helpers import make_keys, publish_versions

@@ -15,8 +15,9 @@ from model_operator.planner import (
     FAILED,
     RolloutState,
 )
-from model_operator.simulation import SimCluster, SimPod
 from model_operator.spec import SpecError, parse_spec
+from model_operator.status import rollout_from_status, rollout_to_status
+from model_rollout_e2e.simulation import SimCluster, SimPod
 
 BASE = {
     "model": "mlp",
@@ -164,10 +165,13 @@ def test_progress_deadline() -> None:
 
 def test_state_round_trips_through_status() -> None:
     state = RolloutState("v2", "v1", CANARY, batch=3, batch_in_flight=True, canary_healthy_at=12.5)
-    assert RolloutState.from_status(state.to_status()) == state
-    assert "toVersion" in state.to_status() and "canaryHealthyAt" in state.to_status()
-    assert RolloutState.from_status({"junk": 1}) is None
-    assert RolloutState.from_status({"toVersion": "v1", "unknownField": 3}) == RolloutState("v1")
+    raw = rollout_to_status(state)
+    assert rollout_from_status(raw) == state
+    assert "toVersion" in raw and "canaryHealthyAt" in raw and raw["stage"] == "canary"
+    assert type(raw["stage"]) is str  # plain JSON in .status, not an enum object
+    assert rollout_from_status({"junk": 1}) is None
+    assert rollout_from_status({"toVersion": "v1", "unknownField": 3}) == RolloutState("v1")
+    assert rollout_from_status({"toVersion": "v1", "stage": "exploded"}) is None
 
 
 @settings(max_examples=150, deadline=None)
@@ -202,7 +206,7 @@ def test_simulated_rollouts_respect_limits_and_finish(
     for tick in range(2000):
         if tick == restart_at:  # an operator restart: state only survives through status
             cluster.state = (
-                RolloutState.from_status(cluster.state.to_status()) if cluster.state else None
+                rollout_from_status(rollout_to_status(cluster.state)) if cluster.state else None
             )
         plan = cluster.step(sp, delay=delay)
         targeted = sum(p.target == "v2" for p in cluster.pods)

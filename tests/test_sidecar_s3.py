@@ -15,11 +15,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from helpers import infer_body
+from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
+from model_rollout_e2e.onnx_models import MlpWeights, reference_forward
 from model_rollout_e2e.seaweed import SeaweedFS
 from model_server.app import SERVER, ModelServer
 from model_server.config import ModelSpec, ServerConfig
-from model_server.onnx_models import MlpWeights, reference_forward
-from model_sidecar.annotations import TARGET_VERSION, format_downward_annotations
 from model_sidecar.store import S3Store
 from sidecar_helpers import (
     make_fetcher,

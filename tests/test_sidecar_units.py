@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_server.manifest import Manifest
-from model_sidecar.annotations import (
+from model_rollout_contract.annotations import (
     TARGET_VERSION,
     format_downward_annotations,
     parse_downward_annotations,
 )
+from model_rollout_contract.manifest import Manifest
 from model_sidecar.init_mode import pre_pull, predecessor
 from model_sidecar.signing import load_public_key
 from model_sidecar.store import LocalStore, open_store
@@ -88,7 +88,7 @@ def test_file_checks(tmp_path: Path) -> None:
     verifier = Verifier(None, volume)
     good = volume / "x" / "model.onnx"
     good.write_bytes(b"hello")
-    from model_server.digest import sha256_file
+    from model_rollout_contract.manifest import sha256_file
 
     manifest = Manifest("mlp", "v1", "model.onnx", sha256_file(good), 5)
     verifier.file(good, manifest)
@@ -127,14 +127,15 @@ async def test_init_pulls_target_and_previous_and_skips_present(tmp_path: Path) 
     assert await pre_pull(fetcher, "mlp", "v404", None) == 1
 
 
-def test_prune_keeps_newest_and_never_the_serving(tmp_path: Path) -> None:
+def test_prune_keeps_newest_in_version_order_and_never_the_serving(tmp_path: Path) -> None:
     keys = make_keys(tmp_path / "keys")
     store = LocalStore(tmp_path / "store")
     fetcher = make_fetcher(store, keys, tmp_path / "volume")
-    for i, name in enumerate(["v1", "v2", "v3", "v4"]):
+    # arrival order (mtime) differs from version order: v10 came first, yet is the newest
+    for i, name in enumerate(["v10", "v2", "v3", "v9"]):
         d = tmp_path / "volume" / "mlp" / name
         d.mkdir(parents=True)
         os.utime(d, (time.time() - 100 + i,) * 2)
-    removed = fetcher.prune("mlp", keep=2, protect={"v1"})
-    assert sorted(removed) == ["v2", "v3"]
-    assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == ["v1", "v4"]
+    removed = fetcher.prune("mlp", keep=2, protect={"v2"})
+    assert sorted(removed) == ["v3", "v9"]
+    assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == ["v10", "v2"]

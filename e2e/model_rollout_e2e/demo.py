@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from model_sidecar.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
 
 from .loadgen import LoadGenerator, LoadResult
 from .scenario import Scenario, StoreSetup, available

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-import json
 import logging
 import time
 from typing import Any, Protocol
 
-from model_sidecar.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
 from model_sidecar.kube import KubeApi
 
 log = logging.getLogger(__name__)
@@ -165,21 +166,21 @@ class SimulatedPods:
         if seen is None or seen[0] != target:
             self._seen[name] = seen = (target, time.monotonic())
         if target == serving:
-            report = {"target": target, "serving": serving, "state": "ok"}
+            report = SidecarReport("simulated", target, serving, SidecarState.OK)
         elif target in self.refuse:
-            report = {
-                "target": target,
-                "serving": serving,
-                "state": "refused",
-                "reason": "bad_signature: manifest signature does not verify",
-            }
+            report = SidecarReport(
+                "simulated",
+                target,
+                serving,
+                SidecarState.REFUSED,
+                "bad_signature: manifest signature does not verify",
+            )
         elif time.monotonic() - seen[1] >= self.delay_s:
             self.serving[name] = serving = target
-            report = {"target": target, "serving": target, "state": "ok"}
+            report = SidecarReport("simulated", target, target, SidecarState.OK)
         else:
-            report = {"target": target, "serving": serving, "state": "loading"}
-        report["model"] = "simulated"
-        encoded = json.dumps(report, sort_keys=True)
+            report = SidecarReport("simulated", target, serving, SidecarState.LOADING)
+        encoded = report.to_json()
         if annotations.get(SIDECAR_STATUS) != encoded:
             await self.api.merge_patch(
                 f"/api/v1/namespaces/{self.namespace}/pods/{name}",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_sidecar.annotations import format_downward_annotations
+from model_rollout_contract.annotations import format_downward_annotations
 from model_sidecar.kube import KubeApi
 
 from .processes import ChildProcess, free_port, http_ok

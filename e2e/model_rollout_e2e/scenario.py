@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_server.onnx_models import write_mlp
+from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.publish import publish
 from model_sidecar.signing import generate_keypair
 from model_sidecar.store import LocalStore, ModelStore, S3Store

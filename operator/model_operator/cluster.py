@@ -1,5 +1,5 @@
 """The few Kubernetes API operations the operator performs (plain REST through
-``KubeApi``, so the same code runs against a cluster and against kmock in tests)."""
+:class:`KubeClient`, so the same code runs against a cluster and against kmock in tests)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import asyncio
 from typing import Any
 from urllib.parse import quote
 
-from model_sidecar.annotations import PREVIOUS_VERSION, TARGET_VERSION
-from model_sidecar.kube import KubeApi
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PREVIOUS_VERSION, TARGET_VERSION
 
-from .constants import DEPLOYMENT_LABEL
+from .kube_client import KubeClient
 from .planner import SetTarget
 
 _PATHS = {
@@ -30,7 +29,7 @@ def collection(kind: str, namespace: str) -> str:
     return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
-async def apply(api: KubeApi, obj: dict[str, Any]) -> None:
+async def apply(api: KubeClient, obj: dict[str, Any]) -> None:
     """Create ``obj``, or merge-patch its labels, annotations, owners and content."""
     meta = obj["metadata"]
     base = collection(obj["kind"], meta["namespace"])
@@ -45,7 +44,7 @@ async def apply(api: KubeApi, obj: dict[str, Any]) -> None:
     await api.merge_patch(f"{base}/{meta['name']}", patch)
 
 
-async def list_pods(api: KubeApi, namespace: str, deployment: str) -> list[dict[str, Any]]:
+async def list_pods(api: KubeClient, namespace: str, deployment: str) -> list[dict[str, Any]]:
     selector = quote(f"{DEPLOYMENT_LABEL}={deployment}")
     answer = await api.request("GET", f"{collection('Pod', namespace)}?labelSelector={selector}")
     items = (answer or {}).get("items", [])
@@ -58,7 +57,7 @@ async def list_pods(api: KubeApi, namespace: str, deployment: str) -> list[dict[
     ]
 
 
-async def set_targets(api: KubeApi, namespace: str, actions: tuple[SetTarget, ...]) -> None:
+async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:
     async def one(action: SetTarget) -> None:
         annotations = {TARGET_VERSION: action.version}
         if action.previous:

@@ -1,12 +1,8 @@
-"""Names of the custom resource and of the labels and keys the operator owns."""
+"""Names of the custom resource the operator serves (the annotations and labels it shares
+with the other programs are in :mod:`model_rollout_contract.annotations`)."""
 
-from model_sidecar.annotations import DOMAIN
+from model_rollout_contract.annotations import DOMAIN
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"
 PLURAL = "modeldeployments"
-
-DEPLOYMENT_LABEL = f"{DOMAIN}/deployment"  # on pods, to find a ModelDeployment's pods
-MODEL_LABEL = f"{DOMAIN}/model"
-PROMOTE_ANNOTATION = f"{DOMAIN}/promote"  # `kubectl annotate md x ...=v2` promotes a canary
-CONFIGMAP_VERSION_KEY = "target-version"

@@ -11,20 +11,22 @@ from typing import Any
 
 import kopf
 
-from model_sidecar.kube import KubeApi
+from model_rollout_contract.annotations import PROMOTE
+from model_rollout_contract.states import Phase
 
 from . import cluster
 from .config import OperatorConfig
-from .constants import GROUP, PLURAL, PROMOTE_ANNOTATION, VERSION
+from .constants import GROUP, PLURAL, VERSION
+from .kube_client import ApiEndpoint, KubeClient, TransientApiError
 from .manifests import children, configmap, digest
-from .planner import RolloutState, plan_rollout
+from .planner import plan_rollout
 from .pods import pod_view
 from .spec import SpecError, parse_spec
-from .status import build_status, invalid_status, merge_patch
+from .status import build_status, invalid_status, merge_patch, rollout_from_status
 from .store_check import VersionCheck, check_version
 
-log = logging.getLogger(__name__)
 _rng = random.SystemRandom()
+API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf retries the reconcile this late
 
 
 def _config(memo: Any) -> OperatorConfig:
@@ -37,7 +39,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = config.disable_scanning
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    memo.api = KubeApi.from_url_or_cluster(config.kube_api)
+    endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
+    memo.api = KubeClient(endpoint) if endpoint is not None else None
+
+
+async def close_api(memo: kopf.Memo, **_: Any) -> None:
+    api: KubeClient | None = getattr(memo, "api", None)
+    if api is not None:
+        await api.close()
 
 
 def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -66,11 +75,12 @@ def _reject(
     status: dict[str, Any],
     problems: list[str],
     generation: int | None,
+    logger: kopf.Logger,
 ) -> None:
     new = invalid_status(problems, generation, time.time(), _conditions(status))
-    if status.get("message") != new["message"] or status.get("phase") != "Invalid":
+    if status.get("message") != new["message"] or status.get("phase") != Phase.INVALID:
         kopf.warn(body, reason="InvalidSpec", message=new["message"])
-        log.warning("%s rejected: %s", body.get("metadata", {}).get("name"), new["message"])
+        logger.warning("rejected: %s", new["message"])
     patch.status.update(merge_patch({k: status.get(k) for k in new}, new))
 
 
@@ -79,33 +89,52 @@ async def reconcile(
     body: kopf.Body,
     status: kopf.Status,
     meta: kopf.Meta,
-    name: str,
+    name: str | None,
     namespace: str | None,
     patch: kopf.Patch,
-    memo: Any,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    assert namespace is not None  # ModelDeployment is a namespaced resource
-    status_d = dict(status)
+    """One pass: observe, plan, act, write status. A transient API failure becomes
+    ``kopf.TemporaryError``: kopf retries the pass, and nothing half-applied is recorded
+    because status is written only at the end of a pass."""
+    assert namespace is not None and name is not None  # a namespaced resource
+    try:
+        await _reconcile(body, dict(status), meta, name, namespace, patch, memo, logger)
+    except TransientApiError as exc:
+        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
+
+
+async def _reconcile(
+    body: kopf.Body,
+    status_d: dict[str, Any],
+    meta: kopf.Meta,
+    name: str,
+    namespace: str,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+) -> None:
     generation = meta.get("generation")
     try:
         spec = parse_spec(dict(body.get("spec", {})))
     except SpecError as exc:
-        _reject(patch, body, status_d, exc.problems, generation)
+        _reject(patch, body, status_d, exc.problems, generation, logger)
         return
     config = _config(memo)
     verified = list(status_d.get("verifiedVersions") or [])
     if config.check_store and spec.version not in verified:
         result, message = await check_version(spec)
         if result is VersionCheck.MISSING:
-            _reject(patch, body, status_d, [message], generation)
+            _reject(patch, body, status_d, [message], generation, logger)
             return
         if result is VersionCheck.UNREACHABLE:
             patch.status["message"] = message
-            log.warning("%s: %s; will retry", name, message)
+            logger.warning("%s; will retry", message)
             return
         verified = ([*verified, spec.version])[-8:]
-    api: KubeApi = memo.api
+    api: KubeClient = memo.api
 
     stable = status_d.get("currentVersion")
     objects = [adopted(o, body) for o in children(name, namespace, spec, stable or spec.version)]
@@ -116,12 +145,12 @@ async def reconcile(
         kopf.info(body, reason="Reconciled", message=f"applied {len(objects)} child objects")
 
     pods = [pod_view(p) for p in await cluster.list_pods(api, namespace, name)]
-    promoted = (meta.get("annotations") or {}).get(PROMOTE_ANNOTATION)
+    promoted = (meta.get("annotations") or {}).get(PROMOTE)
     plan = plan_rollout(
         spec,
         stable,
         status_d.get("previousVersion"),
-        RolloutState.from_status(status_d.get("rollout")),
+        rollout_from_status(status_d.get("rollout")),
         pods,
         time.time(),
         _rng,
@@ -132,7 +161,7 @@ async def reconcile(
         (kopf.warn if event.warning else kopf.info)(
             body, reason=event.reason, message=event.message
         )
-        log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+        logger.info("%s: %s", event.reason, event.message)
     new_status = build_status(
         plan, pods, spec.replicas, generation, time.time(), _conditions(status_d)
     )
@@ -151,6 +180,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
+    kopf.on.cleanup(registry=registry)(close_api)
     kopf.timer(
         GROUP,
         VERSION,

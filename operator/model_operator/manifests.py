@@ -11,19 +11,12 @@ import hashlib
 import json
 from typing import Any
 
-from model_sidecar.annotations import DOMAIN
+from model_rollout_contract import argv
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
+from model_rollout_contract.defaults import SERVER_PORT, SIDECAR_METRICS_PORT
 
-from .constants import CONFIGMAP_VERSION_KEY, DEPLOYMENT_LABEL, MODEL_LABEL
 from .spec import ModelDeploymentSpec
 
-SERVER_PORT = 8000
-SIDECAR_METRICS_PORT = 9100
-MODELS_DIR = "/models"
-CONTROL_DIR = "/run/model-rollout"
-PODINFO_DIR = "/etc/podinfo"
-CONFIG_DIR = "/etc/model-rollout/config"
-KEYS_DIR = "/etc/model-rollout/keys"
-TENANTS_DIR = "/etc/model-rollout/tenants"
 SPEC_HASH = f"{DOMAIN}/spec-hash"
 
 
@@ -41,24 +34,13 @@ def selector(name: str) -> dict[str, str]:
     return {DEPLOYMENT_LABEL: name}
 
 
-def _fetch_args(spec: ModelDeploymentSpec) -> list[str]:
-    args = [
-        "--store",
-        spec.store.sidecar_url,
-        "--volume",
-        MODELS_DIR,
-        "--model",
+def _sidecar_args(spec: ModelDeploymentSpec) -> argv.SidecarArgs:
+    return argv.SidecarArgs(
         spec.model,
-        "--annotations-file",
-        f"{PODINFO_DIR}/annotations",
-        "--configmap-file",
-        f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}",
-    ]
-    if spec.signing_public_key_secret:
-        args += ["--public-key", f"{KEYS_DIR}/public.pem"]
-    else:
-        args += ["--allow-unsigned"]
-    return args
+        spec.store.sidecar_url,
+        signed=bool(spec.signing_public_key_secret),
+        retain=spec.retain_versions,
+    )
 
 
 def _sidecar_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
@@ -94,9 +76,9 @@ def _volumes(
         {"name": "rollout-config", "configMap": {"name": f"{name}-rollout"}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "models", "mountPath": MODELS_DIR},
-        {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
-        {"name": "rollout-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "models", "mountPath": argv.MODELS_DIR},
+        {"name": "podinfo", "mountPath": argv.PODINFO_DIR, "readOnly": True},
+        {"name": "rollout-config", "mountPath": argv.CONFIG_DIR, "readOnly": True},
     ]
     if spec.signing_public_key_secret:
         volumes.append(
@@ -108,7 +90,7 @@ def _volumes(
                 },
             }
         )
-        mounts.append({"name": "signing-key", "mountPath": KEYS_DIR, "readOnly": True})
+        mounts.append({"name": "signing-key", "mountPath": argv.KEYS_DIR, "readOnly": True})
     if spec.store.pvc:
         volumes.append(
             {
@@ -116,7 +98,7 @@ def _volumes(
                 "persistentVolumeClaim": {"claimName": spec.store.pvc, "readOnly": True},
             }
         )
-        mounts.append({"name": "store", "mountPath": "/store", "readOnly": True})
+        mounts.append({"name": "store", "mountPath": argv.STORE_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -138,35 +120,21 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
 
 def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(name, spec)
-    control_mount = {"name": "control", "mountPath": CONTROL_DIR}
-    socket = f"{CONTROL_DIR}/control.sock"
+    control_mount = {"name": "control", "mountPath": argv.CONTROL_DIR}
     sidecar_image = spec.sidecar_image or spec.image
-    server_args = [
-        "model-server",
-        "--repository",
-        MODELS_DIR,
-        "--model",
-        spec.model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(SERVER_PORT),
-        "--backend",
-        spec.backend,
-        "--control-socket",
-        socket,
-        "--retain",
-        str(spec.retain_versions),
-        "--cache-dir",
-        f"{MODELS_DIR}/.engine-cache",
-        "--audit-log",
-        f"{MODELS_DIR}/.audit.jsonl",
-    ]
+    server_args = argv.server_argv(
+        argv.ServerArgs(
+            spec.model,
+            backend=spec.backend,
+            retain=spec.retain_versions,
+            tenants=bool(spec.tenants_secret),
+        )
+    )
+    sidecar_args = _sidecar_args(spec)
     server_mounts = [m for m in mounts if m["name"] == "models"] + [control_mount]
     if spec.tenants_secret:
-        server_args += ["--tenants-file", f"{TENANTS_DIR}/tenants.yaml"]
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenants_secret}})
-        server_mounts.append({"name": "tenants", "mountPath": TENANTS_DIR, "readOnly": True})
+        server_mounts.append({"name": "tenants", "mountPath": argv.TENANTS_DIR, "readOnly": True})
     pod_labels = labels(name, spec)
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
@@ -187,7 +155,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                         {
                             "name": "prefetch",
                             "image": sidecar_image,
-                            "args": ["model-sidecar", "init", *_fetch_args(spec)],
+                            "args": argv.sidecar_argv("init", sidecar_args),
                             "env": _sidecar_env(spec),
                             "envFrom": _env_from(spec),
                             "volumeMounts": mounts,
@@ -213,19 +181,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                         {
                             "name": "sidecar",
                             "image": sidecar_image,
-                            "args": [
-                                "model-sidecar",
-                                "watch",
-                                *_fetch_args(spec),
-                                "--control-socket",
-                                socket,
-                                "--status-file",
-                                f"{MODELS_DIR}/.sidecar-status.json",
-                                "--keep-versions",
-                                str(spec.retain_versions + 1),
-                                "--metrics-port",
-                                str(SIDECAR_METRICS_PORT),
-                            ],
+                            "args": argv.sidecar_argv("watch", sidecar_args),
                             "env": _sidecar_env(spec),
                             "envFrom": _env_from(spec),
                             "ports": [
@@ -264,7 +220,7 @@ def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str
             "namespace": namespace,
             "labels": labels(name, spec),
         },
-        "data": {CONFIGMAP_VERSION_KEY: version},
+        "data": {argv.CONFIGMAP_VERSION_KEY: version},
     }
 
 

@@ -24,20 +24,25 @@ server, so each swap is a pointer swap.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+
+from model_rollout_contract.annotations import PROMOTE
+from model_rollout_contract.states import Phase, RolloutStage
 
 from .pods import PodView
 from .spec import ModelDeploymentSpec
 
-CANARY, BATCHES, COMPLETE, FAILED = "canary", "batches", "complete", "failed"
+CANARY, BATCHES = RolloutStage.CANARY, RolloutStage.BATCHES
+COMPLETE, FAILED = RolloutStage.COMPLETE, RolloutStage.FAILED
 
 
 @dataclass(frozen=True)
 class RolloutState:
+    """Where one rollout stands; kept in ``.status.rollout`` (see :mod:`.status`)."""
+
     to_version: str
     from_version: str | None = None
-    stage: str = BATCHES
+    stage: RolloutStage = BATCHES
     fast: bool = False
     started_at: float = 0.0
     batch: int = 0
@@ -46,24 +51,6 @@ class RolloutState:
     next_batch_at: float = 0.0
     canary_healthy_at: float | None = None
     failure: str | None = None
-
-    def to_status(self) -> dict[str, Any]:
-        return {_camel(k): v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_status(cls, raw: Any) -> RolloutState | None:
-        if not isinstance(raw, dict) or not isinstance(raw.get("toVersion"), str):
-            return None
-        known = {_camel(k): k for k in cls.__dataclass_fields__}
-        try:
-            return cls(**{known[k]: v for k, v in raw.items() if k in known})
-        except TypeError:
-            return None
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(w.title() for w in rest)
 
 
 @dataclass(frozen=True)
@@ -87,7 +74,7 @@ class Plan:
     previous_version: str | None
     actions: tuple[SetTarget, ...]
     events: tuple[Event, ...]
-    phase: str  # Progressing | Canary | RollingBack | Available | Degraded
+    phase: Phase
     reason: str
     message: str
 
@@ -151,7 +138,7 @@ def plan_rollout(
     if state.stage == BATCHES:
         return planner.batches()
     if state.stage == FAILED:
-        return planner.plan("Degraded", "RolloutFailed", state.failure or "rollout failed")
+        return planner.plan(Phase.DEGRADED, "RolloutFailed", state.failure or "rollout failed")
     return planner.complete()
 
 
@@ -175,7 +162,7 @@ class _Tick:
         self.actions: list[SetTarget] = []
         self.version = state.to_version
 
-    def plan(self, phase: str, reason: str, message: str) -> Plan:
+    def plan(self, phase: Phase, reason: str, message: str) -> Plan:
         return Plan(
             self.state,
             self.stable,
@@ -191,8 +178,10 @@ class _Tick:
         previous = self.state.from_version or self.previous
         self.actions += [SetTarget(p.name, self.version, previous) for p in pods]
 
-    def _progress_phase(self) -> str:
-        return "RollingBack" if self.state.fast and self.state.from_version else "Progressing"
+    def _progress_phase(self) -> Phase:
+        return (
+            Phase.ROLLING_BACK if self.state.fast and self.state.from_version else Phase.PROGRESSING
+        )
 
     def _check_failure(self) -> Plan | None:
         refused = [p for p in self.pods if p.refused(self.version)]
@@ -212,7 +201,7 @@ class _Tick:
     def _fail(self, why: str) -> Plan:
         self.state = replace(self.state, stage=FAILED, failure=why, batch_in_flight=False)
         self.events.append(Event("RolloutFailed", f"{why}; rollout stopped", warning=True))
-        return self.plan("Degraded", "RolloutFailed", why)
+        return self.plan(Phase.DEGRADED, "RolloutFailed", why)
 
     def canary(self, promoted_version: str | None) -> Plan:
         if failed := self._check_failure():
@@ -238,7 +227,7 @@ class _Tick:
         loading = [p for p in targeted if not p.serves(self.version)]
         if loading or not targeted:
             return self.plan(
-                "Canary",
+                Phase.CANARY,
                 "CanaryLoading",
                 f"canary: {len(targeted) - len(loading)}/{len(targeted)} pods serve {self.version}",
             )
@@ -249,14 +238,15 @@ class _Tick:
         if self.spec.canary.manual_promote:
             if promoted_version != self.version:
                 return self.plan(
-                    "Canary",
+                    Phase.CANARY,
                     "AwaitingPromotion",
-                    f"canary healthy; promote with annotation "
-                    f"serving.model-rollout.io/promote={self.version}",
+                    f"canary healthy; promote with annotation {PROMOTE}={self.version}",
                 )
         elif self.now < healthy_at + self.spec.canary.pause_seconds:
             left = healthy_at + self.spec.canary.pause_seconds - self.now
-            return self.plan("Canary", "CanaryPause", f"canary healthy; {left:.0f}s of pause left")
+            return self.plan(
+                Phase.CANARY, "CanaryPause", f"canary healthy; {left:.0f}s of pause left"
+            )
         self.state = replace(self.state, stage=BATCHES, next_batch_at=self.now)
         self.events.append(Event("CanaryPromoted", f"canary of {self.version} promoted"))
         return self.batches()
@@ -341,12 +331,12 @@ class _Tick:
         serving = sum(p.serves(self.version) for p in self.pods)
         if serving < len(self.pods) or len(self.pods) < self.spec.replicas:
             return self.plan(
-                "Progressing",
+                Phase.PROGRESSING,
                 "PodsStarting",
                 f"{serving}/{self.spec.replicas} pods serve {self.version}",
             )
         return self.plan(
-            "Available",
+            Phase.AVAILABLE,
             "RolloutComplete",
             f"{serving}/{self.spec.replicas} pods serve {self.version}",
         )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from model_sidecar.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
 
 
 @dataclass(frozen=True)
@@ -15,16 +16,18 @@ class PodView:
     target: str | None = None  # operator-set annotation
     serving: str | None = None  # sidecar report: what the server serves
     reported_target: str | None = None  # the target the sidecar's report is about
-    state: str | None = None  # sidecar report: ok | fetching | loading | refused | error
+    state: SidecarState | None = None  # sidecar report
     reason: str | None = None
     ready: bool = False
 
     def serves(self, version: str) -> bool:
-        return self.ready and self.serving == version and self.state == "ok"
+        return self.ready and self.serving == version and self.state is SidecarState.OK
 
     def refused(self, version: str) -> bool:
         return (
-            self.target == version and self.reported_target == version and (self.state == "refused")
+            self.target == version
+            and self.reported_target == version
+            and self.state is SidecarState.REFUSED
         )
 
     def loading(self, version: str) -> bool:
@@ -34,20 +37,15 @@ class PodView:
 def pod_view(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     annotations = meta.get("annotations") or {}
-    try:
-        report = json.loads(annotations.get(SIDECAR_STATUS) or "{}")
-        if not isinstance(report, dict):
-            report = {}
-    except json.JSONDecodeError:
-        report = {}
+    report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
     conditions = (pod.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return PodView(
         name=meta.get("name", ""),
         target=annotations.get(TARGET_VERSION),
-        serving=report.get("serving"),
-        reported_target=report.get("target"),
-        state=report.get("state"),
-        reason=report.get("reason"),
+        serving=report.serving if report else None,
+        reported_target=report.target if report else None,
+        state=report.state if report else None,
+        reason=report.reason if report else None,
         ready=ready and not meta.get("deletionTimestamp"),
     )

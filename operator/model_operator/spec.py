@@ -8,7 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_server.repository import NAME_PATTERN
+from model_rollout_contract import defaults
+from model_rollout_contract.argv import STORE_DIR
+from model_rollout_contract.names import NAME_RULE, is_valid_name
 
 PRECISIONS = ("fp32", "fp16", "int8")
 BACKENDS = ("tensorrt", "onnxruntime", "torch")
@@ -29,24 +31,24 @@ class StoreSpec:
 
     @property
     def sidecar_url(self) -> str:
-        return self.url if self.url else "file:///store"
+        return self.url if self.url else f"file://{STORE_DIR}"
 
 
 @dataclass(frozen=True)
 class CanarySpec:
-    percent: int = 0
-    pause_seconds: float = 30.0
-    manual_promote: bool = False
+    percent: int = defaults.CANARY_PERCENT
+    pause_seconds: float = defaults.CANARY_PAUSE_SECONDS
+    manual_promote: bool = defaults.MANUAL_PROMOTE
 
 
 @dataclass(frozen=True)
 class RolloutSettings:
     batch_size: int | None = None
-    batch_percent: int | None = 25
-    jitter_seconds: float = 5.0
-    max_unavailable: int = 0
+    batch_percent: int | None = defaults.BATCH_PERCENT
+    jitter_seconds: float = defaults.JITTER_SECONDS
+    max_unavailable: int = defaults.MAX_UNAVAILABLE
     max_concurrent_loads: int | None = None
-    progress_deadline_seconds: float = 600.0
+    progress_deadline_seconds: float = defaults.PROGRESS_DEADLINE_SECONDS
 
     def batch(self, replicas: int) -> int:
         size = self.batch_size or math.ceil(replicas * (self.batch_percent or 100) / 100)
@@ -61,16 +63,16 @@ class ModelDeploymentSpec:
     version: str
     image: str
     store: StoreSpec
-    replicas: int = 1
+    replicas: int = defaults.REPLICAS
     sidecar_image: str | None = None
-    backend: str = "tensorrt"
-    precision: str = "fp16"
-    gpus: int = 1
+    backend: str = defaults.BACKEND
+    precision: str = defaults.PRECISION
+    gpus: int = defaults.GPUS
     cpu: str | None = None
     memory: str | None = None
     canary: CanarySpec = field(default_factory=CanarySpec)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    retain_versions: int = 2
+    retain_versions: int = defaults.RETAIN_VERSIONS
     signing_public_key_secret: str | None = None
     tenants_secret: str | None = None  # Secret with tenants.yaml (see model-server)
 
@@ -102,11 +104,10 @@ def _get(
 
 def _name(raw: dict[str, Any], key: str, problems: list[str], where: str = "spec.") -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
-        problems.append(
-            f"{where}{key} must be a name of letters, digits, '.', '_', '-' (got {value!r})"
-        )
+    if not is_valid_name(value):
+        problems.append(f"{where}{key} must be a name of {NAME_RULE} (got {value!r})")
         return ""
+    assert isinstance(value, str)
     return value
 
 
@@ -129,7 +130,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     image = _get(raw, "image", str, problems, "spec.")
     if not image:
         problems.append("spec.image is required")
-    replicas = _get(raw, "replicas", int, problems, "spec.", 1)
+    replicas = _get(raw, "replicas", int, problems, "spec.", defaults.REPLICAS)
     _range(problems, "spec.replicas", replicas, 0, 1000)
 
     store_raw = _get(raw, "store", dict, problems, "spec.", {})
@@ -148,12 +149,26 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
 
     canary_raw = _get(raw, "canary", dict, problems, "spec.", {})
     canary = CanarySpec(
-        percent=_get(canary_raw, "percent", int, problems, "spec.canary.", 0),
+        percent=_get(canary_raw, "percent", int, problems, "spec.canary.", CanarySpec.percent),
         pause_seconds=float(
-            _get(canary_raw, "pauseSeconds", (int, float), problems, "spec.canary.", 30)
+            _get(
+                canary_raw,
+                "pauseSeconds",
+                (int, float),
+                problems,
+                "spec.canary.",
+                CanarySpec.pause_seconds,
+            )
         ),
         manual_promote=bool(
-            _get(canary_raw, "manualPromote", bool, problems, "spec.canary.", False)
+            _get(
+                canary_raw,
+                "manualPromote",
+                bool,
+                problems,
+                "spec.canary.",
+                CanarySpec.manual_promote,
+            )
         ),
     )
     _range(problems, "spec.canary.percent", canary.percent, 0, 100)
@@ -166,12 +181,30 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         problems.append("spec.rollout takes batchSize or batchPercent, not both")
     rollout = RolloutSettings(
         batch_size=batch_size,
-        batch_percent=(batch_percent or 25) if batch_size is None else None,
-        jitter_seconds=float(_get(ro, "jitterSeconds", (int, float), problems, "spec.rollout.", 5)),
-        max_unavailable=_get(ro, "maxUnavailable", int, problems, "spec.rollout.", 0),
+        batch_percent=(batch_percent or defaults.BATCH_PERCENT) if batch_size is None else None,
+        jitter_seconds=float(
+            _get(
+                ro,
+                "jitterSeconds",
+                (int, float),
+                problems,
+                "spec.rollout.",
+                RolloutSettings.jitter_seconds,
+            )
+        ),
+        max_unavailable=_get(
+            ro, "maxUnavailable", int, problems, "spec.rollout.", RolloutSettings.max_unavailable
+        ),
         max_concurrent_loads=_get(ro, "maxConcurrentLoads", int, problems, "spec.rollout."),
         progress_deadline_seconds=float(
-            _get(ro, "progressDeadlineSeconds", (int, float), problems, "spec.rollout.", 600)
+            _get(
+                ro,
+                "progressDeadlineSeconds",
+                (int, float),
+                problems,
+                "spec.rollout.",
+                RolloutSettings.progress_deadline_seconds,
+            )
         ),
     )
     _range(problems, "spec.rollout.batchSize", batch_size, 1)
@@ -182,15 +215,15 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     _range(problems, "spec.rollout.progressDeadlineSeconds", rollout.progress_deadline_seconds, 1)
 
     resources = _get(raw, "resources", dict, problems, "spec.", {})
-    gpus = _get(resources, "gpu", int, problems, "spec.resources.", 1)
+    gpus = _get(resources, "gpu", int, problems, "spec.resources.", defaults.GPUS)
     _range(problems, "spec.resources.gpu", gpus, 0, 16)
-    backend = _get(raw, "backend", str, problems, "spec.", "tensorrt")
+    backend = _get(raw, "backend", str, problems, "spec.", defaults.BACKEND)
     if backend not in BACKENDS:
         problems.append(f"spec.backend must be one of {BACKENDS} (got {backend!r})")
-    precision = _get(raw, "precision", str, problems, "spec.", "fp16")
+    precision = _get(raw, "precision", str, problems, "spec.", defaults.PRECISION)
     if precision not in PRECISIONS:
         problems.append(f"spec.precision must be one of {PRECISIONS} (got {precision!r})")
-    retain = _get(raw, "retainVersions", int, problems, "spec.", 2)
+    retain = _get(raw, "retainVersions", int, problems, "spec.", defaults.RETAIN_VERSIONS)
     _range(problems, "spec.retainVersions", retain, 1, 8)
 
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})

@@ -1,13 +1,45 @@
-"""``.status`` of a ModelDeployment, built from a plan and the observed pods."""
+"""``.status`` of a ModelDeployment: built from a plan and the observed pods, and the
+rollout state persisted to and read back from it (which is what makes the operator
+restart-safe)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from .planner import Plan
+from model_rollout_contract.states import Phase, RolloutStage
+
+from .planner import Plan, RolloutState
 from .pods import PodView
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+_ROLLOUT_KEYS = {_camel(k): k for k in RolloutState.__dataclass_fields__}
+
+
+def rollout_to_status(state: RolloutState) -> dict[str, Any]:
+    """``status.rollout``: the state's fields in camelCase, enums as their values."""
+    return {
+        _camel(k): (str(v) if isinstance(v, RolloutStage) else v) for k, v in asdict(state).items()
+    }
+
+
+def rollout_from_status(raw: Any) -> RolloutState | None:
+    """The state ``rollout_to_status`` wrote, or ``None`` for a missing or foreign one."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("toVersion"), str):
+        return None
+    fields = {_ROLLOUT_KEYS[k]: v for k, v in raw.items() if k in _ROLLOUT_KEYS}
+    try:
+        fields["stage"] = RolloutStage(fields.get("stage", RolloutStage.BATCHES))
+        return RolloutState(**fields)
+    except (TypeError, ValueError):
+        return None
 
 
 def iso(ts: float) -> str:
@@ -41,8 +73,8 @@ def build_status(
     versions = Counter(p.serving for p in pods if p.serving)
     ready = sum(p.ready for p in pods)
     target = plan.state.to_version
-    rolling = plan.phase in ("Progressing", "Canary", "RollingBack")
-    degraded = plan.phase == "Degraded"
+    rolling = plan.phase.rolling
+    degraded = plan.phase is Phase.DEGRADED
     conditions = [
         condition("SpecValid", True, "Valid", "spec accepted", now, existing_conditions),
         condition(
@@ -71,7 +103,7 @@ def build_status(
         ),
     ]
     status: dict[str, Any] = {
-        "phase": plan.phase,
+        "phase": str(plan.phase),
         "message": plan.message,
         "currentVersion": plan.stable_version,
         "previousVersion": plan.previous_version,
@@ -80,7 +112,7 @@ def build_status(
         "readyReplicas": ready,
         "updatedReplicas": sum(p.serves(target) for p in pods),
         "versions": dict(sorted(versions.items())),
-        "rollout": plan.state.to_status(),
+        "rollout": rollout_to_status(plan.state),
         "conditions": conditions,
         "lastUpdateTime": iso(now),
     }
@@ -98,7 +130,7 @@ def invalid_status(
     """Only the verdict changes; versions, counts and the rollout state are left alone."""
     message = "; ".join(problems)
     status: dict[str, Any] = {
-        "phase": "Invalid",
+        "phase": str(Phase.INVALID),
         "message": message,
         "conditions": [
             condition("SpecValid", False, "InvalidSpec", message, now, existing_conditions),

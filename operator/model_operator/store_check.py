@@ -1,14 +1,21 @@
-"""Does a version exist in the model store? Checked before a rollout starts."""
+"""Does a version exist in the model store? Checked before a rollout starts, by reading
+the version's manifest key (the store layout of :mod:`model_rollout_contract.layout`)."""
 
 from __future__ import annotations
 
 import asyncio
 from enum import Enum
 
-from model_server.manifest import MANIFEST_NAME
-from model_sidecar.store import ObjectMissing, StoreError, open_store, version_key
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from model_rollout_contract.layout import StoreUrl, object_key
+from model_rollout_contract.manifest import MANIFEST_NAME
 
 from .spec import ModelDeploymentSpec
+
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
 class VersionCheck(Enum):
@@ -18,18 +25,38 @@ class VersionCheck(Enum):
     SKIPPED = "skipped"  # a PVC store is not reachable from the operator
 
 
+def _manifest_exists(url: StoreUrl, endpoint: str | None, key: str) -> bool:
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint or None,
+        config=Config(
+            connect_timeout=3,
+            read_timeout=10,
+            retries={"max_attempts": 1},
+            s3={"addressing_style": "path"},
+        ),
+    )
+    try:
+        client.head_object(Bucket=url.bucket, Key=url.key(key))
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING_CODES:
+            return False
+        raise
+    return True
+
+
 async def check_version(spec: ModelDeploymentSpec) -> tuple[VersionCheck, str]:
     if not spec.store.url:
         return VersionCheck.SKIPPED, "store is a volume; not checked by the operator"
+    key = object_key(spec.model, spec.version, MANIFEST_NAME)
     try:
-        store = open_store(spec.store.url, spec.store.endpoint)
-        key = version_key(spec.model, spec.version, MANIFEST_NAME)
-        await asyncio.to_thread(store.read, key)
-    except ObjectMissing:
+        url = StoreUrl.parse(spec.store.url)
+        present = await asyncio.to_thread(_manifest_exists, url, spec.store.endpoint, key)
+    except (ClientError, BotoCoreError, OSError, ValueError) as exc:
+        return VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
+    if not present:
         return VersionCheck.MISSING, (
             f"version {spec.version} of {spec.model} is not in "
             f"{spec.store.url} (no {MANIFEST_NAME})"
         )
-    except (StoreError, ValueError) as exc:
-        return VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
     return VersionCheck.PRESENT, "ok"

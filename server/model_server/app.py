@@ -8,6 +8,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from model_rollout_contract.layout import CURRENT_FILE
+from model_rollout_contract.names import check_name
+from model_rollout_contract.versions import newest
+
 from .audit import AuditLog
 from .auth import AccessPolicy
 from .backends import Backend, make_backend
@@ -17,7 +21,7 @@ from .engine_manager import EngineManager
 from .errors import ServingError
 from .http_api import MANAGER, METRICS, POLICY, add_routes, json_errors
 from .metrics import ServerMetrics
-from .repository import CURRENT_FILE, ModelRepository, check_name, natural_key
+from .repository import ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,7 @@ class ModelServer:
         current = self.repository.model_dir(spec.key) / CURRENT_FILE
         if current.is_file():
             return check_name("version", current.read_text().strip())
-        versions = sorted(self.repository.versions(spec.key), key=natural_key)
-        return versions[-1] if versions else None
+        return newest(self.repository.versions(spec.key))
 
     async def start(self, app: web.Application) -> None:
         for spec in self.model_specs():

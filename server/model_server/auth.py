@@ -11,8 +11,9 @@ from typing import Any
 
 import yaml
 
+from model_rollout_contract.names import check_name
+
 from .errors import Forbidden, Unauthorized
-from .repository import check_name
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

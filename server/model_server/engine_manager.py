@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from model_rollout_contract.manifest import sha256_file
+
 from .audit import AuditEvent, AuditLog
 from .backends.base import Backend, Engine
-from .digest import sha256_file
 from .errors import (
     Conflict,
     LoadRefused,

@@ -12,11 +12,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from model_rollout_contract.names import InvalidName, check_name
+
 from .auth import AccessPolicy
 from .engine_manager import EngineManager, SwapResult
 from .errors import BadRequest, ModelNotFound, ServingError
 from .metrics import ServerMetrics
-from .repository import check_name, model_key
+from .repository import model_key
 from .tensors import decode_inputs, encode_outputs, spec_to_json
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,6 +39,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     except ServingError as exc:
         return error_response(exc.status, exc.code, exc.message)
+    except InvalidName as exc:  # a name that breaks the contract's rule
+        return error_response(BadRequest.status, BadRequest.code, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from model_rollout_contract.manifest import MANIFEST_NAME, MODEL_FILE_NAMES, Manifest, ManifestError
+from model_rollout_contract.names import check_name, is_valid_name
+from model_rollout_contract.versions import sorted_versions
+
 from .errors import BadRequest, Forbidden, VersionNotFound
-from .manifest import MANIFEST_NAME, MODEL_FILE_NAMES, Manifest, ManifestError
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-CURRENT_FILE = "CURRENT"  # a model directory's version to serve at start (init container)
-
-
-def natural_key(text: str) -> list[object]:
-    """``v2`` < ``v10``: compare digit runs as numbers."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
-
-
-def check_name(kind: str, value: str) -> str:
-    if not NAME_PATTERN.match(value):
-        raise BadRequest(f"invalid {kind} {value!r}: use letters, digits, '.', '_', '-'")
-    return value
 
 
 def model_key(name: str, tenant: str | None = None) -> str:
@@ -44,13 +32,14 @@ class ModelRepository:
         return self.root.joinpath(*key.split("/"))
 
     def versions(self, key: str) -> list[str]:
+        """The versions on disk, oldest first (the contract's version order)."""
         directory = self.model_dir(key)
         if not directory.is_dir():
             return []
-        return sorted(
+        return sorted_versions(
             p.name
             for p in directory.iterdir()
-            if p.is_dir() and NAME_PATTERN.match(p.name) and self._model_file(p) is not None
+            if p.is_dir() and is_valid_name(p.name) and self._model_file(p) is not None
         )
 
     @staticmethod

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Any
+
+from model_rollout_contract.control import (
+    MAX_LINE,
+    ErrorReply,
+    LoadRequest,
+    ProtocolError,
+    Reply,
+    Request,
+    StatusReply,
+    StatusRequest,
+    SwapReply,
+    encode,
+    parse_reply,
+)
 
 from .retry import Backoff, retry_async
 
@@ -26,15 +38,17 @@ class ServerControl:
         self.backoff = backoff or Backoff(attempts=8, base_s=0.2, max_s=5.0)
         self.timeout_s = timeout_s  # a load of a large engine can take minutes
 
-    async def _once(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _once(self, request: Request) -> Reply:
         try:
-            reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+            reader, writer = await asyncio.open_unix_connection(
+                str(self.socket_path), limit=MAX_LINE
+            )
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise ServerUnavailable(
                 f"server socket {self.socket_path} not answering: {exc}"
             ) from exc
         try:
-            writer.write(json.dumps(request).encode() + b"\n")
+            writer.write(encode(request))
             await writer.drain()
             line = await asyncio.wait_for(reader.readline(), self.timeout_s)
         except ConnectionError as exc:
@@ -43,18 +57,26 @@ class ServerControl:
             writer.close()
         if not line:
             raise ServerUnavailable("server closed the control connection without answering")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
+        try:
+            return parse_reply(line)
+        except ProtocolError as exc:
+            raise ServerUnavailable(f"server answered outside the protocol: {exc}") from exc
 
-    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, request: Request) -> Reply:
         return await retry_async(
-            lambda: self._once(request), _is_down, self.backoff, f"control {request.get('op')}"
+            lambda: self._once(request), _is_down, self.backoff, f"control {request.op}"
         )
 
-    async def status(self, model: str) -> dict[str, Any]:
-        return await self.request({"op": "status", "model": model})
+    async def status(self, model: str) -> StatusReply:
+        reply = await self.request(StatusRequest(model))
+        if not isinstance(reply, StatusReply):
+            raise ServerUnavailable(f"status of {model} not answered: {reply}")
+        return reply
 
-    async def load(self, model: str, version: str, path: Path, sha256: str) -> dict[str, Any]:
-        return await self.request(
-            {"op": "load", "model": model, "version": version, "path": str(path), "sha256": sha256}
-        )
+    async def load(
+        self, model: str, version: str, path: Path, sha256: str
+    ) -> SwapReply | ErrorReply:
+        reply = await self.request(LoadRequest(model, version, str(path), sha256))
+        if isinstance(reply, StatusReply):
+            raise ServerUnavailable(f"load of {model}:{version} answered with a status: {reply}")
+        return reply

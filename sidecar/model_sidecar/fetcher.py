@@ -16,14 +16,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_server.manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest
+from model_rollout_contract.layout import INCOMING_DIR, object_key
+from model_rollout_contract.manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest
+from model_rollout_contract.versions import version_order
 
 from .retry import Backoff, retry_async
-from .store import ModelStore, ObjectMissing, StoreError, version_key
+from .store import ModelStore, ObjectMissing, StoreError
 from .verify import VerificationError, Verifier
 
 log = logging.getLogger(__name__)
-INCOMING = ".incoming"
 
 
 @dataclass(frozen=True)
@@ -116,19 +117,19 @@ class Fetcher:
         if local is not None:
             return FetchResult(local, 0, time.monotonic() - started)
         async with self._downloads:
-            data = await self._read(version_key(model, version, MANIFEST_NAME))
+            data = await self._read(object_key(model, version, MANIFEST_NAME))
             try:
                 signature: bytes | None = await self._read(
-                    version_key(model, version, SIGNATURE_NAME)
+                    object_key(model, version, SIGNATURE_NAME)
                 )
             except ObjectMissing:
                 signature = None
             manifest = self.verifier.manifest(model, version, data, signature)
-            incoming = self.volume / INCOMING / f"{model}-{version}-{uuid.uuid4().hex[:8]}"
+            incoming = self.volume / INCOMING_DIR / f"{model}-{version}-{uuid.uuid4().hex[:8]}"
             incoming.mkdir(parents=True)
             try:
                 target = incoming / manifest.file
-                key = version_key(model, version, manifest.file)
+                key = object_key(model, version, manifest.file)
                 size = await retry_async(
                     lambda: self._download(key, target, manifest.size),
                     _is_transient,
@@ -153,13 +154,14 @@ class Fetcher:
         )
 
     def prune(self, model: str, keep: int, protect: set[str]) -> list[str]:
-        """Keep at most ``keep`` versions on disk (newest by arrival); never ``protect``."""
+        """Keep at most ``keep`` versions on disk, the newest in the contract's version
+        order; never those in ``protect`` (the serving one)."""
         directory = self.volume / model
         if not directory.is_dir():
             return []
         versions = sorted(
             (p for p in directory.iterdir() if p.is_dir()),
-            key=lambda p: p.stat().st_mtime,
+            key=lambda p: version_order(p.name),
             reverse=True,
         )
         removed = []

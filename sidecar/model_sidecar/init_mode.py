@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from model_server.repository import CURRENT_FILE, natural_key
+from model_rollout_contract.layout import CURRENT_FILE
+from model_rollout_contract.versions import predecessor as previous_in_order
 
 from .fetcher import Fetcher
 from .store import ModelStore, StoreError
@@ -15,10 +16,8 @@ log = logging.getLogger(__name__)
 
 
 def predecessor(store: ModelStore, model: str, version: str) -> str | None:
-    """The version published just before ``version`` (natural order), for rollback."""
-    versions = sorted(store.list_children(model), key=natural_key)
-    older = [v for v in versions if natural_key(v) < natural_key(version)]
-    return older[-1] if older else None
+    """The version published just before ``version`` (the contract's order), for rollback."""
+    return previous_in_order(store.list_children(model), version)
 
 
 async def pre_pull(fetcher: Fetcher, model: str, target: str, previous: str | None) -> int:

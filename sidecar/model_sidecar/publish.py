@@ -9,12 +9,18 @@ from pathlib import Path
 
 import onnx
 
-from model_server.digest import sha256_file
-from model_server.manifest import MANIFEST_NAME, MODEL_FILE_NAMES, SIGNATURE_NAME, Manifest
-from model_server.repository import check_name
+from model_rollout_contract.layout import object_key
+from model_rollout_contract.manifest import (
+    MANIFEST_NAME,
+    MODEL_FILE_NAMES,
+    SIGNATURE_NAME,
+    Manifest,
+    sha256_file,
+)
+from model_rollout_contract.names import check_name
 
 from .signing import load_private_key, sign
-from .store import ModelStore, version_key
+from .store import ModelStore
 
 
 def onnx_shapes(path: Path) -> dict[str, list[int | str]]:
@@ -52,7 +58,7 @@ def publish(
     data = manifest.to_bytes()
     signature = sign(load_private_key(key_path), data)
     # the manifest goes last: its presence marks the version as complete
-    store.upload(version_key(model, version, name), file)
-    store.write(version_key(model, version, SIGNATURE_NAME), signature)
-    store.write(version_key(model, version, MANIFEST_NAME), data)
+    store.upload(object_key(model, version, name), file)
+    store.write(object_key(model, version, SIGNATURE_NAME), signature)
+    store.write(object_key(model, version, MANIFEST_NAME), data)
     return manifest

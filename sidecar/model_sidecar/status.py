@@ -3,31 +3,18 @@ in a cluster, the same JSON as an annotation on its own pod."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
-from .annotations import SIDECAR_STATUS
+from model_rollout_contract.annotations import SIDECAR_STATUS
+from model_rollout_contract.report import SidecarReport
+
 from .kube import KubeApi
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SidecarStatus:
-    model: str
-    target: str | None
-    serving: str | None
-    state: str  # ok | fetching | loading | refused | error
-    reason: str | None = None
-    sha256: str | None = None
-    updated_at: float = 0.0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
 
 class StatusReporter:
@@ -42,13 +29,11 @@ class StatusReporter:
         self.kube = kube if pod_namespace and pod_name else None
         self.pod_namespace = pod_namespace
         self.pod_name = pod_name
-        self.last: SidecarStatus | None = None
+        self.last: SidecarReport | None = None
 
-    async def report(self, status: SidecarStatus) -> None:
-        status = SidecarStatus(**{**asdict(status), "updated_at": time.time()})
-        same = self.last is not None and asdict(self.last) | {"updated_at": 0} == asdict(status) | {
-            "updated_at": 0
-        }
+    async def report(self, status: SidecarReport) -> None:
+        status = replace(status, updated_at=time.time())
+        same = status.same_as(self.last)
         self.last = status
         if same:
             return

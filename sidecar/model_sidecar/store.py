@@ -7,11 +7,12 @@ import os
 import shutil
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from model_rollout_contract.layout import StoreUrl
 
 
 class StoreError(Exception):
@@ -43,10 +44,6 @@ class ModelStore(Protocol):
     def list_children(self, prefix: str) -> list[str]:
         """Names of the immediate "subdirectories" under ``prefix``."""
         ...
-
-
-def version_key(model: str, version: str, name: str) -> str:
-    return f"{model}/{version}/{name}"
 
 
 class LocalStore:
@@ -191,11 +188,7 @@ class S3Store:
 
 def open_store(url: str, endpoint_url: str | None = None) -> ModelStore:
     """``s3://bucket/prefix`` or ``file:///dir`` (or a plain directory path)."""
-    parsed = urlparse(url)
+    parsed = StoreUrl.parse(url)
     if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ValueError(f"store URL {url!r} names no bucket")
-        return S3Store(parsed.netloc, parsed.path, endpoint_url=endpoint_url)
-    if parsed.scheme in ("", "file"):
-        return LocalStore(parsed.path if parsed.scheme else url)
-    raise ValueError(f"unsupported store URL {url!r}: use s3://bucket/prefix or file:///dir")
+        return S3Store(parsed.bucket, parsed.path, endpoint_url=endpoint_url)
+    return LocalStore(parsed.path)

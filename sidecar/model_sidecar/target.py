@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_server.repository import NAME_PATTERN
-
-from .annotations import PREVIOUS_VERSION, TARGET_VERSION, parse_downward_annotations
+from model_rollout_contract.annotations import (
+    PREVIOUS_VERSION,
+    TARGET_VERSION,
+    parse_downward_annotations,
+)
+from model_rollout_contract.names import is_valid_name
 
 
 def _valid(value: str | None) -> str | None:
-    return value if value and NAME_PATTERN.match(value) else None
+    return value if is_valid_name(value) else None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_server.digest import sha256_file
-from model_server.manifest import Manifest, ManifestError
+from model_rollout_contract.manifest import Manifest, ManifestError, sha256_file
 
 from .signing import Ed25519PublicKey, is_valid
 

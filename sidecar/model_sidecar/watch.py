@@ -15,10 +15,14 @@ import random
 import time
 from dataclasses import dataclass
 
+from model_rollout_contract.control import ErrorReply
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
+
 from .control_client import ServerControl, ServerUnavailable
 from .fetcher import Fetcher
 from .metrics import SidecarMetrics
-from .status import SidecarStatus, StatusReporter
+from .status import StatusReporter
 from .store import StoreError
 from .target import TargetSource
 from .verify import VerificationError
@@ -72,12 +76,12 @@ class Watcher:
         self,
         target: str | None,
         serving: str | None,
-        state: str,
+        state: SidecarState,
         reason: str | None = None,
         sha256: str | None = None,
     ) -> None:
         await self.reporter.report(
-            SidecarStatus(self.settings.model, target, serving, state, reason, sha256)
+            SidecarReport(self.settings.model, target, serving, state, reason, sha256)
         )
 
     async def step(self) -> str:
@@ -93,21 +97,21 @@ class Watcher:
         try:
             status = await self.control.status(model)
         except ServerUnavailable as exc:
-            await self._report(target, None, "error", f"server unavailable: {exc}")
+            await self._report(target, None, SidecarState.ERROR, f"server unavailable: {exc}")
             return "error"
-        serving = status.get("version")
+        serving = status.version
         if serving:
             self.metrics.serving.labels(model, serving).set(1)
         if target is None:
             await self._report(
                 None,
                 serving,
-                "ok" if serving else "error",
+                SidecarState.OK if serving else SidecarState.ERROR,
                 None if serving else "no target version set",
             )
             return "no-target"
         if serving == target:
-            await self._report(target, serving, "ok", sha256=status.get("sha256"))
+            await self._report(target, serving, SidecarState.OK, sha256=status.sha256)
             return "ok"  # versions only arrive through _switch, which prunes after a swap
         refused_at = self._refused.get(target)
         if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
@@ -118,41 +122,44 @@ class Watcher:
 
     async def _switch(self, target: str, serving: str | None) -> str:
         model = self.settings.model
-        await self._report(target, serving, "fetching")
+        await self._report(target, serving, SidecarState.FETCHING)
         try:
             fetched = await self.fetcher.fetch(model, target)
         except VerificationError as exc:
             self._refused[target] = time.monotonic()
             self.metrics.refusals.labels(model, exc.reason).inc()
             self.metrics.fetches.labels(model, "refused").inc()
-            await self._report(target, serving, "refused", f"{exc.reason}: {exc.message}")
+            await self._report(
+                target, serving, SidecarState.REFUSED, f"{exc.reason}: {exc.message}"
+            )
             return "refused"
         except StoreError as exc:
             self.metrics.fetches.labels(model, "error").inc()
-            await self._report(target, serving, "error", f"model store: {exc}")
+            await self._report(target, serving, SidecarState.ERROR, f"model store: {exc}")
             return "error"
         self.metrics.fetches.labels(model, "ok").inc()
         self.metrics.fetch_seconds.labels(model).observe(fetched.seconds)
         self.metrics.bytes.labels(model).inc(fetched.downloaded_bytes)
-        await self._report(target, serving, "loading", sha256=fetched.local.manifest.sha256)
+        sha256 = fetched.local.manifest.sha256
+        await self._report(target, serving, SidecarState.LOADING, sha256=sha256)
         try:
-            answer = await self.control.load(
-                model, target, fetched.local.file, fetched.local.manifest.sha256
-            )
+            answer = await self.control.load(model, target, fetched.local.file, sha256)
         except ServerUnavailable as exc:
             self.metrics.swaps.labels(model, "error").inc()
-            await self._report(target, serving, "error", f"server unavailable: {exc}")
+            await self._report(target, serving, SidecarState.ERROR, f"server unavailable: {exc}")
             return "error"
-        if not answer.get("ok"):
+        if isinstance(answer, ErrorReply):
             self._refused[target] = time.monotonic()
             self.metrics.swaps.labels(model, "refused").inc()
             self.metrics.refusals.labels(model, "server_refused").inc()
-            await self._report(target, serving, "refused", f"server refused: {answer.get('error')}")
+            await self._report(
+                target, serving, SidecarState.REFUSED, f"server refused: {answer.error}"
+            )
             return "refused"
         self.metrics.swaps.labels(model, "ok").inc()
         if serving:
             self.metrics.serving.labels(model, serving).set(0)
         self.metrics.serving.labels(model, target).set(1)
-        await self._report(target, target, "ok", sha256=fetched.local.manifest.sha256)
+        await self._report(target, target, SidecarState.OK, sha256=sha256)
         await asyncio.to_thread(self.fetcher.prune, model, self.settings.keep_versions, {target})
         return "ok"

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from model_rollout_contract.manifest import sha256_file
+
 from ..device_info import cpu_name
-from ..digest import sha256_file
 from ..engine_cache import CacheKey, EngineCache
 from .base import TensorSpec
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..digest import sha256_file
+from model_rollout_contract.manifest import sha256_file
+
 from ..engine_cache import CacheKey, EngineCache
 from .base import BackendUnavailable, TensorSpec
 from .cuda_memory import CudaStream, DeviceBuffer, device_count, device_name

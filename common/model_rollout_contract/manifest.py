@@ -1,34 +1,38 @@
-"""The per-version manifest shared by the model store, the sidecar and the server.
+"""The per-version manifest: what the store holds, the sidecar verifies (Ed25519 over its
+exact bytes) and the server checks again before loading.
 
-A version directory (Triton-style) looks like::
+A version directory, in the store and on the pod's volume (Triton-style)::
 
-    <root>/<model>/<version>/model.onnx | model.engine
-    <root>/<model>/<version>/manifest.json
-    <root>/<model>/<version>/manifest.sig      (Ed25519 over manifest.json bytes)
+    <model>/<version>/model.onnx | model.engine | model.plan
+    <model>/<version>/manifest.json   (uploaded last: its presence marks a complete version)
+    <model>/<version>/manifest.sig    (Ed25519 over manifest.json's bytes)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 MODEL_FILE_NAMES = ("model.onnx", "model.engine", "model.plan")
+_HASH_CHUNK = 1 << 20
 
 
 class ManifestError(ValueError):
-    pass
+    """Manifest bytes that are not a valid manifest."""
 
 
 @dataclass(frozen=True)
 class Manifest:
     model: str
     version: str
-    file: str
-    sha256: str
-    size: int
+    file: str  # one of MODEL_FILE_NAMES
+    sha256: str  # of the model file: 64 lowercase hex digits
+    size: int  # of the model file, in bytes
     precision: str = "fp32"
     shapes: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
@@ -42,7 +46,7 @@ class Manifest:
     def from_bytes(cls, data: bytes) -> Manifest:
         try:
             raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ManifestError(f"manifest is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise ManifestError("manifest must be a JSON object")
@@ -53,11 +57,29 @@ class Manifest:
             raise ManifestError(
                 f"manifest names file {raw['file']!r}; expected one of {MODEL_FILE_NAMES}"
             )
-        sha = str(raw["sha256"])
-        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        if not is_sha256(raw["sha256"]):
             raise ManifestError("manifest sha256 must be 64 lowercase hex digits")
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         try:
             return cls(**{k: v for k, v in raw.items() if k in known})
         except TypeError as exc:
             raise ManifestError(f"manifest has bad field types: {exc}") from exc
+
+
+def is_sha256(value: object) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file, streamed so large engines never sit in memory twice."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,13 +1,23 @@
-"""Names shared by the operator, the sidecar and the harness that plays the kubelet."""
+"""Names on Kubernetes objects that more than one program reads or writes, and the file
+format in which the kubelet projects a pod's annotations (Downward API)."""
 
 from __future__ import annotations
 
 import json
 
 DOMAIN = "serving.model-rollout.io"
-TARGET_VERSION = f"{DOMAIN}/target-version"  # written by the operator, per pod
-PREVIOUS_VERSION = f"{DOMAIN}/previous-version"  # pre-pulled for instant rollback
-SIDECAR_STATUS = f"{DOMAIN}/sidecar-status"  # JSON written by the sidecar
+
+# pod annotations
+TARGET_VERSION = f"{DOMAIN}/target-version"  # operator -> sidecar: the version to serve
+PREVIOUS_VERSION = f"{DOMAIN}/previous-version"  # operator -> sidecar: pre-pulled for rollback
+SIDECAR_STATUS = f"{DOMAIN}/sidecar-status"  # sidecar -> operator: a SidecarReport (JSON)
+
+# ModelDeployment annotation: `kubectl annotate md NAME ...=<version>` promotes its canary
+PROMOTE = f"{DOMAIN}/promote"
+
+# labels the operator puts on what it creates
+DEPLOYMENT_LABEL = f"{DOMAIN}/deployment"  # on pods: the ModelDeployment they belong to
+MODEL_LABEL = f"{DOMAIN}/model"
 
 
 def parse_downward_annotations(text: str) -> dict[str, str]:

@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .planner import COMPLETE, FAILED, Plan, RolloutState, plan_rollout
-from .pods import PodView
-from .spec import ModelDeploymentSpec
+from model_operator.planner import COMPLETE, FAILED, Plan, RolloutState, plan_rollout
+from model_operator.pods import PodView
+from model_operator.spec import ModelDeploymentSpec
+from model_rollout_contract.states import SidecarState
 
 
 @dataclass
@@ -24,19 +25,21 @@ class SimPod:
     target: str | None = None
     serving: str | None = None
     reported: str | None = None
-    state: str = "ok"
+    state: SidecarState = SidecarState.OK
     ready: bool = True
     done_at: float | None = None
 
     def view(self) -> PodView:
-        reason = "bad_signature: simulated refusal" if self.state == "refused" else None
+        refused = self.state is SidecarState.REFUSED
+        reason = "bad_signature: simulated refusal" if refused else None
         return PodView(
             self.name, self.target, self.serving, self.reported, self.state, reason, self.ready
         )
 
     @property
     def loading(self) -> bool:
-        return self.target is not None and self.target != self.serving and self.state != "refused"
+        refused = self.state is SidecarState.REFUSED
+        return self.target is not None and self.target != self.serving and not refused
 
 
 class SimCluster:
@@ -95,15 +98,16 @@ class SimCluster:
         if pod.target is None:
             return
         if pod.target == pod.serving:  # the sidecar reports it already serves the target
-            pod.reported, pod.state, pod.done_at = pod.target, "ok", None
+            pod.reported, pod.state, pod.done_at = pod.target, SidecarState.OK, None
             return
         if pod.reported != pod.target:
             duration = delay if delay is not None else self.load_seconds(pod.name, pod.target)
-            pod.reported, pod.state, pod.done_at = pod.target, "loading", self.now + duration
+            pod.reported, pod.state = pod.target, SidecarState.LOADING
+            pod.done_at = self.now + duration
         if pod.target in self.refuse:
-            pod.state = "refused"
+            pod.state = SidecarState.REFUSED
         elif pod.done_at is not None and self.now >= pod.done_at:
-            pod.serving, pod.state, pod.done_at = pod.target, "ok", None
+            pod.serving, pod.state, pod.done_at = pod.target, SidecarState.OK, None
 
     def run(
         self, spec: ModelDeploymentSpec, limit: int = 100_000, **kw: float | str | None

@@ -1,0 +1,84 @@
+"""The server's and the sidecar's command lines, as the operator writes them into pod
+specs. Built here so that the flags the operator writes and the flags the programs parse
+cannot drift apart: a test parses these with the programs' own parsers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import defaults
+
+# paths inside a pod: mount points (the operator's volumeMounts) and the files in them
+MODELS_DIR = "/models"  # the shared volume: the server's repository
+CONTROL_DIR = "/run/model-rollout"  # shared by server and sidecar
+CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
+PODINFO_DIR = "/etc/podinfo"  # Downward API volume
+PODINFO_ANNOTATIONS = f"{PODINFO_DIR}/annotations"
+CONFIG_DIR = "/etc/model-rollout/config"  # the ModelDeployment's ConfigMap
+CONFIGMAP_VERSION_KEY = "target-version"  # its key: the default version for new pods
+CONFIGMAP_TARGET = f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}"
+KEYS_DIR = "/etc/model-rollout/keys"  # the signing public key's Secret
+PUBLIC_KEY = f"{KEYS_DIR}/public.pem"
+TENANTS_DIR = "/etc/model-rollout/tenants"  # the tenants Secret
+TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
+STORE_DIR = "/store"  # a volume (PVC) store
+STATUS_FILE = f"{MODELS_DIR}/.sidecar-status.json"
+AUDIT_LOG = f"{MODELS_DIR}/.audit.jsonl"
+ENGINE_CACHE = f"{MODELS_DIR}/.engine-cache"
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model: str
+    backend: str = defaults.BACKEND
+    retain: int = defaults.RETAIN_VERSIONS
+    tenants: bool = False  # mount and pass TENANTS_FILE
+
+
+def server_argv(a: ServerArgs) -> list[str]:
+    argv = [
+        "model-server",
+        "--repository", MODELS_DIR,
+        "--model", a.model,
+        "--host", "0.0.0.0",
+        "--port", str(defaults.SERVER_PORT),
+        "--backend", a.backend,
+        "--control-socket", CONTROL_SOCKET,
+        "--retain", str(a.retain),
+        "--cache-dir", ENGINE_CACHE,
+        "--audit-log", AUDIT_LOG,
+    ]  # fmt: skip
+    if a.tenants:
+        argv += ["--tenants-file", TENANTS_FILE]
+    return argv
+
+
+@dataclass(frozen=True)
+class SidecarArgs:
+    model: str
+    store: str  # s3://bucket/prefix or file:///dir
+    signed: bool = True  # False: --allow-unsigned (development only)
+    retain: int = defaults.RETAIN_VERSIONS  # the server's; the volume keeps one more
+
+
+def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
+    """``mode`` is ``init`` (the init container) or ``watch`` (the sidecar container)."""
+    if mode not in ("init", "watch"):
+        raise ValueError(f"sidecar mode must be init or watch, not {mode!r}")
+    argv = [
+        "model-sidecar", mode,
+        "--store", a.store,
+        "--volume", MODELS_DIR,
+        "--model", a.model,
+        "--annotations-file", PODINFO_ANNOTATIONS,
+        "--configmap-file", CONFIGMAP_TARGET,
+    ]  # fmt: skip
+    argv += ["--public-key", PUBLIC_KEY] if a.signed else ["--allow-unsigned"]
+    if mode == "watch":
+        argv += [
+            "--control-socket", CONTROL_SOCKET,
+            "--status-file", STATUS_FILE,
+            "--keep-versions", str(a.retain + 1),
+            "--metrics-port", str(defaults.SIDECAR_METRICS_PORT),
+        ]  # fmt: skip
+    return argv

@@ -1,0 +1,177 @@
+"""The control socket between the sidecar and the server of one pod: one JSON object per
+line each way, a reply for every request. Both ends build and read these classes.
+
+Requests::
+
+    {"op": "load", "model": "m", "version": "v2", "path": "/models/m/v2/model.onnx",
+     "sha256": "<hex>"}
+    {"op": "rollback", "model": "m", "version": "v1"}     (version optional)
+    {"op": "status", "model": "m"}
+
+Replies::
+
+    {"ok": true, "model": "m", "from": "v1", "to": "v2", "duration_ms": 812.5,
+     "instant": false}                                        (load, rollback)
+    {"ok": true, "model": "m", "version": "v2", "sha256": "<hex>", "loaded": ["v1", "v2"]}
+    {"ok": false, "error": "why", "code": "load_refused"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .names import InvalidName, check_name
+
+MAX_LINE = 64 * 1024  # bytes in one message, newline included
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message of this protocol."""
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    model: str
+    version: str
+    path: str | None  # None: the version's directory in the server's repository
+    sha256: str  # the server re-hashes the file and refuses a mismatch
+    op = "load"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "model": self.model, "version": self.version,
+                "path": self.path, "sha256": self.sha256}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    model: str
+    version: str | None = None  # None: the most recently served retained version
+    op = "rollback"
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"op": self.op, "model": self.model}
+        if self.version is not None:
+            body["version"] = self.version
+        return body
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    model: str
+    op = "status"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "model": self.model}
+
+
+Request = LoadRequest | RollbackRequest | StatusRequest
+
+
+@dataclass(frozen=True)
+class SwapReply:
+    model: str
+    from_version: str | None
+    to_version: str
+    duration_ms: float
+    instant: bool  # a pointer swap to a retained version, no load
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "model": self.model, "from": self.from_version,
+                "to": self.to_version, "duration_ms": self.duration_ms,
+                "instant": self.instant}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    model: str
+    version: str | None  # serving, or None before the first load
+    sha256: str | None
+    loaded: tuple[str, ...]  # every version held, the serving one included
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "model": self.model, "version": self.version,
+                "sha256": self.sha256, "loaded": list(self.loaded)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    error: str  # for people
+    code: str  # stable, for programs (the server's error codes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": False, "error": self.error, "code": self.code}
+
+
+Reply = SwapReply | StatusReply | ErrorReply
+
+
+def encode(message: Request | Reply) -> bytes:
+    return json.dumps(message.to_json()).encode() + b"\n"
+
+
+def _object(line: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"not a JSON line: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProtocolError("a message must be a JSON object")
+    return raw
+
+
+def _text(raw: dict[str, Any], key: str, what: str, optional: bool = False) -> Any:
+    value = raw.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what} needs {key!r} (a string)")
+    return value
+
+
+def parse_request(line: bytes) -> Request:
+    raw = _object(line)
+    op = raw.get("op")
+    try:
+        model = check_name("model", _text(raw, "model", f"{op!r}"))
+        if op == "status":
+            return StatusRequest(model)
+        if op == "load":
+            return LoadRequest(
+                model,
+                check_name("version", _text(raw, "version", "'load'")),
+                _text(raw, "path", "'load'", optional=True),
+                _text(raw, "sha256", "'load'"),
+            )
+        if op == "rollback":
+            version = _text(raw, "version", "'rollback'", optional=True)
+            return RollbackRequest(
+                model, None if version is None else check_name("version", version)
+            )
+    except InvalidName as exc:
+        raise ProtocolError(str(exc)) from exc
+    raise ProtocolError(f"unknown op {op!r}; expected load, rollback or status")
+
+
+def parse_reply(line: bytes) -> Reply:
+    raw = _object(line)
+    try:
+        if raw.get("ok") is not True:
+            return ErrorReply(str(raw.get("error", "no reason given")), str(raw.get("code", "")))
+        if "loaded" in raw:
+            return StatusReply(
+                str(raw["model"]),
+                raw.get("version"),
+                raw.get("sha256"),
+                tuple(str(v) for v in raw["loaded"]),
+            )
+        return SwapReply(
+            str(raw["model"]),
+            raw.get("from"),
+            str(raw["to"]),
+            float(raw["duration_ms"]),
+            bool(raw["instant"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed reply: {exc}") from exc

@@ -1,0 +1,35 @@
+"""Every default that more than one place needs, each written once (as Argo Rollouts'
+``utils/defaults``). The CRD's schema repeats the ModelDeployment ones for the API server;
+a test checks that they agree."""
+
+from __future__ import annotations
+
+# --- ModelDeployment spec (the CRD's `default:` values) ---------------------------------
+REPLICAS = 1  # pods of a ModelDeployment
+BACKEND = "tensorrt"  # the production backend
+PRECISION = "fp16"  # engine precision asked of the backend
+GPUS = 1  # nvidia.com/gpu per pod
+CANARY_PERCENT = 0  # share of pods in the canary; 0 = no canary stage
+CANARY_PAUSE_SECONDS = 30.0  # hold a healthy canary this long before promoting
+MANUAL_PROMOTE = False  # hold the canary until the promote annotation names the version
+BATCH_PERCENT = 25  # batch size as a share of replicas, when batchSize is not given
+JITTER_SECONDS = 5.0  # random pause of up to this between batches
+MAX_UNAVAILABLE = 0  # pods that may be not ready before a batch starts
+PROGRESS_DEADLINE_SECONDS = 600.0  # a batch (or the canary) must serve within this
+RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
+
+# --- pod layout (the operator writes it; server and sidecar are told by argv) -----------
+SERVER_PORT = 8000  # KServe v2 HTTP inside the pod
+SIDECAR_METRICS_PORT = 9100  # the sidecar's /metrics
+
+# --- server ----------------------------------------------------------------------------
+SERVER_BACKEND = "onnxruntime"  # the embedded default: runs on any CPU
+SERVER_HOST = "127.0.0.1"  # listen on loopback unless told otherwise (pods say 0.0.0.0)
+INFERENCE_WORKERS = 4  # inference threads
+
+# --- sidecar ---------------------------------------------------------------------------
+POLL_SECONDS = 2.0  # watch mode: between looks at the target
+POLL_JITTER_SECONDS = 1.0  # watch mode: random extra delay, so a fleet does not poll at once
+KEEP_VERSIONS_ON_DISK = RETAIN_VERSIONS + 1  # versions kept on the volume, serving included
+STORE_ATTEMPTS = 5  # tries of one store operation before reporting an error
+MAX_CONCURRENT_DOWNLOADS = 1  # downloads at once per sidecar

@@ -1,0 +1,49 @@
+"""Where versions live: the model store's keys and the pod volume's files.
+
+Store: ``<prefix>/<model>/<version>/<file>`` under ``s3://bucket/prefix`` or a local
+directory (``file:///dir``). Volume (the server's repository, written by the sidecar)::
+
+    <volume>/[<tenant>/]<model>/<version>/...   verified versions (see manifest)
+    <volume>/<model>/CURRENT                    the version a (re)started server serves
+    <volume>/.incoming/                         downloads in progress, never served
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+CURRENT_FILE = "CURRENT"
+INCOMING_DIR = ".incoming"
+
+
+def object_key(model: str, version: str, name: str) -> str:
+    """Key of one file of a version, relative to the store's prefix."""
+    return f"{model}/{version}/{name}"
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """A parsed store URL: ``s3://bucket/prefix`` or ``file:///dir`` (or a plain path)."""
+
+    scheme: str  # "s3" | "file"
+    bucket: str  # S3 only
+    path: str  # S3: the prefix without slashes at either end; file: the directory
+
+    @classmethod
+    def parse(cls, url: str) -> StoreUrl:
+        parsed = urlparse(url)
+        if parsed.scheme == "s3":
+            if not parsed.netloc:
+                raise ValueError(f"store URL {url!r} names no bucket")
+            return cls("s3", parsed.netloc, parsed.path.strip("/"))
+        if parsed.scheme in ("", "file"):
+            return cls("file", "", parsed.path if parsed.scheme else url)
+        raise ValueError(f"unsupported store URL {url!r}: use s3://bucket/prefix or file:///dir")
+
+    def key(self, relative: str) -> str:
+        """The full S3 key (prefix included) of a key relative to the prefix."""
+        return f"{self.path}/{relative}" if self.path else relative
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.path}" if self.scheme == "s3" else f"file://{self.path}"

@@ -1,0 +1,63 @@
+"""The sidecar's report: written to a status file and to its pod's
+``serving.model-rollout.io/sidecar-status`` annotation, read by the operator.
+
+Wire format (one JSON object, keys sorted)::
+
+    {"model": "m", "target": "v2", "serving": "v1", "state": "loading",
+     "reason": null, "sha256": "<hex>", "updated_at": 1764700000.0}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .states import SidecarState
+
+
+@dataclass(frozen=True)
+class SidecarReport:
+    model: str
+    target: str | None  # the version the report is about (the pod's target when written)
+    serving: str | None  # what the server serves
+    state: SidecarState
+    reason: str | None = None  # why, for refused and error
+    sha256: str | None = None  # digest of the target, once known
+    updated_at: float = 0.0  # seconds since the epoch
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def same_as(self, other: SidecarReport | None) -> bool:
+        """Equal apart from the time it was written."""
+        return other is not None and replace(self, updated_at=0.0) == replace(other, updated_at=0.0)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SidecarReport | None:
+        """The report, or ``None`` for a missing or malformed one (a pod that has not
+        reported yet, or a sidecar of another version of this contract)."""
+        if not text:
+            return None
+        try:
+            raw: Any = json.loads(text)
+            state = SidecarState(raw["state"])
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return None
+        if not isinstance(raw, dict):
+            return None
+
+        def text_or_none(key: str) -> str | None:
+            value = raw.get(key)
+            return value if isinstance(value, str) else None
+
+        updated = raw.get("updated_at")
+        return cls(
+            model=text_or_none("model") or "",
+            target=text_or_none("target"),
+            serving=text_or_none("serving"),
+            state=state,
+            reason=text_or_none("reason"),
+            sha256=text_or_none("sha256"),
+            updated_at=float(updated) if isinstance(updated, int | float) else 0.0,
+        )

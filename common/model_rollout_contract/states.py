@@ -1,0 +1,48 @@
+"""Every state that crosses a process boundary or lands in ``.status``, as ``str`` enums:
+they serialise as their plain value, and comparisons with strings read from JSON work."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _StrEnum(str, Enum):
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Phase(_StrEnum):
+    """``ModelDeployment.status.phase``."""
+
+    PROGRESSING = "Progressing"  # batches of a forward rollout
+    CANARY = "Canary"  # canary pods loading, held or waiting for promotion
+    ROLLING_BACK = "RollingBack"  # back to a version the pods still hold
+    AVAILABLE = "Available"  # every pod serves the target
+    DEGRADED = "Degraded"  # a rollout failed; nothing moves until spec.version changes
+    INVALID = "Invalid"  # the spec was refused; nothing changed
+
+    @property
+    def rolling(self) -> bool:
+        return self in (Phase.PROGRESSING, Phase.CANARY, Phase.ROLLING_BACK)
+
+
+class RolloutStage(_StrEnum):
+    """``status.rollout.stage``: where the planner is in one rollout."""
+
+    CANARY = "canary"
+    BATCHES = "batches"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class SidecarState(_StrEnum):
+    """What a sidecar reports about its pod's target version."""
+
+    OK = "ok"  # the server serves the target
+    FETCHING = "fetching"  # downloading and verifying
+    LOADING = "loading"  # the server is loading and warming it up
+    REFUSED = "refused"  # verification or the server refused it: not retried for this target
+    ERROR = "error"  # store or server unavailable: retried; the old version keeps serving

@@ -1,0 +1,271 @@
+"""The contract package: one rule, one order, wire formats that round-trip, defaults
+that match the CRD, command lines the real parsers accept, and no program importing
+another program's package."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from model_rollout_contract import argv, defaults
+from model_rollout_contract.control import (
+    ErrorReply,
+    LoadRequest,
+    ProtocolError,
+    RollbackRequest,
+    StatusReply,
+    StatusRequest,
+    SwapReply,
+    encode,
+    parse_reply,
+    parse_request,
+)
+from model_rollout_contract.names import InvalidName, check_name, is_valid_name
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import Phase, SidecarState
+from model_rollout_contract.versions import newest, predecessor, sorted_versions
+
+ROOT = Path(__file__).parent.parent
+PROGRAMS = {
+    "model_server": ROOT / "server" / "model_server",
+    "model_sidecar": ROOT / "sidecar" / "model_sidecar",
+    "model_operator": ROOT / "operator" / "model_operator",
+}
+CONTRACT = ROOT / "common" / "model_rollout_contract"
+TOOLING = "model_rollout_e2e"
+
+
+def imported_packages(source: Path) -> set[str]:
+    """Top-level names of every absolute import in the files under ``source``."""
+    names: set[str] = set()
+    for path in source.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_no_program_imports_another_program(program: str) -> None:
+    others = (set(PROGRAMS) | {TOOLING}) - {program}
+    assert imported_packages(PROGRAMS[program]) & others == set()
+
+
+def test_the_contract_imports_no_program_and_no_third_party_package() -> None:
+    imported = imported_packages(CONTRACT) - {"model_rollout_contract", "__future__"}
+    import sys
+
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+def test_the_import_check_sees_imports() -> None:  # the check above cannot pass vacuously
+    assert "model_rollout_contract" in imported_packages(PROGRAMS["model_operator"])
+    assert "kopf" in imported_packages(PROGRAMS["model_operator"])
+
+
+@pytest.mark.parametrize("name", ["v1", "2026-11-30", "a_b.c", "A" * 128])
+def test_valid_names(name: str) -> None:
+    assert check_name("version", name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-x", "../v2", "v2\n", "v 2", "a/b", "A" * 129, None, 3])
+def test_invalid_names_raise_value_errors(name: object) -> None:
+    assert not is_valid_name(name)
+    with pytest.raises(InvalidName, match="invalid version") as caught:
+        check_name("version", name)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_one_version_order() -> None:
+    assert sorted_versions(["v10", "v9", "v2", "v1"]) == ["v1", "v2", "v9", "v10"]
+    assert sorted_versions(["2026-11-30", "2026-1-2", "2025-12-31"]) == [
+        "2025-12-31",
+        "2026-1-2",
+        "2026-11-30",
+    ]
+    assert sorted_versions(["b", "a10", "a9", "10", "9"]) == ["9", "10", "a9", "a10", "b"]
+    assert newest(["v2", "v10"]) == "v10" and newest([]) is None
+    assert predecessor(["v1", "v2", "v10"], "v10") == "v2"
+    assert predecessor(["v1", "v2"], "v1") is None
+
+
+def test_sidecar_report_round_trip() -> None:
+    report = SidecarReport("m", "v2", "v1", SidecarState.REFUSED, "bad_signature: x", None, 5.0)
+    text = report.to_json()
+    assert json.loads(text)["state"] == "refused"
+    assert SidecarReport.from_json(text) == report
+    assert report.same_as(SidecarReport("m", "v2", "v1", SidecarState.REFUSED, "bad_signature: x"))
+    for junk in (None, "", "nope", "[]", '{"state": "exploded"}', '{"target": "v1"}', "[" * 5000):
+        assert SidecarReport.from_json(junk) is None
+
+
+def test_control_messages_round_trip() -> None:
+    for request in (
+        LoadRequest("m", "v2", "/models/m/v2/model.onnx", "a" * 64),
+        LoadRequest("m", "v2", None, "a" * 64),
+        RollbackRequest("m", "v1"),
+        RollbackRequest("m"),
+        StatusRequest("m"),
+    ):
+        assert parse_request(encode(request)) == request
+    for reply in (
+        SwapReply("m", "v1", "v2", 812.5, False),
+        SwapReply("m", None, "v1", 1.0, True),
+        StatusReply("m", "v2", "a" * 64, ("v1", "v2")),
+        StatusReply("m", None, None, ()),
+        ErrorReply("nope", "load_refused"),
+    ):
+        assert parse_reply(encode(reply)) == reply
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json",
+        b"[1]",
+        b'{"op": "load", "model": "m"}',
+        b'{"op": "status"}',
+        b'{"op": "status", "model": "../m"}',
+        b'{"op": "rollback", "model": "m", "version": "v1\\n"}',
+        b'{"op": "explode", "model": "m"}',
+        b"[" * 5000,
+    ],
+)
+def test_bad_control_requests_are_protocol_errors(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_request(line)
+
+
+def test_states_serialise_as_plain_values() -> None:
+    assert json.dumps({"phase": Phase.AVAILABLE}) == '{"phase": "Available"}'
+    assert f"{Phase.CANARY}" == "Canary" and str(SidecarState.OK) == "ok"
+    assert Phase("Degraded") is Phase.DEGRADED and Phase.CANARY.rolling
+
+
+def crd_spec_properties() -> dict:
+    [crd] = [d for d in yaml.safe_load_all((ROOT / "deploy/crds/modeldeployment.yaml").read_text())]
+    [version] = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+
+
+def test_crd_defaults_are_the_contract_defaults() -> None:
+    spec = crd_spec_properties()
+    canary, rollout = spec["canary"]["properties"], spec["rollout"]["properties"]
+    assert {
+        "replicas": spec["replicas"]["default"],
+        "backend": spec["backend"]["default"],
+        "precision": spec["precision"]["default"],
+        "gpu": spec["resources"]["properties"]["gpu"]["default"],
+        "canary.percent": canary["percent"]["default"],
+        "canary.pauseSeconds": canary["pauseSeconds"]["default"],
+        "canary.manualPromote": canary["manualPromote"]["default"],
+        "rollout.jitterSeconds": rollout["jitterSeconds"]["default"],
+        "rollout.maxUnavailable": rollout["maxUnavailable"]["default"],
+        "rollout.progressDeadlineSeconds": rollout["progressDeadlineSeconds"]["default"],
+        "retainVersions": spec["retainVersions"]["default"],
+    } == {
+        "replicas": defaults.REPLICAS,
+        "backend": defaults.BACKEND,
+        "precision": defaults.PRECISION,
+        "gpu": defaults.GPUS,
+        "canary.percent": defaults.CANARY_PERCENT,
+        "canary.pauseSeconds": defaults.CANARY_PAUSE_SECONDS,
+        "canary.manualPromote": defaults.MANUAL_PROMOTE,
+        "rollout.jitterSeconds": defaults.JITTER_SECONDS,
+        "rollout.maxUnavailable": defaults.MAX_UNAVAILABLE,
+        "rollout.progressDeadlineSeconds": defaults.PROGRESS_DEADLINE_SECONDS,
+        "retainVersions": defaults.RETAIN_VERSIONS,
+    }
+
+
+def test_the_operator_parses_an_empty_spec_to_the_contract_defaults() -> None:
+    from model_operator.spec import parse_spec
+
+    spec = parse_spec({"model": "m", "version": "v1", "image": "i", "store": {"pvc": "c"}})
+    assert (spec.replicas, spec.backend, spec.precision, spec.gpus, spec.retain_versions) == (
+        defaults.REPLICAS,
+        defaults.BACKEND,
+        defaults.PRECISION,
+        defaults.GPUS,
+        defaults.RETAIN_VERSIONS,
+    )
+    assert spec.rollout.batch_percent == defaults.BATCH_PERCENT
+    assert spec.rollout.progress_deadline_seconds == defaults.PROGRESS_DEADLINE_SECONDS
+    assert spec.canary.pause_seconds == defaults.CANARY_PAUSE_SECONDS
+
+
+@pytest.mark.parametrize("tenants", [False, True])
+def test_server_argv_is_what_the_server_parses(tenants: bool) -> None:
+    from model_server.config import parse_args
+
+    line = argv.server_argv(argv.ServerArgs("resnet", "torch", 3, tenants))
+    assert line[0] == "model-server"
+    config = parse_args(line[1:])
+    assert [m.key for m in config.models] == ["resnet"] and config.backend == "torch"
+    assert (config.port, config.retain, str(config.repository)) == (
+        defaults.SERVER_PORT,
+        3,
+        argv.MODELS_DIR,
+    )
+    assert str(config.control_socket) == argv.CONTROL_SOCKET
+    assert str(config.tenants_file) == argv.TENANTS_FILE if tenants else config.tenants_file is None
+
+
+@pytest.mark.parametrize("mode", ["init", "watch"])
+@pytest.mark.parametrize("signed", [True, False])
+def test_sidecar_argv_is_what_the_sidecar_parses(mode: str, signed: bool) -> None:
+    from model_sidecar.cli import build_parser
+
+    line = argv.sidecar_argv(mode, argv.SidecarArgs("resnet", "s3://b/p", signed, retain=2))
+    assert line[:2] == ["model-sidecar", mode]
+    args = build_parser().parse_args(line[1:])
+    assert (args.command, args.model, args.store, args.volume) == (
+        mode,
+        "resnet",
+        "s3://b/p",
+        argv.MODELS_DIR,
+    )
+    assert args.annotations_file == argv.PODINFO_ANNOTATIONS
+    assert args.configmap_file == argv.CONFIGMAP_TARGET
+    assert (args.public_key, args.allow_unsigned) == (
+        (argv.PUBLIC_KEY, False) if signed else (None, True)
+    )
+    if mode == "watch":
+        assert args.control_socket == argv.CONTROL_SOCKET and args.keep_versions == 3
+        assert args.metrics_port == defaults.SIDECAR_METRICS_PORT
+
+
+def test_sidecar_argv_refuses_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="init or watch"):
+        argv.sidecar_argv("publish", argv.SidecarArgs("m", "s3://b/p"))
+
+
+def test_the_operator_writes_the_contract_command_lines() -> None:
+    from model_operator.manifests import deployment
+    from model_operator.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "model": "m",
+            "version": "v1",
+            "image": "i",
+            "store": {"url": "s3://b/p"},
+            "backend": "torch",
+        }
+    )
+    pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
+    containers = {c["name"]: c["args"] for c in [*pod["initContainers"], *pod["containers"]]}
+    sidecar = argv.SidecarArgs("m", "s3://b/p", signed=False, retain=spec.retain_versions)
+    assert containers == {
+        "prefetch": argv.sidecar_argv("init", sidecar),
+        "server": argv.server_argv(argv.ServerArgs("m", "torch", spec.retain_versions)),
+        "sidecar": argv.sidecar_argv("watch", sidecar),
+    }
+    mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
+    assert {argv.MODELS_DIR, argv.CONTROL_DIR, argv.PODINFO_DIR, argv.CONFIG_DIR} <= mounts
