@@ -22,7 +22,7 @@ from pathlib import Path
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_cache import EngineCache
-from model_server.engine_manager import warm_up
+from model_server.load_pipeline import warm_up
 
 
 def start_pod(model: str, cache_dir: str, queue: multiprocessing.Queue) -> None:

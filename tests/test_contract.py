@@ -220,25 +220,27 @@ def test_server_argv_is_what_the_server_parses(tenants: bool) -> None:
 @pytest.mark.parametrize("mode", ["init", "watch"])
 @pytest.mark.parametrize("signed", [True, False])
 def test_sidecar_argv_is_what_the_sidecar_parses(mode: str, signed: bool) -> None:
-    from model_sidecar.cli import build_parser
+    from model_sidecar.config import InitConfig, WatchConfig, parse_args
 
     line = argv.sidecar_argv(mode, argv.SidecarArgs("resnet", "s3://b/p", signed, retain=2))
     assert line[:2] == ["model-sidecar", mode]
-    args = build_parser().parse_args(line[1:])
-    assert (args.command, args.model, args.store, args.volume) == (
-        mode,
+    config = parse_args(line[1:])
+    assert isinstance(config, InitConfig if mode == "init" else WatchConfig)
+    fetch = config.fetch
+    assert (fetch.model, fetch.store.store, str(fetch.volume)) == (
         "resnet",
         "s3://b/p",
         argv.MODELS_DIR,
     )
-    assert args.annotations_file == argv.PODINFO_ANNOTATIONS
-    assert args.configmap_file == argv.CONFIGMAP_TARGET
-    assert (args.public_key, args.allow_unsigned) == (
+    assert str(fetch.annotations_file) == argv.PODINFO_ANNOTATIONS
+    assert str(fetch.configmap_file) == argv.CONFIGMAP_TARGET
+    public_key = str(fetch.public_key) if fetch.public_key else None
+    assert (public_key, fetch.allow_unsigned) == (
         (argv.PUBLIC_KEY, False) if signed else (None, True)
     )
-    if mode == "watch":
-        assert args.control_socket == argv.CONTROL_SOCKET and args.keep_versions == 3
-        assert args.metrics_port == defaults.SIDECAR_METRICS_PORT
+    if isinstance(config, WatchConfig):
+        assert str(config.control_socket) == argv.CONTROL_SOCKET and config.keep_versions == 3
+        assert config.metrics_port == defaults.SIDECAR_METRICS_PORT
 
 
 def test_sidecar_argv_refuses_an_unknown_mode() -> None:
@@ -269,3 +271,67 @@ def test_the_operator_writes_the_contract_command_lines() -> None:
     }
     mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
     assert {argv.MODELS_DIR, argv.CONTROL_DIR, argv.PODINFO_DIR, argv.CONFIG_DIR} <= mounts
+
+
+def test_every_flag_is_also_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from model_operator.config import parse_args as operator_args
+    from model_server.config import parse_args as server_args
+    from model_sidecar.config import WatchConfig
+    from model_sidecar.config import parse_args as sidecar_args
+
+    monkeypatch.setenv("MODEL_SERVER_REPOSITORY", "/srv/models")  # a required flag
+    monkeypatch.setenv("MODEL_SERVER_PORT", "9001")
+    monkeypatch.setenv("MODEL_SERVER_MODEL", "a,b=v2")  # repeatable: comma-separated
+    server = server_args([])
+    assert (str(server.repository), server.port) == ("/srv/models", 9001)
+    assert [(m.key, m.version) for m in server.models] == [("a", None), ("b", "v2")]
+    assert server_args(["--port", "9002"]).port == 9002  # the command line wins
+
+    for name, value in {
+        "STORE": "s3://b/p",
+        "VOLUME": "/models",
+        "MODEL": "m",
+        "ALLOW_UNSIGNED": "true",
+        "CONTROL_SOCKET": "/run/c.sock",
+        "POLL_SECONDS": "0.5",
+        "POD_NAME": "pod-1",
+    }.items():
+        monkeypatch.setenv(f"MODEL_SIDECAR_{name}", value)
+    watch = sidecar_args(["watch"])
+    assert isinstance(watch, WatchConfig)
+    assert (watch.fetch.store.store, watch.fetch.allow_unsigned, watch.poll_seconds) == (
+        "s3://b/p",
+        True,
+        0.5,
+    )
+    assert watch.pod_name == "pod-1"
+
+    monkeypatch.setenv("MODEL_OPERATOR_NO_STORE_CHECK", "yes")
+    monkeypatch.setenv("MODEL_OPERATOR_INTERVAL", "0.5")
+    operator = operator_args([])
+    assert (operator.check_store, operator.interval_s) == (False, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "complaint"),
+    [
+        ("MODEL_SERVER_PORT", "eighty", "not a valid value"),
+        ("MODEL_SERVER_BACKEND", "tensorflow", "choose from"),
+        ("MODEL_SERVER_WORKERS", "", "not a valid value"),
+    ],
+)
+def test_a_bad_environment_value_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    value: str,
+    complaint: str,
+) -> None:
+    from model_server.config import parse_args
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--repository", "/m"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert name in err and complaint in err, err

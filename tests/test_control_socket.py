@@ -67,3 +67,18 @@ async def test_refusals(
     assert (await ask(sock, {"op": "explode", "model": "mlp"}))["code"] == "bad_request"
     assert (await ask(sock, {"op": "status", "model": "nope"}))["code"] == "model_not_found"
     assert model_server.manager.slot("mlp").current.version == "v1"  # type: ignore[union-attr]
+
+
+async def test_http_and_socket_answer_swaps_with_the_same_fields(
+    client: TestClient, server_config
+) -> None:
+    from conftest import ADMIN
+
+    over_http = await (await client.post("/v1/reload?target_version=v2", headers=ADMIN)).json()
+    over_socket = await ask(server_config.control_socket, {"op": "rollback", "model": "mlp"})
+    assert over_http.pop("status") == "ok" and over_socket.pop("ok") is True
+    assert set(over_http) == set(over_socket) == {"model", "from", "to", "duration_ms", "instant"}
+    assert (over_http["to"], over_socket["to"]) == ("v2", "v1")
+    health = await (await client.get("/v1/models/mlp/health")).json()
+    assert health["versions"]["v1"] == {"state": "READY", "reason": "serving"}
+    assert health["versions"]["v2"] == {"state": "READY", "reason": "retained for rollback"}

@@ -17,6 +17,7 @@ from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_manager import EngineManager
 from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded
 from model_server.metrics import ServerMetrics
+from model_server.model_slot import VersionState, VersionStatus
 from model_server.repository import ModelRepository
 
 
@@ -179,3 +180,29 @@ async def test_a_slow_load_never_blocks_inference(root: Path) -> None:
     assert answered > 20, answered  # about one second of uninterrupted serving
     assert time.monotonic() - started >= 0.8
     manager.close()
+
+
+async def test_every_version_has_a_lifecycle_state_with_a_reason(root: Path) -> None:
+    manager = make_manager(root, retain=2)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    slot = manager.slot("mlp")
+    await manager.load("mlp", "v1")
+    backend.gate.clear()  # v2's warm-up waits: it stays LOADING beside the serving v1
+    loading = asyncio.create_task(manager.load("mlp", "v2"))
+    await asyncio.sleep(0.2)
+    assert slot.states()["v2"].state is VersionState.LOADING
+    assert slot.states()["v1"] == VersionStatus(VersionState.READY, "serving")
+    backend.gate.set()
+    await loading
+    assert slot.states()["v1"] == VersionStatus(VersionState.READY, "retained for rollback")
+    with pytest.raises(LoadRefused):
+        await manager.load("mlp", "vnan")
+    refused = slot.states()["vnan"]
+    assert refused.state is VersionState.UNAVAILABLE and "warm-up" in refused.reason
+    await manager.load("mlp", "v3")  # v1 evicted beyond retain=2, and freed
+    assert slot.states()["v1"] == VersionStatus(VersionState.UNAVAILABLE, "unloaded")
+    assert {v: s.state for v, s in slot.states().items() if s.state is VersionState.READY} == {
+        "v2": VersionState.READY,
+        "v3": VersionState.READY,
+    }

@@ -16,11 +16,12 @@ from model_rollout_contract.annotations import (
     parse_downward_annotations,
 )
 from model_rollout_contract.manifest import Manifest
+from model_sidecar.errors import VerificationError
 from model_sidecar.init_mode import pre_pull, predecessor
 from model_sidecar.signing import load_public_key
 from model_sidecar.store import LocalStore, open_store
 from model_sidecar.target import TargetSource
-from model_sidecar.verify import VerificationError, Verifier
+from model_sidecar.verify import Verifier
 from sidecar_helpers import make_fetcher, make_keys, publish_versions
 
 

@@ -77,10 +77,13 @@ class SwapReply:
     duration_ms: float
     instant: bool  # a pointer swap to a retained version, no load
 
+    def fields(self) -> dict[str, Any]:
+        """The swap itself; the HTTP admin API answers with the same fields."""
+        return {"model": self.model, "from": self.from_version, "to": self.to_version,
+                "duration_ms": self.duration_ms, "instant": self.instant}  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
-        return {"ok": True, "model": self.model, "from": self.from_version,
-                "to": self.to_version, "duration_ms": self.duration_ms,
-                "instant": self.instant}  # fmt: skip
+        return {"ok": True, **self.fields()}
 
 
 @dataclass(frozen=True)

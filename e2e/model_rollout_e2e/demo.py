@@ -1,4 +1,4 @@
-"""``model-rollout-demo``: the whole system on this machine, with a live view.
+"""``make demo``: the whole system on this machine, with a live view.
 
 Publishes two signed versions of a small model to a local-directory store (the embedded
 default), starts the emulated API server, the operator and 4 pods (init container,
@@ -24,9 +24,13 @@ from rich.live import Live
 from rich.table import Table
 
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
 
 from .loadgen import LoadGenerator, LoadResult
 from .scenario import Scenario, StoreSetup, available
+
+STATE_COLOURS = {SidecarState.OK: "green", SidecarState.REFUSED: "red", SidecarState.ERROR: "red"}
 
 
 def pods_table(pods: list[dict[str, Any]]) -> Table:
@@ -35,20 +39,20 @@ def pods_table(pods: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         annotations = pod["metadata"].get("annotations") or {}
-        report = json.loads(annotations.get(SIDECAR_STATUS) or "{}")
+        report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in (pod.get("status") or {}).get("conditions", [])
         )
-        state = report.get("state") or "-"
-        colour = {"ok": "green", "refused": "red", "error": "red"}.get(state, "yellow")
+        state = str(report.state) if report else "-"
+        colour = STATE_COLOURS.get(report.state, "yellow") if report else "yellow"
         table.add_row(
             pod["metadata"]["name"],
             "yes" if ready else "no",
             annotations.get(TARGET_VERSION, "-"),
-            report.get("serving") or "-",
+            (report.serving if report else None) or "-",
             f"[{colour}]{state}[/]",
-            (report.get("reason") or "")[:40],
+            ((report.reason if report else None) or "")[:40],
         )
     return table
 
@@ -169,7 +173,7 @@ async def run_demo(replicas: int, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="model-rollout-demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m model_rollout_e2e.demo", description=__doc__)
     parser.add_argument("--replicas", type=int, default=4)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

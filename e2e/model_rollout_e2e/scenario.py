@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.publish import publish
 from model_sidecar.signing import generate_keypair
@@ -96,7 +97,7 @@ class Scenario:
                 NAMESPACE,
                 self.work / "pods",
                 mounts,
-                {**self.env, "SIDECAR_KUBE_API": api.url},
+                {**self.env, env_name(SIDECAR_ENV_PREFIX, "--kube-api"): api.url},
             )
             kubelet = Kubelet(api, NAMESPACE, self.pods, interval_s=0.2)
             stop = asyncio.Event()

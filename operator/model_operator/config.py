@@ -1,14 +1,59 @@
-"""Operator settings (command line / environment), handed to handlers through kopf's memo."""
+"""Operator configuration: a dataclass built from the command line, every flag also read
+from ``MODEL_OPERATOR_<FLAG>`` (the contract's configuration scheme); handed to the
+handlers through kopf's memo."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+
+from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, read_environment
 
 
 @dataclass
 class OperatorConfig:
     kube_api: str | None = None  # explicit API URL (tests, kmock); default: in-cluster/kubeconfig
-    namespaces: list[str] = field(default_factory=list)
-    interval_s: float = 2.0
-    check_store: bool = True
+    namespaces: list[str] = field(default_factory=list)  # empty: every namespace
+    interval_s: float = 2.0  # seconds between reconciliations of one ModelDeployment
+    check_store: bool = True  # check that spec.version is in the S3 store before rolling out
     disable_scanning: bool = False  # API servers without full discovery (kmock)
+    liveness: str | None = "http://0.0.0.0:8080/healthz"  # kopf's liveness endpoint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="model-operator", description="run the kopf operator")
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to watch (repeatable); default: all namespaces",
+    )
+    p.add_argument("--kube-api", help="API server URL (default: in-cluster or kubeconfig)")
+    p.add_argument("--interval", type=float, default=OperatorConfig.interval_s)
+    p.add_argument(
+        "--no-store-check",
+        action="store_true",
+        help="do not check that spec.version exists in the model store",
+    )
+    p.add_argument(
+        "--disable-scanning",
+        action="store_true",
+        help="skip API discovery scanning (for minimal API servers)",
+    )
+    p.add_argument(
+        "--liveness", default=OperatorConfig.liveness, help="liveness endpoint URL ('' to disable)"
+    )
+    read_environment(p, OPERATOR_ENV_PREFIX)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> OperatorConfig:
+    a = build_parser().parse_args(argv)
+    return OperatorConfig(
+        kube_api=a.kube_api,
+        namespaces=a.namespace,
+        interval_s=a.interval,
+        check_store=not a.no_store_check,
+        disable_scanning=a.disable_scanning,
+        liveness=a.liveness or None,
+    )

@@ -17,11 +17,12 @@ from model_rollout_contract.states import Phase
 from . import cluster
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
-from .kube_client import ApiEndpoint, KubeClient, TransientApiError
+from .errors import SpecError, TransientApiError
+from .kube_client import ApiEndpoint, KubeClient
 from .manifests import children, configmap, digest
 from .planner import plan_rollout
 from .pods import pod_view
-from .spec import SpecError, parse_spec
+from .spec import parse_spec
 from .status import build_status, invalid_status, merge_patch, rollout_from_status
 from .store_check import VersionCheck, check_version
 

@@ -19,20 +19,10 @@ from typing import Any
 
 import aiohttp
 
+from .errors import ApiError, TransientApiError
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-class ApiError(RuntimeError):
-    """The API server refused a request."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class TransientApiError(ApiError):
-    """Worth retrying: the API server is overloaded, restarting or unreachable."""
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,15 @@ from typing import Any
 
 from model_rollout_contract import argv
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
+from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_contract.defaults import SERVER_PORT, SIDECAR_METRICS_PORT
 
 from .spec import ModelDeploymentSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
+# the sidecar reads its pod's name and namespace (Downward API env) as these flags
+SIDECAR_POD_NAME = env_name(SIDECAR_ENV_PREFIX, "--pod-name")
+SIDECAR_POD_NAMESPACE = env_name(SIDECAR_ENV_PREFIX, "--pod-namespace")
 
 
 def labels(name: str, spec: ModelDeploymentSpec) -> dict[str, str]:
@@ -45,8 +49,11 @@ def _sidecar_args(spec: ModelDeploymentSpec) -> argv.SidecarArgs:
 
 def _sidecar_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": SIDECAR_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": SIDECAR_POD_NAMESPACE,
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
     ]
     if spec.store.endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": spec.store.endpoint})

@@ -12,14 +12,10 @@ from model_rollout_contract import defaults
 from model_rollout_contract.argv import STORE_DIR
 from model_rollout_contract.names import NAME_RULE, is_valid_name
 
+from .errors import SpecError
+
 PRECISIONS = ("fp32", "fp16", "int8")
 BACKENDS = ("tensorrt", "onnxruntime", "torch")
-
-
-class SpecError(ValueError):
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True)

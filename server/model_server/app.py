@@ -17,9 +17,10 @@ from .auth import AccessPolicy
 from .backends import Backend, make_backend
 from .config import ModelSpec, ServerConfig
 from .control_socket import ControlSocketServer
+from .data_plane import DataPlane
 from .engine_manager import EngineManager
 from .errors import ServingError
-from .http_api import MANAGER, METRICS, POLICY, add_routes, json_errors
+from .http_api import MANAGER, METRICS, PLANE, POLICY, add_routes, json_errors
 from .metrics import ServerMetrics
 from .repository import ModelRepository
 
@@ -44,8 +45,9 @@ class ModelServer:
             memory_budget_bytes=int(budget * 2**20) if budget else None,
             executor=self.executor,
         )
+        self.plane = DataPlane(self.manager, self.metrics)
         self.control = (
-            ControlSocketServer(self.manager, config.control_socket)
+            ControlSocketServer(self.plane, config.control_socket)
             if config.control_socket
             else None
         )
@@ -98,6 +100,7 @@ class ModelServer:
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
         app[MANAGER] = self.manager
+        app[PLANE] = self.plane
         app[POLICY] = self.policy
         app[METRICS] = self.metrics
         app[SERVER] = self

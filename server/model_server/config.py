@@ -1,11 +1,14 @@
-"""Server configuration, from the command line (each flag also has an environment variable)."""
+"""Server configuration: a dataclass built from the command line, every flag also read
+from ``MODEL_SERVER_<FLAG>`` (the contract's configuration scheme)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from model_rollout_contract import defaults
+from model_rollout_contract.cli import SERVER_ENV_PREFIX, read_environment
 
 from .backends import BACKEND_NAMES
 
@@ -23,38 +26,33 @@ class ModelSpec:
 
 @dataclass
 class ServerConfig:
-    repository: Path
-    models: list[ModelSpec] = field(default_factory=list)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    backend: str = "onnxruntime"
-    cache_dir: Path | None = None
-    retain: int = 2
-    memory_budget_mb: float | None = None
-    control_socket: Path | None = None
-    admin_token_file: Path | None = None
-    tenants_file: Path | None = None
-    audit_log: Path | None = None
-    workers: int = 4
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"MODEL_SERVER_{name}", default)
+    repository: Path  # <root>/[<tenant>/]<model>/<version>/model.onnx
+    models: list[ModelSpec] = field(default_factory=list)  # empty: every model found
+    host: str = defaults.SERVER_HOST
+    port: int = defaults.SERVER_PORT
+    backend: str = defaults.SERVER_BACKEND
+    cache_dir: Path | None = None  # engine cache, shared by the pods of a node
+    retain: int = defaults.RETAIN_VERSIONS  # versions kept loaded per model, serving included
+    memory_budget_mb: float | None = None  # refuse loads that would hold more in total
+    control_socket: Path | None = None  # where the sidecar announces new versions
+    admin_token_file: Path | None = None  # without it the admin API is off
+    tenants_file: Path | None = None  # tenants.yaml: API keys and models per tenant
+    audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
+    workers: int = defaults.INFERENCE_WORKERS  # inference threads
 
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
-def parse_args(argv: list[str] | None = None) -> ServerConfig:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="model-server",
         description="Inference server with atomic, double-buffered model hot-swap.",
     )
     p.add_argument(
         "--repository",
-        default=_env("REPOSITORY"),
-        required=_env("REPOSITORY") is None,
+        required=True,
         help="model repository root: <root>/[<tenant>/]<model>/<version>/model.onnx",
     )
     p.add_argument(
@@ -64,37 +62,34 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         metavar="[TENANT/]NAME[=VERSION]",
         help="a model to serve (repeatable); default: every model in the repository",
     )
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(_env("PORT", "8000") or 8000))
-    p.add_argument("--backend", choices=BACKEND_NAMES, default=_env("BACKEND", "onnxruntime"))
-    p.add_argument(
-        "--cache-dir",
-        default=_env("CACHE_DIR"),
-        help="engine cache directory (shared by the pods of a node)",
-    )
+    p.add_argument("--host", default=ServerConfig.host)
+    p.add_argument("--port", type=int, default=ServerConfig.port)
+    p.add_argument("--backend", choices=BACKEND_NAMES, default=ServerConfig.backend)
+    p.add_argument("--cache-dir", help="engine cache directory (shared by the pods of a node)")
     p.add_argument(
         "--retain",
         type=int,
-        default=int(_env("RETAIN", "2") or 2),
-        help="versions kept loaded per model, the serving one included (default 2)",
+        default=ServerConfig.retain,
+        help="versions kept loaded per model, the serving one included",
     )
     p.add_argument(
         "--memory-budget-mb",
         type=float,
-        default=_env("MEMORY_BUDGET_MB"),
         help="refuse loads that would hold more than this in total",
     )
     p.add_argument(
-        "--control-socket",
-        default=_env("CONTROL_SOCKET"),
-        help="Unix socket on which the sidecar announces new versions",
+        "--control-socket", help="Unix socket on which the sidecar announces new versions"
     )
-    p.add_argument("--admin-token-file", default=_env("ADMIN_TOKEN_FILE"))
-    p.add_argument("--tenants-file", default=_env("TENANTS_FILE"))
-    p.add_argument("--audit-log", default=_env("AUDIT_LOG"), help="JSON-lines audit file")
-    p.add_argument(
-        "--workers", type=int, default=int(_env("WORKERS", "4") or 4), help="inference threads"
-    )
+    p.add_argument("--admin-token-file")
+    p.add_argument("--tenants-file")
+    p.add_argument("--audit-log", help="JSON-lines audit file")
+    p.add_argument("--workers", type=int, default=ServerConfig.workers, help="inference threads")
+    read_environment(p, SERVER_ENV_PREFIX)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.retain < 1:
         p.error("--retain must be at least 1")
@@ -106,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         backend=a.backend,
         cache_dir=_path(a.cache_dir),
         retain=a.retain,
-        memory_budget_mb=float(a.memory_budget_mb) if a.memory_budget_mb else None,
+        memory_budget_mb=a.memory_budget_mb,
         control_socket=_path(a.control_socket),
         admin_token_file=_path(a.admin_token_file),
         tenants_file=_path(a.tenants_file),

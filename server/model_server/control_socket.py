@@ -29,7 +29,7 @@ from model_rollout_contract.control import (
     parse_request,
 )
 
-from .engine_manager import EngineManager, SwapResult
+from .data_plane import Caller, DataPlane
 from .errors import BadRequest, ServingError
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ def peer_identity(writer: asyncio.StreamWriter) -> str:
 
 
 class ControlSocketServer:
-    def __init__(self, manager: EngineManager, path: str | Path, mode: int = 0o600) -> None:
-        self.manager = manager
+    def __init__(self, plane: DataPlane, path: str | Path, mode: int = 0o600) -> None:
+        self.plane = plane
         self.path = Path(path)
         self.mode = mode
         self._server: asyncio.AbstractServer | None = None
@@ -91,32 +91,12 @@ class ControlSocketServer:
     async def _dispatch(
         self, request: LoadRequest | RollbackRequest | StatusRequest, who: str
     ) -> SwapReply | StatusReply:
-        model = request.model
+        caller = Caller(who, "socket")
         if isinstance(request, StatusRequest):
-            slot = self.manager.slot(model)
-            current = slot.current
-            return StatusReply(
-                model,
-                current.version if current else None,
-                current.sha256 if current else None,
-                tuple(v.version for v in slot.loaded()),
-            )
-        result: SwapResult
+            return self.plane.status(request.model)
         if isinstance(request, LoadRequest):
-            result = await self.manager.load(
-                model,
-                request.version,
-                path=Path(request.path) if request.path is not None else None,
-                expected_sha256=request.sha256,
-                who=who,
-                source="socket",
+            path = Path(request.path) if request.path is not None else None
+            return await self.plane.load(
+                request.model, request.version, caller, path, request.sha256
             )
-        else:
-            result = await self.manager.rollback(model, request.version, who=who, source="socket")
-        return SwapReply(
-            model,
-            result.from_version,
-            result.to_version,
-            round(result.duration_s * 1000, 3),
-            result.instant,
-        )
+        return await self.plane.rollback(request.model, request.version, caller)

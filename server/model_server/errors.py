@@ -1,4 +1,22 @@
-"""Errors that carry the HTTP status a client should see."""
+"""Every error the server raises to a client, in one hierarchy (as httpx's
+``_exceptions.py``); each carries the HTTP status and a stable ``code`` that the JSON
+body, the control socket's error reply and the metrics' ``reason`` label use::
+
+    ServingError (500 internal_error)
+    ├── BadRequest (400 bad_request)            malformed body, name, dtype or shape
+    ├── Unauthorized (401 unauthorized)         missing or wrong token / API key
+    ├── Forbidden (403 forbidden)               admin API off; path outside the repository
+    ├── ModelNotFound (404 model_not_found)
+    ├── VersionNotFound (404 version_not_found)
+    ├── Conflict (409 conflict)                 nothing retained to roll back to
+    ├── LoadRefused (422 load_refused)          a version failed to verify, load or warm up;
+    │   │                                       the serving one is untouched
+    │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
+    └── NotReady (503 not_ready)                no version loaded yet
+
+A name that breaks the contract's rule (``model_rollout_contract.names.InvalidName``,
+a ``ValueError``) is answered as ``BadRequest``.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,30 @@
-"""HTTP API: KServe v2 inference protocol plus v1 control endpoints."""
+"""HTTP API: KServe v2 inference protocol plus v1 control endpoints, a thin transport
+over :class:`~model_server.data_plane.DataPlane` (authentication and tenant routing
+happen here; every answer is built there)."""
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from model_rollout_contract.control import SwapReply
 from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
-from .engine_manager import EngineManager, SwapResult
-from .errors import BadRequest, ModelNotFound, ServingError
+from .data_plane import Caller, DataPlane
+from .engine_manager import EngineManager
+from .errors import BadRequest, ServingError
 from .metrics import ServerMetrics
 from .repository import model_key
-from .tensors import decode_inputs, encode_outputs, spec_to_json
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MANAGER = web.AppKey("manager", EngineManager)
+PLANE = web.AppKey("plane", DataPlane)
 POLICY = web.AppKey("policy", AccessPolicy)
 METRICS = web.AppKey("metrics", ServerMetrics)
 
@@ -45,10 +46,6 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -78,15 +75,8 @@ def _admin_model(request: web.Request) -> str:
     return model_key(parts[-1], parts[0] if len(parts) == 2 else None)
 
 
-def _swap_json(result: SwapResult) -> dict[str, Any]:
-    return {
-        "status": "ok",
-        "model": result.model,
-        "from": result.from_version,
-        "to": result.to_version,
-        "duration_ms": round(result.duration_s * 1000, 3),
-        "instant": result.instant,
-    }
+def _swap_json(reply: SwapReply) -> dict[str, Any]:
+    return {"status": "ok", **reply.fields()}
 
 
 async def live(request: web.Request) -> web.Response:
@@ -94,83 +84,37 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    is_ready = request.app[MANAGER].ready()
+    is_ready = request.app[PLANE].ready()
     return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    manager = request.app[MANAGER]
-    key = _tenant_model(request)
-    slot = manager.slot(key)
-    current = slot.current
-    if current is None:
-        raise ModelNotFound(f"model {key!r} has no version loaded yet")
-    return web.json_response(
-        {
-            "name": request.match_info["name"],
-            "versions": [v.version for v in slot.loaded()],
-            "platform": current.engine.platform,
-            "inputs": [spec_to_json(s) for s in current.engine.inputs],
-            "outputs": [spec_to_json(s) for s in current.engine.outputs],
-        }
-    )
+    name = request.match_info["name"]
+    return web.json_response(request.app[PLANE].model_metadata(_tenant_model(request), name))
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    slot = request.app[MANAGER].slot(_tenant_model(request))
-    is_ready = slot.current is not None
+    is_ready = request.app[PLANE].model_ready(_tenant_model(request))
     return web.json_response(
         {"name": request.match_info["name"], "ready": is_ready}, status=200 if is_ready else 503
     )
 
 
 async def infer(request: web.Request) -> web.Response:
-    manager, metrics = request.app[MANAGER], request.app[METRICS]
-    started = time.perf_counter()
-    key = request.match_info["name"]
-    code = "500"
+    plane, name = request.app[PLANE], request.match_info["name"]
+    key = name
     try:
         key = _tenant_model(request)
-        metrics.in_flight.labels(key).inc()
-        try:
-            body = await _json_body(request)
-            with manager.slot(key).pin() as pinned:  # validate against the answering version
-                feeds = decode_inputs(body, pinned.engine.inputs)
-                outputs = await manager.run(pinned, feeds)
-            response = {
-                "model_name": request.match_info["name"],
-                "model_version": pinned.version,
-                "id": str(body.get("id") or uuid.uuid4()),
-                "outputs": encode_outputs(outputs, body.get("outputs")),
-            }
-        finally:
-            metrics.in_flight.labels(key).dec()
-        code = "200"
-        return web.json_response(response)
+        body = await _json_body(request)
     except ServingError as exc:
-        code = str(exc.status)
+        plane.count_rejected(key, exc.status)
         raise
-    finally:
-        metrics.requests.labels(key, code).inc()
-        metrics.request_latency.labels(key).observe(time.perf_counter() - started)
+    return web.json_response(await plane.infer(key, name, body))
 
 
 async def model_health(request: web.Request) -> web.Response:
-    slot = request.app[MANAGER].slot(_tenant_model(request))
-    current = slot.current
-    if current is None:
-        return web.json_response(
-            {"status": "loading", "version": None, "loaded_at": None}, status=503
-        )
-    return web.json_response(
-        {
-            "status": "ok",
-            "version": current.version,
-            "loaded_at": _iso(current.loaded_at),
-            "sha256": current.sha256,
-            "retained": [v.version for v in slot.loaded() if v is not current],
-        }
-    )
+    health = request.app[PLANE].health(_tenant_model(request))
+    return web.json_response(health, status=503 if health["status"] == "loading" else 200)
 
 
 async def reload(request: web.Request) -> web.Response:
@@ -180,11 +124,10 @@ async def reload(request: web.Request) -> web.Response:
     if not target:
         raise BadRequest("reload needs ?target_version=<version>")
     check_name("version", target)
-    manager = request.app[MANAGER]
-    slot = manager.slot(key)
-    previous = slot.current.version if slot.current else None
+    plane = request.app[PLANE]
+    previous = plane.status(key).version
     try:
-        result = await manager.load(key, target, who=who, source="http")
+        reply = await plane.load(key, target, Caller(who, "http"))
     except ServingError as exc:
         return web.json_response(
             {
@@ -197,7 +140,7 @@ async def reload(request: web.Request) -> web.Response:
             },
             status=exc.status,
         )
-    return web.json_response(_swap_json(result))
+    return web.json_response(_swap_json(reply))
 
 
 async def rollback(request: web.Request) -> web.Response:
@@ -206,33 +149,18 @@ async def rollback(request: web.Request) -> web.Response:
     target = request.query.get("target_version")
     if target:
         check_name("version", target)
-    result = await request.app[MANAGER].rollback(key, target, who=who, source="http")
-    return web.json_response(_swap_json(result))
+    reply = await request.app[PLANE].rollback(key, target, Caller(who, "http"))
+    return web.json_response(_swap_json(reply))
 
 
 async def list_models(request: web.Request) -> web.Response:
-    manager = request.app[MANAGER]
     tenant = request.app[POLICY].tenant_for(request.headers)
-    prefix = f"{tenant}/" if tenant else ""
-    models = []
-    for key, slot in sorted(manager.slots.items()):
-        if (tenant is None and "/" in key) or (tenant and not key.startswith(prefix)):
-            continue
-        current = slot.current
-        models.append(
-            {
-                "name": key.removeprefix(prefix),
-                "version": current.version if current else None,
-                "loaded": [v.version for v in slot.loaded()],
-                "available": manager.repository.versions(key),
-            }
-        )
-    return web.json_response({"models": models})
+    return web.json_response({"models": request.app[PLANE].list_models(tenant)})
 
 
 async def audit(request: web.Request) -> web.Response:
     request.app[POLICY].check_admin(request.headers)
-    return web.json_response({"events": request.app[MANAGER].audit.events[-200:]})
+    return web.json_response({"events": request.app[PLANE].audit_events()})
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:

@@ -19,11 +19,8 @@ from model_rollout_contract.control import (
     parse_reply,
 )
 
+from .errors import ServerUnavailable
 from .retry import Backoff, retry_async
-
-
-class ServerUnavailable(Exception):
-    pass
 
 
 def _is_down(exc: BaseException) -> bool:

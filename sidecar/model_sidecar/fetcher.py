@@ -20,9 +20,10 @@ from model_rollout_contract.layout import INCOMING_DIR, object_key
 from model_rollout_contract.manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest
 from model_rollout_contract.versions import version_order
 
+from .errors import ObjectMissing, StoreError, VerificationError
 from .retry import Backoff, retry_async
-from .store import ModelStore, ObjectMissing, StoreError
-from .verify import VerificationError, Verifier
+from .store import ModelStore
+from .verify import Verifier
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import os
 from model_rollout_contract.layout import CURRENT_FILE
 from model_rollout_contract.versions import predecessor as previous_in_order
 
+from .errors import StoreError, VerificationError
 from .fetcher import Fetcher
-from .store import ModelStore, StoreError
-from .verify import VerificationError
+from .store import ModelStore
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from .errors import KubeError
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -73,9 +75,3 @@ class KubeApi:
 
     async def merge_patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self.merge_patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
-
-
-class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status

@@ -14,18 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from model_rollout_contract.layout import StoreUrl
 
-
-class StoreError(Exception):
-    """A store operation failed. ``transient`` ones are worth retrying."""
-
-    def __init__(self, message: str, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
-
-
-class ObjectMissing(StoreError):
-    def __init__(self, key: str) -> None:
-        super().__init__(f"{key} is not in the model store", transient=False)
+from .errors import ObjectMissing, StoreError
 
 
 class ModelStore(Protocol):

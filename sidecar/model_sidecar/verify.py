@@ -7,16 +7,8 @@ from pathlib import Path
 
 from model_rollout_contract.manifest import Manifest, ManifestError, sha256_file
 
+from .errors import VerificationError
 from .signing import Ed25519PublicKey, is_valid
-
-
-class VerificationError(Exception):
-    """A version was refused. ``reason`` is a stable code for metrics and status."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass

@@ -19,13 +19,12 @@ from model_rollout_contract.control import ErrorReply
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 
-from .control_client import ServerControl, ServerUnavailable
+from .control_client import ServerControl
+from .errors import ServerUnavailable, StoreError, VerificationError
 from .fetcher import Fetcher
 from .metrics import SidecarMetrics
 from .status import StatusReporter
-from .store import StoreError
 from .target import TargetSource
-from .verify import VerificationError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,165 @@
+"""The server's operations, independent of any transport (as KServe's
+``protocol/dataplane.py``): the HTTP API and the control socket both call this class,
+and a gRPC front end would be a third caller. Authentication and the mapping of names
+to tenants stay in the transports; every answer is built here once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from model_rollout_contract.control import StatusReply, SwapReply
+
+from .engine_manager import EngineManager, SwapResult
+from .errors import ModelNotFound, ServingError
+from .metrics import ServerMetrics
+from .tensors import decode_inputs, encode_outputs, spec_to_json
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def swap_reply(result: SwapResult) -> SwapReply:
+    return SwapReply(
+        result.model,
+        result.from_version,
+        result.to_version,
+        round(result.duration_s * 1000, 3),
+        result.instant,
+    )
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks, for the audit log: ``admin``, ``startup``, ``socket:uid=…,pid=…``."""
+
+    who: str
+    source: str  # http | socket | startup
+
+
+class DataPlane:
+    def __init__(self, manager: EngineManager, metrics: ServerMetrics) -> None:
+        self.manager = manager
+        self.metrics = metrics
+
+    # -- health -------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.manager.ready()
+
+    def model_ready(self, key: str) -> bool:
+        return self.manager.slot(key).current is not None
+
+    def model_metadata(self, key: str, name: str) -> dict[str, Any]:
+        slot = self.manager.slot(key)
+        current = slot.current
+        if current is None:
+            raise ModelNotFound(f"model {key!r} has no version loaded yet")
+        return {
+            "name": name,
+            "versions": [v.version for v in slot.loaded()],
+            "platform": current.engine.platform,
+            "inputs": [spec_to_json(s) for s in current.engine.inputs],
+            "outputs": [spec_to_json(s) for s in current.engine.outputs],
+        }
+
+    def health(self, key: str) -> dict[str, Any]:
+        """The serving version, its digest, the retained ones, and every version's
+        lifecycle state with its reason."""
+        slot = self.manager.slot(key)
+        current = slot.current
+        states = {v: {"state": s.state.value, "reason": s.reason} for v, s in slot.states().items()}
+        if current is None:
+            return {"status": "loading", "version": None, "loaded_at": None, "versions": states}
+        return {
+            "status": "ok",
+            "version": current.version,
+            "loaded_at": _iso(current.loaded_at),
+            "sha256": current.sha256,
+            "retained": [v.version for v in slot.loaded() if v is not current],
+            "versions": states,
+        }
+
+    def status(self, key: str) -> StatusReply:
+        slot = self.manager.slot(key)
+        current = slot.current
+        return StatusReply(
+            key,
+            current.version if current else None,
+            current.sha256 if current else None,
+            tuple(v.version for v in slot.loaded()),
+        )
+
+    def list_models(self, tenant: str | None) -> list[dict[str, Any]]:
+        """The models of one namespace: a tenant's, or (``None``) the default one."""
+        prefix = f"{tenant}/" if tenant else ""
+        models = []
+        for key, slot in sorted(self.manager.slots.items()):
+            if (tenant is None and "/" in key) or (tenant and not key.startswith(prefix)):
+                continue
+            current = slot.current
+            models.append(
+                {
+                    "name": key.removeprefix(prefix),
+                    "version": current.version if current else None,
+                    "loaded": [v.version for v in slot.loaded()],
+                    "available": self.manager.repository.versions(key),
+                }
+            )
+        return models
+
+    def audit_events(self, limit: int = 200) -> list[dict[str, Any]]:
+        return self.manager.audit.events[-limit:]
+
+    # -- inference ----------------------------------------------------------
+    def count_rejected(self, key: str, status: int) -> None:
+        """An inference refused before it reached a model (auth, unreadable body)."""
+        self.metrics.requests.labels(key, str(status)).inc()
+
+    async def infer(self, key: str, name: str, body: Any) -> dict[str, Any]:
+        """A KServe v2 inference: validated against, and answered by, the one version
+        pinned for this request."""
+        started = time.perf_counter()
+        code = "500"
+        self.metrics.in_flight.labels(key).inc()
+        try:
+            with self.manager.slot(key).pin() as pinned:
+                feeds = decode_inputs(body, pinned.engine.inputs)
+                outputs = await self.manager.run(pinned, feeds)
+            response = {
+                "model_name": name,
+                "model_version": pinned.version,
+                "id": str(body.get("id") or uuid.uuid4()),
+                "outputs": encode_outputs(outputs, body.get("outputs")),
+            }
+            code = "200"
+            return response
+        except ServingError as exc:
+            code = str(exc.status)
+            raise
+        finally:
+            self.metrics.in_flight.labels(key).dec()
+            self.metrics.requests.labels(key, code).inc()
+            self.metrics.request_latency.labels(key).observe(time.perf_counter() - started)
+
+    # -- versions -----------------------------------------------------------
+    async def load(
+        self,
+        key: str,
+        version: str,
+        caller: Caller,
+        path: Path | None = None,
+        sha256: str | None = None,
+    ) -> SwapReply:
+        result = await self.manager.load(
+            key, version, path=path, expected_sha256=sha256, who=caller.who, source=caller.source
+        )
+        return swap_reply(result)
+
+    async def rollback(self, key: str, version: str | None, caller: Caller) -> SwapReply:
+        result = await self.manager.rollback(key, version, who=caller.who, source=caller.source)
+        return swap_reply(result)

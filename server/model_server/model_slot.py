@@ -1,0 +1,183 @@
+"""One model's versions in memory: the serving one behind one reference (double
+buffering), reference counts, and the retained versions that make a rollback a pointer
+swap. Its lifecycle follows Triton's ``model_lifecycle.h``: every version the slot has
+seen has a :class:`VersionState` and the reason it is in it.
+
+Requests pin the version they started on, so a version dropped from memory is closed only
+when its last in-flight request finishes, never by a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from .backends.base import Engine
+from .errors import NotReady
+
+log = logging.getLogger(__name__)
+
+
+class VersionState(str, Enum):
+    """As Triton's ModelReadyState."""
+
+    LOADING = "LOADING"  # verifying, loading or warming up beside the serving version
+    READY = "READY"  # loaded: serving, or retained for an instant rollback
+    UNLOADING = "UNLOADING"  # dropped from the slot; in-flight requests still run on it
+    UNAVAILABLE = "UNAVAILABLE"  # not in memory: refused, or unloaded and freed
+
+
+@dataclass(frozen=True)
+class VersionStatus:
+    state: VersionState
+    reason: str  # why it is in that state, for people
+
+
+@dataclass(eq=False)
+class LoadedVersion:
+    model: str
+    version: str
+    path: Path
+    sha256: str
+    engine: Engine
+    memory_bytes: int
+    loaded_at: float = field(default_factory=time.time)
+    in_flight: int = 0
+    retired: bool = False
+    closed: bool = False
+
+
+class ModelSlot:
+    """The versions of one model held in memory; ``current`` is the serving one."""
+
+    def __init__(self, key: str, retain: int) -> None:
+        self.key = key
+        self.retain = max(1, retain)
+        self._lock = threading.Lock()  # guards the reference and the counts; held briefly
+        self._loaded: OrderedDict[str, LoadedVersion] = OrderedDict()  # oldest first
+        self._current: LoadedVersion | None = None
+        self._states: dict[str, VersionStatus] = {}
+        self.swap_lock = asyncio.Lock()  # one load or swap per model at a time
+        self.closed_versions: list[str] = []  # for observability and tests
+
+    @property
+    def current(self) -> LoadedVersion | None:
+        return self._current
+
+    def loaded(self) -> list[LoadedVersion]:
+        with self._lock:
+            return list(self._loaded.values())
+
+    def get(self, version: str) -> LoadedVersion | None:
+        with self._lock:
+            return self._loaded.get(version)
+
+    def memory_bytes(self) -> int:
+        return sum(v.memory_bytes for v in self.loaded())
+
+    def states(self) -> dict[str, VersionStatus]:
+        with self._lock:
+            return dict(self._states)
+
+    def _set_state(self, version: str, state: VersionState, reason: str) -> None:
+        self._states[version] = VersionStatus(state, reason)
+
+    def loading(self, version: str) -> None:
+        with self._lock:
+            if version not in self._loaded:
+                self._set_state(version, VersionState.LOADING, "loading beside the serving one")
+
+    def refused(self, version: str, reason: str) -> None:
+        """A load failed: the version is unavailable unless an older copy is still held."""
+        with self._lock:
+            if version not in self._loaded:
+                self._set_state(version, VersionState.UNAVAILABLE, reason)
+
+    @contextlib.contextmanager
+    def pin(self) -> Iterator[LoadedVersion]:
+        """Pin the serving version for one request."""
+        with self._lock:
+            current = self._current
+            if current is None:
+                raise NotReady(f"model {self.key!r} has no version loaded yet")
+            current.in_flight += 1
+        try:
+            yield current
+        finally:
+            self._unpin(current)
+
+    def _unpin(self, version: LoadedVersion) -> None:
+        with self._lock:
+            version.in_flight -= 1
+            drained = version.retired and version.in_flight == 0 and not version.closed
+            if drained:
+                version.closed = True
+        if drained:
+            self._close(version)
+
+    def install(self, version: LoadedVersion) -> tuple[str | None, list[LoadedVersion]]:
+        """Make ``version`` the serving one (atomically) and evict beyond ``retain``.
+
+        Returns the previous serving version and the evicted ones."""
+        with self._lock:
+            previous = self._current.version if self._current else None
+            self._loaded[version.version] = version
+            self._loaded.move_to_end(version.version)
+            self._current = version
+            self._set_state(version.version, VersionState.READY, "serving")
+            if previous is not None and previous != version.version:
+                self._set_state(previous, VersionState.READY, "retained for rollback")
+            evicted = []
+            while len(self._loaded) > self.retain:
+                _, oldest = self._loaded.popitem(last=False)
+                evicted.append(oldest)
+        for old in evicted:
+            self.retire(old, f"evicted: more than {self.retain} versions retained")
+        return previous, evicted
+
+    def evict_oldest_retained(self) -> LoadedVersion | None:
+        """Drop the least recently served non-serving version (to make room)."""
+        with self._lock:
+            for name, candidate in self._loaded.items():
+                if candidate is not self._current:
+                    del self._loaded[name]
+                    break
+            else:
+                return None
+        self.retire(candidate, "evicted to make room within the memory budget")
+        return candidate
+
+    def retire(self, version: LoadedVersion, reason: str) -> None:
+        with self._lock:
+            version.retired = True
+            drained = version.in_flight == 0 and not version.closed
+            if drained:
+                version.closed = True
+            self._set_state(version.version, VersionState.UNLOADING, reason)
+        if drained:
+            self._close(version)
+
+    def _close(self, version: LoadedVersion) -> None:
+        try:
+            version.engine.close()
+        finally:
+            with self._lock:
+                if version.version not in self._loaded:
+                    self._set_state(version.version, VersionState.UNAVAILABLE, "unloaded")
+            self.closed_versions.append(version.version)
+            log.info("freed %s:%s after its last request", self.key, version.version)
+
+    def close_all(self) -> None:
+        for version in self.loaded():
+            self.retire(version, "server shutting down")
+        with self._lock:
+            self._loaded.clear()
+            self._current = None

@@ -1,0 +1,184 @@
+"""Sidecar configuration: one dataclass per command, built from the command line, every
+flag also read from ``MODEL_SIDECAR_<FLAG>`` (the contract's configuration scheme)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from model_rollout_contract import defaults
+from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, read_environment
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    store: str  # s3://bucket/prefix or file:///dir
+    s3_endpoint: str | None = None  # non-AWS stores (default: AWS, or $AWS_ENDPOINT_URL)
+
+
+@dataclass(frozen=True)
+class KeygenConfig:
+    private: Path
+    public: Path
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    store: StoreConfig
+    model: str
+    version: str
+    file: Path
+    key: Path  # Ed25519 private key (PEM)
+    precision: str = "fp32"
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """What init and watch share: where versions come from, where they go, what to trust."""
+
+    store: StoreConfig
+    volume: Path  # the shared volume: the server's repository (the trusted directory)
+    model: str
+    public_key: Path | None = None  # trusted Ed25519 key; None only with allow_unsigned
+    allow_unsigned: bool = False  # development only
+    allow_list: Path | None = None  # file of allowed SHA-256 digests, one per line
+    annotations_file: Path | None = None  # Downward API file of the pod's annotations
+    configmap_file: Path | None = None  # the deployment's default target version
+    max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
+    retries: int = defaults.STORE_ATTEMPTS  # attempts of one store operation
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    fetch: FetchConfig
+    version: str | None = None  # default: from the annotations or ConfigMap file
+    previous: str | None = None  # default: annotation, else the version before in order
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    fetch: FetchConfig
+    control_socket: Path
+    status_file: Path | None = None
+    poll_seconds: float = defaults.POLL_SECONDS
+    jitter_seconds: float = defaults.POLL_JITTER_SECONDS
+    keep_versions: int = defaults.KEEP_VERSIONS_ON_DISK
+    metrics_port: int | None = None
+    kube_api: str | None = None  # for annotating the pod (default: in-cluster)
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+
+
+Config = KeygenConfig | PublishConfig | InitConfig | WatchConfig
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="s3://bucket/prefix or file:///dir")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: AWS, or $AWS_ENDPOINT_URL)")
+
+
+def _fetch_args(p: argparse.ArgumentParser) -> None:
+    _store_args(p)
+    p.add_argument(
+        "--volume",
+        required=True,
+        help="shared volume: the server's model repository (the trusted directory)",
+    )
+    p.add_argument("--model", required=True)
+    p.add_argument("--public-key", help="trusted Ed25519 public key (PEM) for manifests")
+    p.add_argument(
+        "--allow-unsigned", action="store_true", help="accept unsigned manifests (development only)"
+    )
+    p.add_argument("--allow-list", help="file of allowed SHA-256 digests, one per line")
+    p.add_argument("--annotations-file", help="Downward API file of the pod's annotations")
+    p.add_argument("--configmap-file", help="file holding the deployment's default version")
+    p.add_argument(
+        "--max-concurrent-downloads", type=int, default=FetchConfig.max_concurrent_downloads
+    )
+    p.add_argument(
+        "--retries", type=int, default=FetchConfig.retries, help="attempts for store operations"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="model-sidecar", description="keygen | publish | init | watch"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
+    keygen.add_argument("--private", required=True)
+    keygen.add_argument("--public", required=True)
+
+    pub = sub.add_parser("publish", help="upload a signed version to the store")
+    _store_args(pub)
+    pub.add_argument("--model", required=True)
+    pub.add_argument("--version", required=True)
+    pub.add_argument("--file", required=True)
+    pub.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
+    pub.add_argument("--precision", default=PublishConfig.precision)
+
+    init = sub.add_parser("init", help="pre-pull the target and previous versions, then exit")
+    _fetch_args(init)
+    init.add_argument("--version", help="target version (default: from the annotations file)")
+    init.add_argument("--previous", help="previous version (default: annotation or store order)")
+
+    watch = sub.add_parser("watch", help="keep the server on the pod's target version")
+    _fetch_args(watch)
+    watch.add_argument("--control-socket", required=True)
+    watch.add_argument("--status-file")
+    watch.add_argument("--poll-seconds", type=float, default=WatchConfig.poll_seconds)
+    watch.add_argument("--jitter-seconds", type=float, default=WatchConfig.jitter_seconds)
+    watch.add_argument("--keep-versions", type=int, default=WatchConfig.keep_versions)
+    watch.add_argument("--metrics-port", type=int)
+    watch.add_argument(
+        "--kube-api", help="Kubernetes API URL for annotating the pod (default: in-cluster)"
+    )
+    watch.add_argument("--pod-name")
+    watch.add_argument("--pod-namespace")
+    read_environment(parser, SIDECAR_ENV_PREFIX)
+    return parser
+
+
+def _fetch_config(a: argparse.Namespace) -> FetchConfig:
+    return FetchConfig(
+        store=StoreConfig(a.store, a.s3_endpoint),
+        volume=Path(a.volume),
+        model=a.model,
+        public_key=_path(a.public_key),
+        allow_unsigned=a.allow_unsigned,
+        allow_list=_path(a.allow_list),
+        annotations_file=_path(a.annotations_file),
+        configmap_file=_path(a.configmap_file),
+        max_concurrent_downloads=a.max_concurrent_downloads,
+        retries=a.retries,
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    a = build_parser().parse_args(argv)
+    if a.command == "keygen":
+        return KeygenConfig(Path(a.private), Path(a.public))
+    if a.command == "publish":
+        return PublishConfig(
+            StoreConfig(a.store, a.s3_endpoint), a.model, a.version, Path(a.file), Path(a.key),
+            a.precision,
+        )  # fmt: skip
+    if a.command == "init":
+        return InitConfig(_fetch_config(a), a.version, a.previous)
+    return WatchConfig(
+        fetch=_fetch_config(a),
+        control_socket=Path(a.control_socket),
+        status_file=_path(a.status_file),
+        poll_seconds=a.poll_seconds,
+        jitter_seconds=a.jitter_seconds,
+        keep_versions=a.keep_versions,
+        metrics_port=a.metrics_port,
+        kube_api=a.kube_api,
+        pod_name=a.pod_name,
+        pod_namespace=a.pod_namespace,
+    )

@@ -1,0 +1,80 @@
+"""The reconcile handler's error discipline, outside a running operator: a transient
+Kubernetes API failure becomes ``kopf.TemporaryError`` (kopf retries the pass), while a
+refusal stays an error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import kopf
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from model_operator.config import OperatorConfig
+from model_operator.errors import ApiError
+from model_operator.handlers import reconcile
+from model_operator.kube_client import ApiEndpoint, KubeClient
+from model_rollout_e2e.processes import free_port
+
+BODY = {
+    "apiVersion": "serving.model-rollout.io/v1alpha1",
+    "kind": "ModelDeployment",
+    "metadata": {"name": "m", "namespace": "ns", "uid": "u-1", "generation": 1},
+    "spec": {"model": "m", "version": "v1", "image": "i", "store": {"pvc": "claim"}},
+}
+
+
+async def run_reconcile(api_url: str) -> None:
+    body = kopf.Body(BODY)
+    api = KubeClient(ApiEndpoint(api_url))
+    try:
+        await reconcile(
+            body=body,
+            status=body.status,
+            meta=body.meta,
+            name="m",
+            namespace="ns",
+            patch=kopf.Patch(),
+            memo=kopf.Memo(config=OperatorConfig(check_store=False), api=api),
+            logger=logging.getLogger("test"),
+        )
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def answering() -> AsyncIterator[dict[str, int]]:
+    """An API server that answers every request with the status in ``answer["status"]``."""
+    answer = {"status": 503}
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status"}, status=answer["status"])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    answer["port"] = server.port or 0
+    yield answer
+    await server.close()
+
+
+async def test_unreachable_api_is_a_temporary_error() -> None:
+    with pytest.raises(kopf.TemporaryError, match="Kubernetes API"):
+        await run_reconcile(f"http://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_overloaded_api_is_a_temporary_error(answering: dict[str, int], status: int) -> None:
+    answering["status"] = status
+    with pytest.raises(kopf.TemporaryError, match=f"HTTP {status}"):
+        await run_reconcile(f"http://127.0.0.1:{answering['port']}")
+
+
+async def test_a_refusal_is_not_retried_as_temporary(answering: dict[str, int]) -> None:
+    answering["status"] = 403
+    with pytest.raises(ApiError, match="HTTP 403") as caught:
+        await run_reconcile(f"http://127.0.0.1:{answering['port']}")
+    assert not isinstance(caught.value, kopf.TemporaryError)
