@@ -46,3 +46,13 @@ class SidecarState(_StrEnum):
     LOADING = "loading"  # the server is loading and warming it up
     REFUSED = "refused"  # verification or the server refused it: not retried for this target
     ERROR = "error"  # store or server unavailable: retried; the old version keeps serving
+
+
+class ConditionType(_StrEnum):
+    """``status.conditions[].type`` (each with a reason and message, as Argo Rollouts'
+    ``utils/conditions``)."""
+
+    SPEC_VALID = "SpecValid"  # False: the spec was refused (reason InvalidSpec)
+    PROGRESSING = "Progressing"  # True while a rollout moves pods
+    AVAILABLE = "Available"  # True when enough pods are ready
+    DEGRADED = "Degraded"  # True after a failed rollout or a refused spec

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_contract.states import Phase, RolloutStage
+from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from .planner import Plan, RolloutState
 from .pods import PodView
@@ -47,14 +47,19 @@ def iso(ts: float) -> str:
 
 
 def condition(
-    type_: str, ok: bool, reason: str, message: str, now: float, existing: list[dict[str, Any]]
+    type_: ConditionType,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: float,
+    existing: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """A condition whose lastTransitionTime only moves when its status flips."""
     status = "True" if ok else "False"
     before = next((c for c in existing if c.get("type") == type_), None)
     since = before.get("lastTransitionTime") if before and before.get("status") == status else None
     return {
-        "type": type_,
+        "type": str(type_),
         "status": status,
         "reason": reason,
         "message": message,
@@ -76,9 +81,11 @@ def build_status(
     rolling = plan.phase.rolling
     degraded = plan.phase is Phase.DEGRADED
     conditions = [
-        condition("SpecValid", True, "Valid", "spec accepted", now, existing_conditions),
         condition(
-            "Progressing",
+            ConditionType.SPEC_VALID, True, "Valid", "spec accepted", now, existing_conditions
+        ),
+        condition(
+            ConditionType.PROGRESSING,
             rolling,
             plan.reason if rolling else "Idle",
             plan.message if rolling else "no rollout in progress",
@@ -86,7 +93,7 @@ def build_status(
             existing_conditions,
         ),
         condition(
-            "Available",
+            ConditionType.AVAILABLE,
             ready >= max(1, replicas) or replicas == 0,
             "MinimumReplicasAvailable" if pods else "NoPods",
             f"{ready}/{replicas} pods ready",
@@ -94,7 +101,7 @@ def build_status(
             existing_conditions,
         ),
         condition(
-            "Degraded",
+            ConditionType.DEGRADED,
             degraded,
             plan.reason if degraded else "Healthy",
             plan.message if degraded else "no failures",
@@ -133,9 +140,17 @@ def invalid_status(
         "phase": str(Phase.INVALID),
         "message": message,
         "conditions": [
-            condition("SpecValid", False, "InvalidSpec", message, now, existing_conditions),
-            *[c for c in existing_conditions if c.get("type") in ("Progressing", "Available")],
-            condition("Degraded", True, "InvalidSpec", message, now, existing_conditions),
+            condition(
+                ConditionType.SPEC_VALID, False, "InvalidSpec", message, now, existing_conditions
+            ),
+            *[
+                c
+                for c in existing_conditions
+                if c.get("type") in (ConditionType.PROGRESSING, ConditionType.AVAILABLE)
+            ],
+            condition(
+                ConditionType.DEGRADED, True, "InvalidSpec", message, now, existing_conditions
+            ),
         ],
     }
     if generation is not None:
