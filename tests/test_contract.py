@@ -4,8 +4,10 @@ another program's package."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,11 +98,22 @@ def test_one_version_order() -> None:
 
 
 def test_sidecar_report_round_trip() -> None:
-    report = SidecarReport("m", "v2", "v1", SidecarState.REFUSED, "bad_signature: x", None, 5.0)
+    report = SidecarReport(
+        "m",
+        "v2",
+        "v1",
+        SidecarState.REFUSED,
+        "bad_signature: x",
+        retained=("v0",),
+        target_seen_at=4.5,
+        updated_at=5.0,
+    )
     text = report.to_json()
     assert json.loads(text)["state"] == "refused"
     assert SidecarReport.from_json(text) == report
-    assert report.same_as(SidecarReport("m", "v2", "v1", SidecarState.REFUSED, "bad_signature: x"))
+    assert json.loads(text)["retained"] == ["v0"]
+    assert report.same_as(replace(report, updated_at=99.0))
+    assert not report.same_as(replace(report, retained=()))
     for junk in (None, "", "nope", "[]", '{"state": "exploded"}', '{"target": "v1"}', "[" * 5000):
         assert SidecarReport.from_json(junk) is None
 
@@ -304,7 +317,7 @@ def test_every_flag_is_also_an_environment_variable(monkeypatch: pytest.MonkeyPa
         True,
         0.5,
     )
-    assert watch.pod_name == "pod-1"
+    assert watch.fetch.pod_name == "pod-1"
 
     monkeypatch.setenv("MODEL_OPERATOR_NO_STORE_CHECK", "yes")
     monkeypatch.setenv("MODEL_OPERATOR_INTERVAL", "0.5")
@@ -317,7 +330,7 @@ def test_every_flag_is_also_an_environment_variable(monkeypatch: pytest.MonkeyPa
     [
         ("MODEL_SERVER_PORT", "eighty", "not a valid value"),
         ("MODEL_SERVER_BACKEND", "tensorflow", "choose from"),
-        ("MODEL_SERVER_WORKERS", "", "not a valid value"),
+        ("MODEL_SERVER_WORKERS", "2.5", "not a valid value"),
     ],
 )
 def test_a_bad_environment_value_is_a_clear_error(
@@ -335,3 +348,95 @@ def test_a_bad_environment_value_is_a_clear_error(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert name in err and complaint in err, err
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p")
+    parser.add_argument("--namespace", action="append", default=[])
+    parser.add_argument("--loud", type=lambda text: text + "!")
+    parser.add_argument("--port", type=int, default=1)
+    parser.add_argument("--strict", type=_strict_int)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("keygen")
+    watch = sub.add_parser("watch")
+    watch.add_argument("--poll-seconds", type=float, default=2.0)
+    watch.add_argument("--store", required=True)
+    return parser
+
+
+def _strict_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("digits only")
+    return int(text)
+
+
+def test_environment_parsing_edge_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    from model_rollout_contract.cli import parse_with_environment
+
+    def parse(argv: list[str], **env: str) -> argparse.Namespace:
+        return parse_with_environment(_parser(), "P_", argv, env)
+
+    # a list from the environment is replaced, not extended, by the command line
+    assert parse(["keygen"], P_NAMESPACE="a,b").namespace == ["a", "b"]
+    assert parse(["--namespace", "c", "keygen"], P_NAMESPACE="a,b").namespace == ["c"]
+    # an empty variable counts as unset; a type is applied once
+    assert parse(["keygen"], P_PORT="").port == 1
+    assert parse(["keygen"], P_LOUD="hi").loud == "hi!"
+    # a required flag is satisfied by its variable, for the command that has it
+    assert parse(["watch"], P_STORE="s3://b").store == "s3://b"
+    # a bad variable of one command does not break another
+    assert parse(["keygen"], P_POLL_SECONDS="soon").command == "keygen"
+    for bad, complaint in (({"P_POLL_SECONDS": "soon"}, "P_POLL_SECONDS='soon'"),
+                           ({"P_STRICT": "x1"}, "digits only")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse(["watch", "--store", "s"] if "POLL" in next(iter(bad)) else ["keygen"], **bad)
+        assert complaint in capsys.readouterr().err
+    parser = _parser()
+    parser.add_argument("--verbose", action="count")
+    with pytest.raises(TypeError, match="no environment form"):
+        parse_with_environment(parser, "P_", ["keygen"], {})
+
+
+HUGE = "1" + "0" * 400  # a JSON integer no float holds
+HUGER = "1" * 5000  # more digits than Python's int parser accepts
+SWAP = '{"ok": true, "model": "m", "from": %s, "to": "v2", "duration_ms": %s, "instant": %s}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'{{"state": "ok", "updated_at": {HUGE}}}',
+        f'{{"state": "ok", "target_seen_at": {HUGE}}}',
+        f'{{"state": "ok", "updated_at": {HUGER}}}',
+        '{"state": "ok", "retained": "v1v2"}',
+        '{"state": "ok", "updated_at": NaN}',
+    ],
+)
+def test_a_malformed_report_is_ignored_not_raised(text: str) -> None:
+    report = SidecarReport.from_json(text)
+    assert report is None or (report.updated_at == 0.0 and report.retained == ())
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        (SWAP % ('"v1"', HUGE, "false")).encode(),
+        (SWAP % ('"v1"', HUGER, "false")).encode(),
+        (SWAP % ('"v1"', "NaN", "false")).encode(),
+        (SWAP % ('"v1"', "1", '"false"')).encode(),
+        (SWAP % ("3", "1", "true")).encode(),
+        b'{"ok": true, "model": "m", "version": "v1", "sha256": null, "loaded": "v1v2"}',
+        b'{"ok": true, "model": "m", "version": 1, "sha256": null, "loaded": []}',
+        b'{"ok": true}',
+    ],
+)
+def test_malformed_replies_are_protocol_errors(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_reply(line)
+
+
+def test_tenant_model_keys_cross_the_control_socket() -> None:
+    assert parse_request(b'{"op": "status", "model": "acme/mlp"}') == StatusRequest("acme/mlp")
+    for key in ("a/b/c", "/m", "m/", "acme/../m"):
+        with pytest.raises(ProtocolError):
+            parse_request(json.dumps({"op": "status", "model": key}).encode())

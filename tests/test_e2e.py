@@ -1,7 +1,8 @@
 """End to end: operator + emulated API server + real pod processes + SeaweedFS.
 
 A ModelDeployment of 4 replicas at v1 takes traffic on every pod; v2 is rolled out with a
-25% canary and batches, then rolled back; no request may fail."""
+25% canary and batches, then rolled back; no request may fail. The kubelet stand-in
+refreshes Downward API files every 60 s, as a real kubelet does."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
         await scenario.set_version("v1")
         status = await scenario.wait(available("v1", REPLICAS), 60, record)
         assert status["rollout"]["fast"] is True
+        # the kubelet refreshes the Downward API files only every 60 s: pods serve v1 before
+        # their file says so, because sidecars follow their pods through the API
+        assert list(scenario.projected_targets().values()).count("v1") < REPLICAS
         await asyncio.sleep(1)
         load.stop()
         result = await traffic

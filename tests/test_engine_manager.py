@@ -206,3 +206,51 @@ async def test_every_version_has_a_lifecycle_state_with_a_reason(root: Path) -> 
         "v2": VersionState.READY,
         "v3": VersionState.READY,
     }
+
+
+async def test_a_cancelled_load_is_unavailable_and_its_engine_closed(root: Path) -> None:
+    manager = make_manager(root)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    await manager.load("mlp", "v1")
+    backend.gate.clear()  # v2's warm-up blocks on the loader thread
+    loading = asyncio.create_task(manager.load("mlp", "v2"))
+    await asyncio.sleep(0.3)
+    loading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loading
+    slot = manager.slot("mlp")
+    assert slot.states()["v2"] == VersionStatus(VersionState.UNAVAILABLE, "load cancelled")
+    backend.gate.set()  # the thread finishes its warm-up; nobody wants the engine
+    for _ in range(100):
+        if any("v2" in str(p) for p in backend.closed):
+            break
+        await asyncio.sleep(0.05)
+    assert [p.parent.name for p in backend.closed] == ["v2"]
+    assert slot.current is not None and slot.current.version == "v1"
+
+
+async def test_reloading_a_version_with_other_bytes_frees_the_old_engine(root: Path) -> None:
+    manager = make_manager(root, retain=2)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    await manager.load("mlp", "v1")
+    first = manager.slot("mlp").current
+    rebuilt = add_version(root, "mlp", "v1", seed=7)  # same name, other digest
+    await manager.load("mlp", "v1", expected_sha256=rebuilt.sha256)
+    slot = manager.slot("mlp")
+    assert slot.current is not first and first is not None and first.closed
+    assert [v.version for v in slot.loaded()] == ["v1"]
+    assert slot.states()["v1"] == VersionStatus(VersionState.READY, "serving")
+
+
+async def test_after_shutdown_every_version_is_unavailable(root: Path) -> None:
+    manager = make_manager(root, retain=2)
+    await manager.load("mlp", "v1")
+    await manager.load("mlp", "v2")
+    manager.close()
+    states = manager.slot("mlp").states()
+    assert {v: s.state for v, s in states.items()} == {
+        "v1": VersionState.UNAVAILABLE,
+        "v2": VersionState.UNAVAILABLE,
+    }

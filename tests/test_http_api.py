@@ -188,3 +188,16 @@ async def test_audit_log_file_has_every_load(client: TestClient, server_config) 
     ]
     assert lines[1]["from_version"] == "v1" and len(lines[1]["digest"]) == 64
     assert lines[1]["duration_s"] > 0
+
+
+async def test_every_inference_is_counted_and_timed_refused_ones_too(client: TestClient) -> None:
+    await client.post("/v2/models/mlp/infer", json=infer_body(X))
+    assert (await client.post("/v2/models/-bad/infer", json=infer_body(X))).status == 400
+    bad_body = await client.post("/v2/models/mlp/infer", data=b"{not json")
+    assert bad_body.status == 400
+    metrics = await (await client.get("/metrics")).text()
+    assert 'inference_requests_total{code="400",model="-bad"} 1.0' in metrics
+    assert 'inference_requests_total{code="400",model="mlp"} 1.0' in metrics
+    assert 'inference_requests_total{code="200",model="mlp"} 1.0' in metrics
+    assert 'inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
+    assert 'inference_request_duration_seconds_count{model="-bad"} 1.0' in metrics

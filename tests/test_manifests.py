@@ -104,7 +104,7 @@ def test_chart_renders_what_the_values_ask(values_name: str) -> None:
     namespaces = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
     assert namespaces == list(values.get("watchNamespaces") or [])
     assert ("--no-store-check" in args) == (values.get("storeCheck") is False)
-    assert args[args.index("--interval") + 1] == str(values.get("interval", 2))
+    assert args[args.index("--interval") + 1] == str(values.get("interval", 30))
     secret = values.get("storeCredentialsSecret")
     assert container.get("envFrom", []) == ([{"secretRef": {"name": secret}}] if secret else [])
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
@@ -281,3 +281,22 @@ def test_crd_schema_and_operator_agree() -> None:
         assert schema_ok == operator_ok, spec
 
     check()
+
+
+def test_store_credentials_are_passed_key_by_key_never_a_whole_secret() -> None:
+    [example] = load_all(ROOT / "examples" / "modeldeployment.yaml")
+    spec = parse_spec(example["spec"])
+    assert spec.store.credentials_secret
+    objects = children("resnet", "ml-serving", spec, spec.version)
+    [deployment] = [d for d in objects if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert "envFrom" not in container, container["name"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "sidecar")
+    refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in sidecar["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert set(refs) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+    assert {r["name"] for r in refs.values()} == {spec.store.credentials_secret}

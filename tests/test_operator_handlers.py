@@ -1,9 +1,10 @@
-"""The reconcile handler's error discipline, outside a running operator: a transient
-Kubernetes API failure becomes ``kopf.TemporaryError`` (kopf retries the pass), while a
-refusal stays an error."""
+"""The rollout daemon's error discipline, outside a running operator: a transient
+Kubernetes API failure becomes ``kopf.TemporaryError`` (kopf restarts the daemon a little
+later), while a refusal stays an error."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from model_operator.config import OperatorConfig
 from model_operator.errors import ApiError
-from model_operator.handlers import reconcile
+from model_operator.handlers import follow_rollouts
 from model_operator.kube_client import ApiEndpoint, KubeClient
 from model_rollout_e2e.processes import free_port
 
@@ -26,19 +27,31 @@ BODY = {
 }
 
 
+class NeverStopped:
+    """Stands in for kopf's ``stopped`` flag of a daemon that is not being stopped."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    async def wait(self, timeout: float | None = None) -> None:
+        await asyncio.sleep(3600)
+
+
 async def run_reconcile(api_url: str) -> None:
     body = kopf.Body(BODY)
     api = KubeClient(ApiEndpoint(api_url))
     try:
-        await reconcile(
-            body=body,
-            status=body.status,
-            meta=body.meta,
-            name="m",
-            namespace="ns",
-            patch=kopf.Patch(),
-            memo=kopf.Memo(config=OperatorConfig(check_store=False), api=api),
-            logger=logging.getLogger("test"),
+        await asyncio.wait_for(
+            follow_rollouts(
+                stopped=NeverStopped(),  # type: ignore[arg-type]
+                body=body,
+                name="m",
+                namespace="ns",
+                memo=kopf.Memo(config=OperatorConfig(check_store=False), api=api, wakers={}),
+                logger=logging.getLogger("test"),
+                pods_by_deployment={},  # type: ignore[arg-type]
+            ),
+            30,
         )
     finally:
         await api.close()

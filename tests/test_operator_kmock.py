@@ -18,6 +18,7 @@ import pytest
 
 from model_operator.config import OperatorConfig
 from model_rollout_contract.annotations import TARGET_VERSION
+from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.kube_emulator import (
     create_model_deployment,
     get_model_deployment,
@@ -28,7 +29,6 @@ from model_rollout_e2e.kube_emulator import (
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
 from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
-from model_sidecar.kube import KubeApi
 from model_sidecar.store import S3Store
 from sidecar_helpers import make_keys, publish_versions
 
@@ -41,7 +41,7 @@ class Cluster:
     """The emulated API, the simulated pods, and the operator: a task in this event loop,
     or its own process (``python -m model_operator``) for the tests that kill it."""
 
-    api: KubeApi
+    api: HarnessApi
     pods: SimulatedPods
     log_dir: Path
     operator: ChildProcess | OperatorThread | None = None

@@ -19,10 +19,11 @@ Replies::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .names import InvalidName, check_name
+from .names import InvalidName, check_model_key, check_name
 
 MAX_LINE = 64 * 1024  # bytes in one message, newline included
 
@@ -117,7 +118,7 @@ def encode(message: Request | Reply) -> bytes:
 def _object(line: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, UTF-8, huge numbers
         raise ProtocolError(f"not a JSON line: {exc}") from exc
     if not isinstance(raw, dict):
         raise ProtocolError("a message must be a JSON object")
@@ -137,7 +138,7 @@ def parse_request(line: bytes) -> Request:
     raw = _object(line)
     op = raw.get("op")
     try:
-        model = check_name("model", _text(raw, "model", f"{op!r}"))
+        model = check_model_key(_text(raw, "model", f"{op!r}"))
         if op == "status":
             return StatusRequest(model)
         if op == "load":
@@ -157,24 +158,39 @@ def parse_request(line: bytes) -> Request:
     raise ProtocolError(f"unknown op {op!r}; expected load, rollback or status")
 
 
+def _typed(raw: dict[str, Any], key: str, kinds: tuple[type, ...]) -> Any:
+    value = raw.get(key)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ProtocolError(f"malformed reply: {key!r} is {value!r}")
+    return value
+
+
 def parse_reply(line: bytes) -> Reply:
     raw = _object(line)
-    try:
-        if raw.get("ok") is not True:
-            return ErrorReply(str(raw.get("error", "no reason given")), str(raw.get("code", "")))
-        if "loaded" in raw:
-            return StatusReply(
-                str(raw["model"]),
-                raw.get("version"),
-                raw.get("sha256"),
-                tuple(str(v) for v in raw["loaded"]),
-            )
-        return SwapReply(
-            str(raw["model"]),
-            raw.get("from"),
-            str(raw["to"]),
-            float(raw["duration_ms"]),
-            bool(raw["instant"]),
+    if raw.get("ok") is not True:
+        return ErrorReply(str(raw.get("error", "no reason given")), str(raw.get("code", "")))
+    optional_text = (str, type(None))
+    model = _typed(raw, "model", (str,))
+    if "loaded" in raw:
+        loaded = _typed(raw, "loaded", (list,))
+        if not all(isinstance(v, str) for v in loaded):
+            raise ProtocolError(f"malformed reply: 'loaded' is {loaded!r}")
+        return StatusReply(
+            model,
+            _typed(raw, "version", optional_text),
+            _typed(raw, "sha256", optional_text),
+            tuple(loaded),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed reply: {exc}") from exc
+    try:
+        duration = float(_typed(raw, "duration_ms", (int, float)))
+    except OverflowError as exc:
+        raise ProtocolError("malformed reply: 'duration_ms' is out of range") from exc
+    if not math.isfinite(duration):
+        raise ProtocolError(f"malformed reply: 'duration_ms' is {duration!r}")
+    return SwapReply(
+        model,
+        _typed(raw, "from", optional_text),
+        _typed(raw, "to", (str,)),
+        duration,
+        _typed(raw, "instant", (bool,)),
+    )

@@ -25,3 +25,12 @@ def check_name(kind: str, value: object) -> str:
         raise InvalidName(f"invalid {kind} {value!r}: {NAME_RULE}")
     assert isinstance(value, str)
     return value
+
+
+def check_model_key(value: object) -> str:
+    """A served model's key: ``name``, or ``tenant/name`` for a tenant's model."""
+    parts = value.split("/") if isinstance(value, str) else [value]
+    if len(parts) > 2 or not all(is_valid_name(p) for p in parts):
+        raise InvalidName(f"invalid model {value!r}: 'name' or 'tenant/name', each {NAME_RULE}")
+    assert isinstance(value, str)
+    return value

@@ -4,12 +4,14 @@
 Wire format (one JSON object, keys sorted)::
 
     {"model": "m", "target": "v2", "serving": "v1", "state": "loading",
-     "reason": null, "sha256": "<hex>", "updated_at": 1764700000.0}
+     "reason": null, "sha256": "<hex>", "retained": ["v0"],
+     "target_seen_at": 1764699999.2, "updated_at": 1764700000.0}
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -24,6 +26,8 @@ class SidecarReport:
     state: SidecarState
     reason: str | None = None  # why, for refused and error
     sha256: str | None = None  # digest of the target, once known
+    retained: tuple[str, ...] = ()  # versions the server holds beside the serving one
+    target_seen_at: float | None = None  # when the sidecar first saw this target (epoch s)
     updated_at: float = 0.0  # seconds since the epoch
 
     def to_json(self) -> str:
@@ -42,7 +46,7 @@ class SidecarReport:
         try:
             raw: Any = json.loads(text)
             state = SidecarState(raw["state"])
-        except (ValueError, TypeError, KeyError, RecursionError):
+        except (ValueError, TypeError, KeyError, RecursionError):  # ValueError: bad JSON too
             return None
         if not isinstance(raw, dict):
             return None
@@ -51,7 +55,17 @@ class SidecarReport:
             value = raw.get(key)
             return value if isinstance(value, str) else None
 
-        updated = raw.get("updated_at")
+        def seconds(key: str) -> float | None:
+            value = raw.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            try:
+                seconds = float(value)
+            except OverflowError:  # an integer too large for a float
+                return None
+            return seconds if math.isfinite(seconds) else None
+
+        retained = raw.get("retained")
         return cls(
             model=text_or_none("model") or "",
             target=text_or_none("target"),
@@ -59,5 +73,9 @@ class SidecarReport:
             state=state,
             reason=text_or_none("reason"),
             sha256=text_or_none("sha256"),
-            updated_at=float(updated) if isinstance(updated, int | float) else 0.0,
+            retained=tuple(v for v in retained if isinstance(v, str))
+            if isinstance(retained, list)
+            else (),
+            target_seen_at=seconds("target_seen_at"),
+            updated_at=seconds("updated_at") or 0.0,
         )

@@ -96,6 +96,11 @@ async def run_demo(replicas: int, console: Console) -> int:
     work = Path(tempfile.mkdtemp(prefix="mr-demo-", dir="/tmp"))  # short: socket paths
     scenario = Scenario(StoreSetup.local(work / "store"), work=work)
     console.print(f"[bold]model-rollout demo[/] - working directory {scenario.work}")
+    console.print(
+        f"the kubelet stand-in refreshes Downward API files every "
+        f"{scenario.volume_refresh_s:.0f} s, as a real kubelet does; sidecars follow "
+        "their pods through the API instead"
+    )
     scenario.publish("v1", seed=1, hidden=256, depth=4)
     scenario.publish("v2", seed=2, hidden=256, depth=4)
     console.print("published signed versions v1 and v2 to the local model store")
@@ -149,8 +154,10 @@ async def run_demo(replicas: int, console: Console) -> int:
             await scenario.wait(available("v2", replicas), 180)
             await asyncio.sleep(2)
             console.log("edit spec.version back: v2 -> v1 (rollback)")
+            started = time.monotonic()
             await scenario.set_version("v1")
             await scenario.wait(available("v1", replicas), 120)
+            console.log(f"rolled back: Available on v1 {time.monotonic() - started:.2f} s later")
             await asyncio.sleep(2)
         finally:
             done.set()

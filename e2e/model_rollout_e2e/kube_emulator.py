@@ -1,5 +1,11 @@
 """A stateful Kubernetes API over HTTP (kmock's ``KubernetesEmulator``) with every
-resource the operator and the harness use, plus a small client for tests and the demo."""
+resource the operator and the harness use, plus a small client for tests and the demo.
+
+On top of kmock, it keeps what clients of a real API server rely on: a
+``resourceVersion`` on every write and on lists, watches that resume from a
+``resourceVersion`` (and answer 410 Gone once it has been compacted away),
+``fieldSelector``/``labelSelector`` on lists and watches, and ``timeoutSeconds`` on
+watches."""
 
 from __future__ import annotations
 
@@ -9,13 +15,14 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import jsonpatch
 import kmock
 
-from model_sidecar.kube import KubeApi
+from .api_client import HarnessApi
 
 VERBS = ["list", "watch", "get", "patch", "create", "update", "delete"]
 RESOURCES: dict[str, dict[str, Any]] = {
@@ -44,7 +51,40 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "namespaced": False,
     },
     "v1/secrets": {"kind": "Secret", "namespaced": True},
+    "coordination.k8s.io/v1/leases": {"kind": "Lease", "namespaced": True},
+    "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
 }
+
+
+def _selected(params: Any, raw: dict[str, Any]) -> bool:
+    """Does ``raw`` match the request's ``fieldSelector`` and ``labelSelector``?
+    (equality, inequality and existence terms: what this project's clients send)."""
+    meta = raw.get("metadata", {})
+    fields = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+    labels = meta.get("labels") or {}
+    for selector, values in (
+        (params.get("fieldSelector"), fields),
+        (params.get("labelSelector"), labels),
+    ):
+        for term in filter(None, (selector or "").split(",")):
+            if "!=" in term:
+                key, value = term.split("!=", 1)
+                if values.get(key.strip()) == value.strip():
+                    return False
+            elif "=" in term:
+                key, value = term.replace("==", "=").split("=", 1)
+                if values.get(key.strip()) != value.strip():
+                    return False
+            elif term.strip() not in values:
+                return False
+    return True
+
+
+def _version(raw: dict[str, Any]) -> int:
+    value = str(raw.get("metadata", {}).get("resourceVersion") or "0")
+    return int(value) if value.isdigit() else 0
+
+
 MD_PATH = "/apis/serving.model-rollout.io/v1alpha1/namespaces/{ns}/modeldeployments"
 
 
@@ -54,11 +94,18 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     ``generation`` bumped when ``spec`` changes (not on ``/status`` writes)."""
 
     _versions = itertools.count(1)
+    last_version = 0  # the newest resourceVersion handed out
+    compacted_before = 0  # watches resuming from an older resourceVersion get 410 Gone
+
+    def compact(self) -> None:
+        """Forget history, as etcd compaction does: resuming watches must re-list."""
+        self.compacted_before = self.last_version + 1
 
     def _stamp(self, request: Any) -> None:
         if request.resource is None or request.data is None:
             return
-        version = str(next(self._versions))
+        self.last_version = next(self._versions)
+        version = str(self.last_version)
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -98,6 +145,52 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             payload = {**payload, "groupVersion": payload["groupVersion"].lstrip("/")}
         return payload
 
+    async def _serve_list(self, request: Any) -> Any:
+        payload: Any = await super()._serve_list(request)  # kmock's payloads are loosely typed
+        payload["metadata"]["resourceVersion"] = str(self.last_version)
+        payload["items"] = [o for o in payload["items"] if _selected(request.params, o)]
+        return payload
+
+    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+        params = request.params
+        raw_since = str(params.get("resourceVersion") or "")
+        since = int(raw_since) if raw_since.isdigit() else 0
+        if since and since < self.compacted_before:
+            yield b""
+            yield {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Expired",
+                    "code": 410,
+                    "message": f"too old resource version: {since} ({self.compacted_before})",
+                },
+            }
+            return
+        timeout = float(params.get("timeoutSeconds") or 0)
+        deadline = time.monotonic() + timeout if timeout else None
+        events: Any = super()._serve_watch(request)
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                try:
+                    item = await asyncio.wait_for(events.__anext__(), left)
+                except (StopAsyncIteration, asyncio.TimeoutError):
+                    return
+                if isinstance(item, dict):
+                    raw = item.get("object") or {}
+                    if not _selected(params, raw):
+                        continue
+                    if since and item.get("type") == "ADDED" and _version(raw) <= since:
+                        continue  # kmock replays what exists; a resumed watch has seen it
+                yield item
+        finally:
+            await events.aclose()
+
     async def _handle(self, request: Any) -> Any:
         self._stamp(request)
         try:
@@ -107,39 +200,46 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(422, "Invalid", str(exc)) from exc
 
 
+@dataclass(frozen=True)
+class EmulatedCluster(HarnessApi):
+    """A client of the emulated API, with a handle on the emulator (for faults)."""
+
+    emulator: ApiServerEmulator | None = None
+
+
 @contextlib.asynccontextmanager
-async def kube_emulator() -> AsyncIterator[KubeApi]:
+async def kube_emulator() -> AsyncIterator[EmulatedCluster]:
     """Serve an empty emulated cluster on 127.0.0.1; yields a client pointed at it."""
     emulator = ApiServerEmulator()
     for key, info in RESOURCES.items():
         emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
     async with emulator, kmock.Server(emulator) as server:
-        yield KubeApi(str(server.url).rstrip("/"))
+        yield EmulatedCluster(str(server.url).rstrip("/"), emulator)
 
 
-async def create_model_deployment(api: KubeApi, namespace: str, body: dict[str, Any]) -> Any:
+async def create_model_deployment(api: HarnessApi, namespace: str, body: dict[str, Any]) -> Any:
     body = {"apiVersion": "serving.model-rollout.io/v1alpha1", "kind": "ModelDeployment", **body}
     body["metadata"] = {"namespace": namespace, **body.get("metadata", {})}
     return await api.request("POST", MD_PATH.format(ns=namespace), body)
 
 
-async def get_model_deployment(api: KubeApi, namespace: str, name: str) -> Any:
+async def get_model_deployment(api: HarnessApi, namespace: str, name: str) -> Any:
     return await api.request("GET", f"{MD_PATH.format(ns=namespace)}/{name}")
 
 
 async def patch_model_deployment(
-    api: KubeApi, namespace: str, name: str, patch: dict[str, Any]
+    api: HarnessApi, namespace: str, name: str, patch: dict[str, Any]
 ) -> Any:
     return await api.merge_patch(f"{MD_PATH.format(ns=namespace)}/{name}", patch)
 
 
-async def list_objects(api: KubeApi, path: str) -> list[dict[str, Any]]:
+async def list_objects(api: HarnessApi, path: str) -> list[dict[str, Any]]:
     answer = await api.request("GET", path)
     return list((answer or {}).get("items", []))
 
 
 async def wait_for_status(
-    api: KubeApi,
+    api: HarnessApi,
     namespace: str,
     name: str,
     predicate: Callable[[dict[str, Any]], bool],

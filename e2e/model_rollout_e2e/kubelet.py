@@ -1,9 +1,14 @@
 """A stand-in for the Deployment controller and the kubelet, driven through the API.
 
-For every Deployment it keeps ``spec.replicas`` pods (from the pod template) and asks a
-:class:`PodRuntime` to run them. Two runtimes exist: :class:`SimulatedPods` (the
-sidecar's report is faked, for operator tests) and, in :mod:`.pod_processes`, real
-init/sidecar/server processes (for the end-to-end test and the demo).
+For every Deployment it keeps ``spec.replicas`` active pods (from the pod template) and
+asks a :class:`PodRuntime` to run them. As in a cluster: a pod deleted through the API has
+its processes stopped and is replaced; an evicted pod (:meth:`Kubelet.evict`) stays, in
+phase ``Failed``, and is replaced, since Failed and Succeeded pods do not count as
+replicas; a pod named in :attr:`Kubelet.never_ready` runs but never turns Ready.
+
+Two runtimes exist: :class:`SimulatedPods` (the sidecar's report is faked, for operator
+tests) and, in :mod:`.pod_processes`, real init/sidecar/server processes (for the
+end-to-end test and the demo).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any, Protocol
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
-from model_sidecar.kube import KubeApi
+
+from .api_client import HarnessApi
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ def _labels_match(selector: dict[str, str], labels: dict[str, str] | None) -> bo
 
 class Kubelet:
     def __init__(
-        self, api: KubeApi, namespace: str, runtime: PodRuntime, interval_s: float = 0.2
+        self, api: HarnessApi, namespace: str, runtime: PodRuntime, interval_s: float = 0.2
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -47,6 +53,9 @@ class Kubelet:
         self.interval_s = interval_s
         self._counter = itertools.count()
         self._ready: dict[str, bool] = {}
+        self._running: set[str] = set()
+        self._failed: set[str] = set()
+        self.never_ready: set[str] = set()  # pods whose readiness probe never passes
 
     def _path(self, kind: str) -> str:
         prefix = "/apis/apps/v1" if kind == "deployments" else "/api/v1"
@@ -69,6 +78,12 @@ class Kubelet:
 
     async def step(self) -> None:
         pods = await self._list("pods")
+        listed = {p["metadata"]["name"] for p in pods}
+        for gone in self._running - listed:  # deleted through the API: stop its containers
+            await self.runtime.stop(gone)
+            self._running.discard(gone)
+            self._ready.pop(gone, None)
+        pods = [p for p in pods if p["metadata"]["name"] not in self._failed]
         for deployment in await self._list("deployments"):
             spec = deployment.get("spec", {})
             selector = spec.get("selector", {}).get("matchLabels", {})
@@ -96,17 +111,37 @@ class Kubelet:
         }
         created = await self.api.request("POST", self._path("pods"), pod)
         await self.runtime.start(created)
+        self._running.add(name)
         log.info("started pod %s", name)
         return dict(created)
 
     async def delete_pod(self, name: str) -> None:
         await self.runtime.stop(name)
+        self._running.discard(name)
         await self.api.request("DELETE", f"{self._path('pods')}/{name}")
         self._ready.pop(name, None)
 
+    async def evict(self, name: str, reason: str = "Evicted") -> None:
+        """What the kubelet does under node pressure: containers killed, the pod object
+        kept in phase Failed (until garbage-collected), a replacement created."""
+        await self.runtime.stop(name)
+        self._running.discard(name)
+        self._failed.add(name)
+        self._ready[name] = False
+        await self.api.merge_patch(
+            f"{self._path('pods')}/{name}/status",
+            {
+                "status": {
+                    "phase": "Failed",
+                    "reason": reason,
+                    "conditions": [{"type": "Ready", "status": "False"}],
+                }
+            },
+        )
+
     async def _sync(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
-        ready = await self.runtime.sync(pod)
+        ready = await self.runtime.sync(pod) and name not in self.never_ready
         if self._ready.get(name) != ready:
             self._ready[name] = ready
             await self.api.merge_patch(
@@ -138,7 +173,7 @@ class SimulatedPods:
 
     def __init__(
         self,
-        api: KubeApi,
+        api: HarnessApi,
         namespace: str,
         delay_s: float = 0.3,
         refuse: set[str] | None = None,

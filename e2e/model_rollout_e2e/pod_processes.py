@@ -5,6 +5,10 @@ Container paths are mapped to per-pod directories, ``--port``/``--metrics-port``
 ports (each pod would have its own IP), the Downward API annotations file and the
 ConfigMap file are written from the API objects as the kubelet would, and readiness is the
 server's ``/v2/health/ready``.
+
+Like a real kubelet, it writes those files when the pod starts and afterwards only on its
+periodic sync of the pod: every ``volume_refresh_s`` (a real kubelet: about a minute),
+at a random phase per pod. A new annotation reaches the file that late, never at once.
 """
 
 from __future__ import annotations
@@ -12,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_rollout_contract.annotations import format_downward_annotations
-from model_sidecar.kube import KubeApi
 
+from .api_client import HarnessApi
 from .processes import ChildProcess, free_port, http_ok
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,7 @@ class RunningPod:
     init_task: asyncio.Task[int] | None = None
     containers: dict[str, ChildProcess] = field(default_factory=dict)
     annotations_text: str = ""
+    next_volume_sync: float = 0.0  # monotonic time of this pod's next volume refresh
 
     @property
     def url(self) -> str:
@@ -48,18 +55,24 @@ class RunningPod:
 class ProcessPods:
     def __init__(
         self,
-        api: KubeApi,
+        api: HarnessApi,
         namespace: str,
         work: Path,
         mounts: dict[str, Path] | None = None,
         env: dict[str, str] | None = None,
+        volume_refresh_s: float = 60.0,
+        rng: random.Random | None = None,
     ) -> None:
-        """``mounts`` maps extra container paths (secrets, PVCs) to host directories."""
+        """``mounts`` maps extra container paths (secrets, PVCs) to host directories;
+        ``volume_refresh_s`` is the kubelet's sync period for Downward API and ConfigMap
+        files (0: at once, as no real kubelet does)."""
         self.api = api
         self.namespace = namespace
         self.work = work
         self.extra_mounts = mounts or {}
         self.env = env or {}
+        self.volume_refresh_s = volume_refresh_s
+        self.rng = rng or random.Random()
         self.pods: dict[str, RunningPod] = {}
 
     def _mount_map(self, pod: RunningPod, spec: dict[str, Any]) -> dict[str, str]:
@@ -124,7 +137,8 @@ class ProcessPods:
         mapping = self._mount_map(running, spec)
         for host in mapping.values():
             Path(host).mkdir(parents=True, exist_ok=True)
-        await self._project(running, pod)
+        await self._project(running, pod)  # at start, before any container runs
+        running.next_volume_sync = time.monotonic() + self.rng.uniform(0, self.volume_refresh_s)
         running.port = free_port()
         ports = {"port": running.port, "metrics": free_port()}
         init_spec = spec["initContainers"][0]
@@ -182,7 +196,10 @@ class ProcessPods:
         running = self.pods.get(pod["metadata"]["name"])
         if running is None:
             return False
-        await self._project(running, pod)
+        now = time.monotonic()
+        if now >= running.next_volume_sync:  # the kubelet's periodic sync of this pod
+            await self._project(running, pod)
+            running.next_volume_sync = now + self.volume_refresh_s
         if not running.containers:
             return False
         return await asyncio.to_thread(http_ok, f"{running.url}/v2/health/ready", 0.5)

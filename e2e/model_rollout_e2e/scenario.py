@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model_rollout_contract.annotations import TARGET_VERSION, parse_downward_annotations
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.publish import publish
@@ -71,6 +72,7 @@ class Scenario:
     in_dim: int = 8
     env: dict[str, str] = field(default_factory=dict)
     operator_interval: float = 0.3
+    volume_refresh_s: float = 60.0  # the kubelet's Downward API / ConfigMap refresh period
 
     def __post_init__(self) -> None:
         self.keys = self.work / "keys"
@@ -98,6 +100,7 @@ class Scenario:
                 self.work / "pods",
                 mounts,
                 {**self.env, env_name(SIDECAR_ENV_PREFIX, "--kube-api"): api.url},
+                volume_refresh_s=self.volume_refresh_s,
             )
             kubelet = Kubelet(api, NAMESPACE, self.pods, interval_s=0.2)
             stop = asyncio.Event()
@@ -176,6 +179,16 @@ class Scenario:
         for name, pod in self.pods.pods.items():
             result[name] = current_version_metric(pod.url, self.model)
         return result
+
+    def projected_targets(self) -> dict[str, str | None]:
+        """Each pod's target as its Downward API file shows it (the kubelet's last refresh)."""
+        assert self.pods is not None
+        targets: dict[str, str | None] = {}
+        for name, pod in self.pods.pods.items():
+            path = pod.root / "podinfo" / "annotations"
+            text = path.read_text() if path.exists() else ""
+            targets[name] = parse_downward_annotations(text).get(TARGET_VERSION)
+        return targets
 
     def audit_events(self) -> dict[str, list[dict[str, Any]]]:
         assert self.pods is not None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import quote
 
-from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PREVIOUS_VERSION, TARGET_VERSION
+from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
 
+from .constants import GROUP, PLURAL, VERSION
 from .kube_client import KubeClient
 from .planner import SetTarget
 
@@ -22,6 +22,7 @@ _PATHS = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
 }
 _MUTABLE = ("spec", "data", "rules", "roleRef", "subjects")
+MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet never floods
 
 
 def collection(kind: str, namespace: str) -> str:
@@ -44,27 +45,27 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> None:
     await api.merge_patch(f"{base}/{meta['name']}", patch)
 
 
-async def list_pods(api: KubeClient, namespace: str, deployment: str) -> list[dict[str, Any]]:
-    selector = quote(f"{DEPLOYMENT_LABEL}={deployment}")
-    answer = await api.request("GET", f"{collection('Pod', namespace)}?labelSelector={selector}")
-    items = (answer or {}).get("items", [])
-    # filter here too: the selector is a hint some API servers (and test doubles) ignore
-    return [
-        p
-        for p in items
-        if (p.get("metadata", {}).get("labels") or {}).get(DEPLOYMENT_LABEL) == deployment
-        and not p.get("metadata", {}).get("deletionTimestamp")
-    ]
+async def patch_status(
+    api: KubeClient, namespace: str, name: str, patch: dict[str, Any]
+) -> dict[str, Any]:
+    """Merge-patch a ModelDeployment's status; returns the status the server now holds."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+    answer = await api.merge_patch(path, {"status": patch})
+    return dict((answer or {}).get("status") or {})
 
 
 async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:
+    """Annotate pods with their targets, at most ``MAX_PARALLEL_PATCHES`` at a time."""
+    limit = asyncio.Semaphore(MAX_PARALLEL_PATCHES)
+
     async def one(action: SetTarget) -> None:
         annotations = {TARGET_VERSION: action.version}
         if action.previous:
             annotations[PREVIOUS_VERSION] = action.previous
-        await api.merge_patch(
-            f"{collection('Pod', namespace)}/{action.pod}",
-            {"metadata": {"annotations": annotations}},
-        )
+        async with limit:
+            await api.merge_patch(
+                f"{collection('Pod', namespace)}/{action.pod}",
+                {"metadata": {"annotations": annotations}},
+            )
 
     await asyncio.gather(*(one(a) for a in actions))

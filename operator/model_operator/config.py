@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, read_environment
+from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, parse_with_environment
 
 
 @dataclass
 class OperatorConfig:
     kube_api: str | None = None  # explicit API URL (tests, kmock); default: in-cluster/kubeconfig
     namespaces: list[str] = field(default_factory=list)  # empty: every namespace
-    interval_s: float = 2.0  # seconds between reconciliations of one ModelDeployment
+    interval_s: float = 30.0  # resync: the longest wait for a pass when nothing happens
     check_store: bool = True  # check that spec.version is in the S3 store before rolling out
     disable_scanning: bool = False  # API servers without full discovery (kmock)
     liveness: str | None = "http://0.0.0.0:8080/healthz"  # kopf's liveness endpoint
@@ -43,12 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--liveness", default=OperatorConfig.liveness, help="liveness endpoint URL ('' to disable)"
     )
-    read_environment(p, OPERATOR_ENV_PREFIX)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
-    a = build_parser().parse_args(argv)
+    a = parse_with_environment(build_parser(), OPERATOR_ENV_PREFIX, argv)
     return OperatorConfig(
         kube_api=a.kube_api,
         namespaces=a.namespace,

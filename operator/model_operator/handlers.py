@@ -1,17 +1,28 @@
-"""kopf handlers. Everything runs in one timer per ModelDeployment, so observations,
-decisions and the status they produce never race each other; all decisions are made by
-the pure functions in :mod:`planner`, :mod:`manifests` and :mod:`status`."""
+"""kopf handlers, event-driven.
+
+One daemon per ModelDeployment runs every pass for that resource (observe, plan, act,
+write status), so observations, decisions and the status they produce never race each
+other; all decisions are made by the pure functions in :mod:`planner`, :mod:`manifests`
+and :mod:`status`. The daemon sleeps until something happens: a watch on the pods this
+operator labels keeps an index (no LIST per pass) and wakes the owning resource's daemon
+on every pod event; a change of the resource itself wakes it too; a timer remains only
+for deadlines and jitter (the planner's :func:`~.planner.next_deadline`) and as a
+resync period.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
-from model_rollout_contract.annotations import PROMOTE
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PROMOTE
 from model_rollout_contract.states import Phase
 
 from . import cluster
@@ -20,14 +31,16 @@ from .constants import GROUP, PLURAL, VERSION
 from .errors import SpecError, TransientApiError
 from .kube_client import ApiEndpoint, KubeClient
 from .manifests import children, configmap, digest
-from .planner import plan_rollout
-from .pods import pod_view
+from .planner import next_deadline, plan_rollout
+from .pods import PodView, pod_view
 from .spec import parse_spec
 from .status import build_status, invalid_status, merge_patch, rollout_from_status
 from .store_check import VersionCheck, check_version
 
 _rng = random.SystemRandom()
-API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf retries the reconcile this late
+API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf restarts the daemon this late
+STORE_RETRY_S = 5.0  # an unreachable store is asked again this late
+_VOLATILE = ("lastUpdateTime",)  # status fields that alone are no reason to write
 
 
 def _config(memo: Any) -> OperatorConfig:
@@ -42,6 +55,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
     memo.api = KubeClient(endpoint) if endpoint is not None else None
+    memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's daemon
 
 
 async def close_api(memo: kopf.Memo, **_: Any) -> None:
@@ -70,90 +84,103 @@ def _conditions(status: dict[str, Any]) -> list[dict[str, Any]]:
     return raw if isinstance(raw, list) else []
 
 
+def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
+    wakers: dict[tuple[str, str], asyncio.Event] = memo.wakers
+    return wakers.setdefault((namespace, name), asyncio.Event())
+
+
+# -- observing --------------------------------------------------------------------------
+def pods_by_deployment(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], PodView] | None:
+    """Index of the live pods of each ModelDeployment. Pods being deleted, and Failed or
+    Succeeded ones (evicted, say), no longer count: they serve nothing."""
+    meta = body.get("metadata", {})
+    if meta.get("deletionTimestamp") or (body.get("status") or {}).get("phase") in (
+        "Failed",
+        "Succeeded",
+    ):
+        return None
+    return {(namespace, str(labels[DEPLOYMENT_LABEL])): pod_view(body)}
+
+
+def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    if namespace is not None:
+        _waker(memo, namespace, str(labels[DEPLOYMENT_LABEL])).set()
+
+
+def resource_changed(namespace: str | None, name: str | None, memo: kopf.Memo, **_: Any) -> None:
+    if namespace is not None and name is not None:
+        _waker(memo, namespace, name).set()
+
+
+# -- one pass ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pass:
+    status: dict[str, Any]  # the status this pass arrived at
+    wake_in: float | None  # seconds until time alone changes the plan
+
+
 def _reject(
-    patch: kopf.Patch,
     body: kopf.Body,
     status: dict[str, Any],
     problems: list[str],
     generation: int | None,
     logger: kopf.Logger,
-) -> None:
+) -> Pass:
     new = invalid_status(problems, generation, time.time(), _conditions(status))
     if status.get("message") != new["message"] or status.get("phase") != Phase.INVALID:
         kopf.warn(body, reason="InvalidSpec", message=new["message"])
         logger.warning("rejected: %s", new["message"])
-    patch.status.update(merge_patch({k: status.get(k) for k in new}, new))
+    return Pass({**status, **new}, None)
 
 
-async def reconcile(
-    *,
+async def reconcile_pass(
     body: kopf.Body,
-    status: kopf.Status,
-    meta: kopf.Meta,
-    name: str | None,
-    namespace: str | None,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    logger: kopf.Logger,
-    **_: Any,
-) -> None:
-    """One pass: observe, plan, act, write status. A transient API failure becomes
-    ``kopf.TemporaryError``: kopf retries the pass, and nothing half-applied is recorded
-    because status is written only at the end of a pass."""
-    assert namespace is not None and name is not None  # a namespaced resource
-    try:
-        await _reconcile(body, dict(status), meta, name, namespace, patch, memo, logger)
-    except TransientApiError as exc:
-        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
-
-
-async def _reconcile(
-    body: kopf.Body,
-    status_d: dict[str, Any],
-    meta: kopf.Meta,
+    status: dict[str, Any],
     name: str,
     namespace: str,
-    patch: kopf.Patch,
+    pods: list[PodView],
     memo: kopf.Memo,
     logger: kopf.Logger,
-) -> None:
+) -> Pass:
+    """Observe, plan, act. ``status`` is the resource's status as this operator last left
+    it; the new one is returned, for the caller to write."""
+    meta = body.get("metadata", {})
     generation = meta.get("generation")
     try:
         spec = parse_spec(dict(body.get("spec", {})))
     except SpecError as exc:
-        _reject(patch, body, status_d, exc.problems, generation, logger)
-        return
+        return _reject(body, status, exc.problems, generation, logger)
     config = _config(memo)
-    verified = list(status_d.get("verifiedVersions") or [])
+    verified = list(status.get("verifiedVersions") or [])
     if config.check_store and spec.version not in verified:
         result, message = await check_version(spec)
         if result is VersionCheck.MISSING:
-            _reject(patch, body, status_d, [message], generation, logger)
-            return
+            return _reject(body, status, [message], generation, logger)
         if result is VersionCheck.UNREACHABLE:
-            patch.status["message"] = message
             logger.warning("%s; will retry", message)
-            return
+            return Pass({**status, "message": message}, STORE_RETRY_S)
         verified = ([*verified, spec.version])[-8:]
     api: KubeClient = memo.api
 
-    stable = status_d.get("currentVersion")
+    stable = status.get("currentVersion")
     objects = [adopted(o, body) for o in children(name, namespace, spec, stable or spec.version)]
     applied = digest(objects)
-    if status_d.get("appliedHash") != applied:
+    if status.get("appliedHash") != applied:
         for obj in objects:
             await cluster.apply(api, obj)
         kopf.info(body, reason="Reconciled", message=f"applied {len(objects)} child objects")
 
-    pods = [pod_view(p) for p in await cluster.list_pods(api, namespace, name)]
     promoted = (meta.get("annotations") or {}).get(PROMOTE)
+    now = time.time()
     plan = plan_rollout(
         spec,
         stable,
-        status_d.get("previousVersion"),
-        rollout_from_status(status_d.get("rollout")),
+        status.get("previousVersion"),
+        rollout_from_status(status.get("rollout")),
         pods,
-        time.time(),
+        now,
         _rng,
         promoted,
     )
@@ -163,9 +190,7 @@ async def _reconcile(
             body, reason=event.reason, message=event.message
         )
         logger.info("%s: %s", event.reason, event.message)
-    new_status = build_status(
-        plan, pods, spec.replicas, generation, time.time(), _conditions(status_d)
-    )
+    new_status = build_status(plan, pods, spec.replicas, generation, now, _conditions(status))
     new_status["appliedHash"] = applied
     new_status["verifiedVersions"] = verified
     if plan.stable_version != stable:  # publish the new default for pods created later
@@ -173,22 +198,79 @@ async def _reconcile(
             api,
             adopted(configmap(name, namespace, spec, plan.stable_version or spec.version), body),
         )
-    patch.status.update(merge_patch(status_d, new_status))
+    deadline = next_deadline(spec, plan.state)
+    return Pass(new_status, None if deadline is None else max(0.0, deadline - time.time()))
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    def stable(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k not in _VOLATILE}
+
+    return stable(old) != stable(new)
+
+
+async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
+    waiters = [asyncio.ensure_future(stopped.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+async def follow_rollouts(
+    *,
+    stopped: kopf.DaemonStopped,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView] | None = None,
+    **_: Any,
+) -> None:
+    """The resource's daemon: a pass whenever it or one of its pods changes, or a deadline
+    comes. Status is written only when it changed; the status this daemon wrote is what
+    the next pass starts from (the watch's copy can lag behind a write). A transient API
+    failure becomes ``kopf.TemporaryError``: kopf restarts the daemon a little later."""
+    assert namespace is not None  # a namespaced resource
+    assert pods_by_deployment is not None  # kopf passes every index to every handler
+    wake = _waker(memo, namespace, name)
+    interval = _config(memo).interval_s
+    status = dict(body.get("status") or {})
+    while not stopped:
+        wake.clear()
+        pods: Iterable[PodView] = pods_by_deployment.get((namespace, name), [])
+        try:
+            result = await reconcile_pass(
+                body, status, name, namespace, sorted(pods, key=lambda p: p.name), memo, logger
+            )
+            if _changed(status, result.status):
+                patch = merge_patch(status, result.status)
+                status = await cluster.patch_status(memo.api, namespace, name, patch) or status
+        except TransientApiError as exc:
+            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
+        wait = interval if result.wake_in is None else min(result.wake_in, interval)
+        await _sleep(stopped, wake, wait)
 
 
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
-    """A registry with the handlers; the timer interval comes from the configuration."""
+    """A registry with the handlers; ``config.interval_s`` is the resync period."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(close_api)
-    kopf.timer(
+    ours = {DEPLOYMENT_LABEL: kopf.PRESENT}
+    kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_deployment)
+    kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_changed)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(resource_changed)
+    kopf.daemon(
         GROUP,
         VERSION,
         PLURAL,
-        id="reconcile",
-        interval=config.interval_s,
+        id="rollouts",
         initial_delay=0.0,
+        cancellation_timeout=10.0,
         registry=registry,
-    )(reconcile)
+    )(follow_rollouts)
     return registry

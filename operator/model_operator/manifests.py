@@ -57,13 +57,34 @@ def _sidecar_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     ]
     if spec.store.endpoint:
         env.append({"name": "AWS_ENDPOINT_URL", "value": spec.store.endpoint})
-    return env
+    return env + _credentials_env(spec)
 
 
-def _env_from(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+# the store credentials, key by key: a Secret loaded whole (envFrom) could also set any
+# MODEL_SIDECAR_* flag of the sidecar
+STORE_CREDENTIAL_KEYS = {
+    "AWS_ACCESS_KEY_ID": False,  # key -> optional
+    "AWS_SECRET_ACCESS_KEY": False,
+    "AWS_SESSION_TOKEN": True,
+}
+
+
+def _credentials_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     if not spec.store.credentials_secret:
         return []
-    return [{"secretRef": {"name": spec.store.credentials_secret}}]
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": spec.store.credentials_secret,
+                    "key": key,
+                    **({"optional": True} if optional else {}),
+                }
+            },
+        }
+        for key, optional in STORE_CREDENTIAL_KEYS.items()
+    ]
 
 
 def _volumes(
@@ -164,7 +185,6 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "image": sidecar_image,
                             "args": argv.sidecar_argv("init", sidecar_args),
                             "env": _sidecar_env(spec),
-                            "envFrom": _env_from(spec),
                             "volumeMounts": mounts,
                         }
                     ],
@@ -190,7 +210,6 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "image": sidecar_image,
                             "args": argv.sidecar_argv("watch", sidecar_args),
                             "env": _sidecar_env(spec),
-                            "envFrom": _env_from(spec),
                             "ports": [
                                 {"name": "sidecar-metrics", "containerPort": SIDECAR_METRICS_PORT}
                             ],
@@ -232,7 +251,7 @@ def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str
 
 
 def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
-    """Least privilege for the sidecar: read and annotate pods of its namespace."""
+    """Least privilege for the sidecar: read, watch and annotate pods of its namespace."""
     meta = {"name": f"{name}-pod", "namespace": namespace, "labels": labels(name, spec)}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
@@ -240,7 +259,14 @@ def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+            # follow its own pod (a fieldSelector watch needs list and watch) and report
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["get", "list", "watch", "patch"],
+                }
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -115,6 +115,21 @@ def _start(
     )
 
 
+def next_deadline(spec: ModelDeploymentSpec, state: RolloutState) -> float | None:
+    """The next moment at which time alone changes a plan (the end of a canary's pause,
+    of a jitter pause, or a batch's deadline): the operator wakes up then, and otherwise
+    only when the resource or one of its pods changes."""
+    moments: list[float] = []
+    paused = state.stage == CANARY and state.canary_healthy_at is not None
+    if paused and state.canary_healthy_at is not None and not spec.canary.manual_promote:
+        moments.append(state.canary_healthy_at + spec.canary.pause_seconds)
+    if state.stage in (CANARY, BATCHES) and state.batch_in_flight and state.batch_started_at:
+        moments.append(state.batch_started_at + spec.rollout.progress_deadline_seconds)
+    if state.stage == BATCHES and not state.batch_in_flight:
+        moments.append(state.next_batch_at)
+    return min(moments) if moments else None
+
+
 def plan_rollout(
     spec: ModelDeploymentSpec,
     stable: str | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ class PodView:
         return self.target == version and not self.serves(version) and not self.refused(version)
 
 
-def pod_view(pod: dict[str, Any]) -> PodView:
+def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     annotations = meta.get("annotations") or {}
     report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))

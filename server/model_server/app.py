@@ -20,7 +20,7 @@ from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
 from .engine_manager import EngineManager
 from .errors import ServingError
-from .http_api import MANAGER, METRICS, PLANE, POLICY, add_routes, json_errors
+from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
 from .metrics import ServerMetrics
 from .repository import ModelRepository
 
@@ -99,7 +99,6 @@ class ModelServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
-        app[MANAGER] = self.manager
         app[PLANE] = self.plane
         app[POLICY] = self.policy
         app[METRICS] = self.metrics

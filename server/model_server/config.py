@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_rollout_contract import defaults
-from model_rollout_contract.cli import SERVER_ENV_PREFIX, read_environment
+from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path, parse_with_environment
 
 from .backends import BACKEND_NAMES
 
@@ -39,10 +39,6 @@ class ServerConfig:
     tenants_file: Path | None = None  # tenants.yaml: API keys and models per tenant
     audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
     workers: int = defaults.INFERENCE_WORKERS  # inference threads
-
-
-def _path(value: str | None) -> Path | None:
-    return Path(value) if value else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,13 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenants-file")
     p.add_argument("--audit-log", help="JSON-lines audit file")
     p.add_argument("--workers", type=int, default=ServerConfig.workers, help="inference threads")
-    read_environment(p, SERVER_ENV_PREFIX)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = build_parser()
-    a = p.parse_args(argv)
+    a = parse_with_environment(p, SERVER_ENV_PREFIX, argv)
     if a.retain < 1:
         p.error("--retain must be at least 1")
     return ServerConfig(
@@ -99,12 +94,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         host=a.host,
         port=a.port,
         backend=a.backend,
-        cache_dir=_path(a.cache_dir),
+        cache_dir=optional_path(a.cache_dir),
         retain=a.retain,
         memory_budget_mb=a.memory_budget_mb,
-        control_socket=_path(a.control_socket),
-        admin_token_file=_path(a.admin_token_file),
-        tenants_file=_path(a.tenants_file),
-        audit_log=_path(a.audit_log),
+        control_socket=optional_path(a.control_socket),
+        admin_token_file=optional_path(a.admin_token_file),
+        tenants_file=optional_path(a.tenants_file),
+        audit_log=optional_path(a.audit_log),
         workers=a.workers,
     )

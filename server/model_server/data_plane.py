@@ -48,6 +48,9 @@ class DataPlane:
         self.metrics = metrics
 
     # -- health -------------------------------------------------------------
+    def model_keys(self) -> list[str]:
+        return sorted(self.manager.slots)
+
     def ready(self) -> bool:
         return self.manager.ready()
 
@@ -116,9 +119,10 @@ class DataPlane:
         return self.manager.audit.events[-limit:]
 
     # -- inference ----------------------------------------------------------
-    def count_rejected(self, key: str, status: int) -> None:
-        """An inference refused before it reached a model (auth, unreadable body)."""
+    def count_rejected(self, key: str, status: int, seconds: float) -> None:
+        """An inference refused before it reached a model (auth, name, unreadable body)."""
         self.metrics.requests.labels(key, str(status)).inc()
+        self.metrics.request_latency.labels(key).observe(seconds)
 
     async def infer(self, key: str, name: str, body: Any) -> dict[str, Any]:
         """A KServe v2 inference: validated against, and answered by, the one version

@@ -111,7 +111,13 @@ class EngineManager:
             if retained is not None and expected_sha256 in (None, retained.sha256):
                 return self._swap_to_retained(slot, retained, previous, started, who, source)
             slot.loading(version)
-            loaded, digest, error = await self.pipeline.run(slot, version, path, expected_sha256)
+            try:
+                loaded, digest, error = await self.pipeline.run(
+                    slot, version, path, expected_sha256
+                )
+            except asyncio.CancelledError:
+                slot.refused(version, "load cancelled")
+                raise
             if error is not None or loaded is None:
                 assert error is not None
                 slot.refused(version, error.message)

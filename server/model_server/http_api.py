@@ -5,6 +5,7 @@ happen here; every answer is built there)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,14 +17,12 @@ from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
 from .data_plane import Caller, DataPlane
-from .engine_manager import EngineManager
 from .errors import BadRequest, ServingError
 from .metrics import ServerMetrics
 from .repository import model_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-MANAGER = web.AppKey("manager", EngineManager)
 PLANE = web.AppKey("plane", DataPlane)
 POLICY = web.AppKey("policy", AccessPolicy)
 METRICS = web.AppKey("metrics", ServerMetrics)
@@ -61,14 +60,12 @@ def _tenant_model(request: web.Request) -> str:
 
 
 def _admin_model(request: web.Request) -> str:
-    manager = request.app[MANAGER]
     name = request.query.get("model")
     if name is None:
-        if len(manager.slots) != 1:
-            raise BadRequest(
-                f"several models are served; name one with ?model= ({sorted(manager.slots)})"
-            )
-        return next(iter(manager.slots))
+        served = request.app[PLANE].model_keys()
+        if len(served) != 1:
+            raise BadRequest(f"several models are served; name one with ?model= ({served})")
+        return served[0]
     parts = name.split("/")
     if len(parts) > 2:
         raise BadRequest(f"invalid model {name!r}: use 'name' or 'tenant/name'")
@@ -102,12 +99,13 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     plane, name = request.app[PLANE], request.match_info["name"]
-    key = name
+    started, key = time.perf_counter(), name
     try:
         key = _tenant_model(request)
         body = await _json_body(request)
-    except ServingError as exc:
-        plane.count_rejected(key, exc.status)
+    except (ServingError, InvalidName) as exc:
+        status = exc.status if isinstance(exc, ServingError) else BadRequest.status
+        plane.count_rejected(key, status, time.perf_counter() - started)
         raise
     return web.json_response(await plane.infer(key, name, body))
 

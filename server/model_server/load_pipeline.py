@@ -32,6 +32,11 @@ def warm_up(engine: Engine) -> None:
             raise ValueError(f"warm-up output {spec.name!r} is not finite")
 
 
+def _close_unused(future: asyncio.Future[LoadedVersion]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().engine.close()
+
+
 class LoadPipeline:
     def __init__(
         self,
@@ -49,6 +54,20 @@ class LoadPipeline:
 
     async def _off_loop(self, fn: Callable[..., object], *args: object) -> object:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    async def _load_off_loop(
+        self, key: str, version: str, path: Path, digest: str
+    ) -> LoadedVersion:
+        """Load on a loader thread. If the caller is cancelled meanwhile, the thread still
+        finishes; the engine it made is then closed, never leaked."""
+        future = asyncio.get_running_loop().run_in_executor(
+            self._threads, self._load_and_warm, key, version, path, digest
+        )
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_close_unused)
+            raise
 
     async def verify(
         self, key: str, version: str, path: Path | None, expected_sha256: str | None
@@ -105,9 +124,7 @@ class LoadPipeline:
         try:
             model_path, digest = await self.verify(slot.key, version, path, expected_sha256)
             self.make_room(slot, self.backend.estimate_memory_bytes(model_path))
-            loaded = await self._off_loop(
-                self._load_and_warm, slot.key, version, model_path, digest
-            )
+            loaded = await self._load_off_loop(slot.key, version, model_path, digest)
         except ServingError as exc:
             return None, digest, exc
         except Exception as exc:  # a corrupt engine can raise anything from the runtime

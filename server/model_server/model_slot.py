@@ -24,6 +24,7 @@ from .backends.base import Engine
 from .errors import NotReady
 
 log = logging.getLogger(__name__)
+MAX_STATES = 64  # lifecycle states (and closed versions) remembered per model
 
 
 class VersionState(str, Enum):
@@ -88,7 +89,15 @@ class ModelSlot:
             return dict(self._states)
 
     def _set_state(self, version: str, state: VersionState, reason: str) -> None:
-        self._states[version] = VersionStatus(state, reason)
+        self._states.pop(version, None)
+        self._states[version] = VersionStatus(state, reason)  # newest last
+        while len(self._states) > MAX_STATES:  # forget the oldest version no longer held
+            stale = next(
+                (v for v, s in self._states.items() if s.state is VersionState.UNAVAILABLE), None
+            )
+            if stale is None:
+                break
+            del self._states[stale]
 
     def loading(self, version: str) -> None:
         with self._lock:
@@ -129,6 +138,7 @@ class ModelSlot:
         Returns the previous serving version and the evicted ones."""
         with self._lock:
             previous = self._current.version if self._current else None
+            replaced = self._loaded.get(version.version)  # the same version, other bytes
             self._loaded[version.version] = version
             self._loaded.move_to_end(version.version)
             self._current = version
@@ -139,6 +149,8 @@ class ModelSlot:
             while len(self._loaded) > self.retain:
                 _, oldest = self._loaded.popitem(last=False)
                 evicted.append(oldest)
+        if replaced is not None and replaced is not version:
+            self.retire(replaced, "replaced by a new load of the same version")
         for old in evicted:
             self.retire(old, f"evicted: more than {self.retain} versions retained")
         return previous, evicted
@@ -161,7 +173,8 @@ class ModelSlot:
             drained = version.in_flight == 0 and not version.closed
             if drained:
                 version.closed = True
-            self._set_state(version.version, VersionState.UNLOADING, reason)
+            if version.version not in self._loaded:  # not when another copy serves it
+                self._set_state(version.version, VersionState.UNLOADING, reason)
         if drained:
             self._close(version)
 
@@ -173,11 +186,13 @@ class ModelSlot:
                 if version.version not in self._loaded:
                     self._set_state(version.version, VersionState.UNAVAILABLE, "unloaded")
             self.closed_versions.append(version.version)
+            del self.closed_versions[:-MAX_STATES]
             log.info("freed %s:%s after its last request", self.key, version.version)
 
     def close_all(self) -> None:
-        for version in self.loaded():
-            self.retire(version, "server shutting down")
         with self._lock:
+            held = list(self._loaded.values())
             self._loaded.clear()
             self._current = None
+        for version in held:
+            self.retire(version, "server shutting down")

@@ -12,10 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
 from .control_client import ServerControl
+from .errors import KubeError
 from .fetcher import Fetcher
 from .init_mode import pre_pull
-from .kube import KubeApi
+from .kube import PodApi
 from .metrics import SidecarMetrics
+from .pod_watch import PodWatch
 from .publish import publish
 from .retry import Backoff
 from .signing import generate_keypair, load_public_key
@@ -53,8 +55,35 @@ def _fetcher(config: FetchConfig) -> Fetcher:
     )
 
 
-def _source(config: FetchConfig) -> TargetSource:
-    return TargetSource(config.annotations_file, config.configmap_file)
+def _pod_api(config: FetchConfig) -> PodApi | None:
+    return PodApi.connect(config.kube_api, config.pod_namespace, config.pod_name)
+
+
+def _source(config: FetchConfig, pod_watch: PodWatch | None = None) -> TargetSource:
+    live = (lambda: pod_watch.annotations) if pod_watch is not None else None
+    return TargetSource(config.annotations_file, config.configmap_file, live)
+
+
+async def _init(config: InitConfig) -> int:
+    """Pre-pull the target: the pod's annotations from the API when it can be read (the
+    Downward API file may not show them yet), else the files."""
+    fetch = config.fetch
+    source = _source(fetch)
+    pod = _pod_api(fetch)
+    if pod is not None:
+        try:
+            annotations = (await pod.read()).annotations
+            source = TargetSource(None, fetch.configmap_file, lambda: annotations)
+        except KubeError as exc:
+            log.warning("cannot read the pod's annotations (%s); using the files", exc)
+        finally:
+            await pod.close()
+    target = config.version or source.target()
+    if not target:
+        log.error("no target version: pass --version or an annotations/configmap file")
+        return 2
+    previous = config.previous or source.previous()
+    return await pre_pull(_fetcher(fetch), fetch.model, target, previous)
 
 
 async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
@@ -73,31 +102,34 @@ async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
 
 async def _watch(config: WatchConfig) -> int:
     metrics = SidecarMetrics()
-    reporter = StatusReporter(
-        config.status_file,
-        KubeApi.from_url_or_cluster(config.kube_api),
-        config.pod_namespace,
-        config.pod_name,
-    )
     fetch = config.fetch
+    pod = _pod_api(fetch)
+    pod_watch = PodWatch(pod) if pod is not None else None
     watcher = Watcher(
         WatchSettings(
             fetch.model, config.poll_seconds, config.jitter_seconds, config.keep_versions
         ),
-        _source(fetch),
+        _source(fetch, pod_watch),
         _fetcher(fetch),
         ServerControl(config.control_socket),
-        reporter,
+        StatusReporter(config.status_file, pod),
         metrics,
+        wake=pod_watch.changed if pod_watch is not None else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = await _serve_metrics(metrics, config.metrics_port) if config.metrics_port else None
+    following = asyncio.create_task(pod_watch.run(stop)) if pod_watch is not None else None
     try:
         await watcher.run(stop)
     finally:
+        stop.set()
+        if following is not None:
+            await following
+        if pod is not None:
+            await pod.close()
         if runner is not None:
             await runner.cleanup()
     return 0
@@ -124,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"published {manifest.model}:{manifest.version} sha256={manifest.sha256}")
         return 0
     if isinstance(config, InitConfig):
-        source = _source(config.fetch)
-        target = config.version or source.target()
-        if not target:
-            log.error("no target version: pass --version or an annotations/configmap file")
-            return 2
-        previous = config.previous or source.previous()
-        return asyncio.run(pre_pull(_fetcher(config.fetch), config.fetch.model, target, previous))
+        return asyncio.run(_init(config))
     return asyncio.run(_watch(config))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model_rollout_contract import defaults
-from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, read_environment
+from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, optional_path, parse_with_environment
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class FetchConfig:
     configmap_file: Path | None = None  # the deployment's default target version
     max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
     retries: int = defaults.STORE_ATTEMPTS  # attempts of one store operation
+    kube_api: str | None = None  # API server URL (default: in-cluster, when in a cluster)
+    pod_name: str | None = None  # this pod, whose annotations carry the target
+    pod_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,9 @@ class WatchConfig:
     jitter_seconds: float = defaults.POLL_JITTER_SECONDS
     keep_versions: int = defaults.KEEP_VERSIONS_ON_DISK
     metrics_port: int | None = None
-    kube_api: str | None = None  # for annotating the pod (default: in-cluster)
-    pod_name: str | None = None
-    pod_namespace: str | None = None
 
 
 Config = KeygenConfig | PublishConfig | InitConfig | WatchConfig
-
-
-def _path(value: str | None) -> Path | None:
-    return Path(value) if value else None
 
 
 def _store_args(p: argparse.ArgumentParser) -> None:
@@ -103,6 +99,11 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--retries", type=int, default=FetchConfig.retries, help="attempts for store operations"
     )
+    p.add_argument(
+        "--kube-api", help="Kubernetes API URL for the pod's annotations (default: in-cluster)"
+    )
+    p.add_argument("--pod-name")
+    p.add_argument("--pod-namespace")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,12 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--jitter-seconds", type=float, default=WatchConfig.jitter_seconds)
     watch.add_argument("--keep-versions", type=int, default=WatchConfig.keep_versions)
     watch.add_argument("--metrics-port", type=int)
-    watch.add_argument(
-        "--kube-api", help="Kubernetes API URL for annotating the pod (default: in-cluster)"
-    )
-    watch.add_argument("--pod-name")
-    watch.add_argument("--pod-namespace")
-    read_environment(parser, SIDECAR_ENV_PREFIX)
     return parser
 
 
@@ -149,18 +144,21 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
         store=StoreConfig(a.store, a.s3_endpoint),
         volume=Path(a.volume),
         model=a.model,
-        public_key=_path(a.public_key),
+        public_key=optional_path(a.public_key),
         allow_unsigned=a.allow_unsigned,
-        allow_list=_path(a.allow_list),
-        annotations_file=_path(a.annotations_file),
-        configmap_file=_path(a.configmap_file),
+        allow_list=optional_path(a.allow_list),
+        annotations_file=optional_path(a.annotations_file),
+        configmap_file=optional_path(a.configmap_file),
         max_concurrent_downloads=a.max_concurrent_downloads,
         retries=a.retries,
+        kube_api=a.kube_api,
+        pod_name=a.pod_name,
+        pod_namespace=a.pod_namespace,
     )
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    a = build_parser().parse_args(argv)
+    a = parse_with_environment(build_parser(), SIDECAR_ENV_PREFIX, argv)
     if a.command == "keygen":
         return KeygenConfig(Path(a.private), Path(a.public))
     if a.command == "publish":
@@ -173,12 +171,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return WatchConfig(
         fetch=_fetch_config(a),
         control_socket=Path(a.control_socket),
-        status_file=_path(a.status_file),
+        status_file=optional_path(a.status_file),
         poll_seconds=a.poll_seconds,
         jitter_seconds=a.jitter_seconds,
         keep_versions=a.keep_versions,
         metrics_port=a.metrics_port,
-        kube_api=a.kube_api,
-        pod_name=a.pod_name,
-        pod_namespace=a.pod_namespace,
     )

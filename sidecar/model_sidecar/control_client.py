@@ -65,9 +65,14 @@ class ServerControl:
         )
 
     async def status(self, model: str) -> StatusReply:
+        """What the server holds. A server that refuses the question (it does not serve
+        the model, say) holds nothing of it: the load that follows is then refused with
+        the server's reason, so the rollout fails fast instead of waiting for a deadline."""
         reply = await self.request(StatusRequest(model))
+        if isinstance(reply, ErrorReply):
+            return StatusReply(model, None, None, ())
         if not isinstance(reply, StatusReply):
-            raise ServerUnavailable(f"status of {model} not answered: {reply}")
+            raise ServerUnavailable(f"status of {model} answered with {reply}")
         return reply
 
     async def load(

@@ -5,7 +5,9 @@
     │   └── ObjectMissing      the key is not in the store (never transient)
     ├── VerificationError      a version is refused: ``reason`` is a stable code
     ├── ServerUnavailable      the server's control socket does not answer: retried
-    └── KubeError              the Kubernetes API refused a call (``status``)
+    └── KubeError              the Kubernetes API refused or missed a call (``status``;
+        │                      0 when it could not be reached)
+        └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
 
 What each means to the pod: a ``VerificationError`` is reported ``refused`` and not
 retried for that target; the others are reported ``error`` and retried, while the old
@@ -49,3 +51,8 @@ class KubeError(SidecarError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class WatchExpired(KubeError):
+    def __init__(self, message: str) -> None:
+        super().__init__(410, message)

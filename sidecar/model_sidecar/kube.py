@@ -1,77 +1,140 @@
-"""Just enough of the Kubernetes API for the sidecar to annotate its own pod."""
+"""The sidecar's own pod through the Kubernetes API (``kubernetes_asyncio``): read it,
+watch it, annotate it — over one API client (one HTTP session) for the sidecar's life.
+
+In a cluster the credentials are the pod's projected service-account token, which the
+client re-reads as the kubelet rotates it; ``--kube-api URL`` points at an API server
+without credentials (tests, the emulated cluster).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from .errors import KubeError
+from .errors import KubeError, WatchExpired
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 @dataclass(frozen=True)
-class KubeApi:
-    url: str
-    token: str | None = None
-    ssl_context: ssl.SSLContext | None = None
+class PodSnapshot:
+    annotations: dict[str, str]
+    resource_version: str
+    deleted: bool = False
+
+
+def _snapshot(raw: dict[str, Any], deleted: bool = False) -> PodSnapshot:
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return PodSnapshot(
+        {str(k): str(v) for k, v in annotations.items()},
+        str(meta.get("resourceVersion") or ""),
+        deleted,
+    )
+
+
+class PodApi:
+    def __init__(self, api_client: k8s.ApiClient, namespace: str, name: str) -> None:
+        self._client = api_client
+        # raw JSON (``_preload_content=False``) rather than the generated models, whose
+        # annotations do not cover those keyword arguments: hence Any
+        self._core: Any = k8s.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
 
     @classmethod
-    def in_cluster(cls) -> KubeApi:
-        host = os.environ["KUBERNETES_SERVICE_HOST"]
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-        return cls(
-            f"https://{host}:{port}", (SERVICE_ACCOUNT / "token").read_text().strip(), context
-        )
+    def connect(
+        cls, kube_api: str | None, namespace: str | None, name: str | None
+    ) -> PodApi | None:
+        """A client for this pod, or ``None`` when there is no API to talk to (no URL and
+        not in a cluster) or the pod's name is unknown."""
+        if not namespace or not name:
+            return None
+        configuration = k8s.Configuration()
+        if kube_api:
+            configuration.host = kube_api.rstrip("/")
+        elif "KUBERNETES_SERVICE_HOST" in os.environ:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            return None
+        return cls(k8s.ApiClient(configuration), namespace, name)
 
-    @classmethod
-    def from_url_or_cluster(cls, url: str | None) -> KubeApi | None:
-        if url:
-            return cls(url.rstrip("/"))
-        if "KUBERNETES_SERVICE_HOST" in os.environ and (SERVICE_ACCOUNT / "token").exists():
-            return cls.in_cluster()
-        return None
+    async def close(self) -> None:
+        await self._client.close()
 
-    def headers(self, content_type: str = "application/json") -> dict[str, str]:
-        headers = {"Content-Type": content_type}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
+    async def read(self) -> PodSnapshot:
+        try:
+            response = await self._core.read_namespaced_pod(
+                self.name, self.namespace, _preload_content=False
+            )
+            return _snapshot(json.loads(await response.read()))
+        except ApiException as exc:
+            raise KubeError(int(exc.status or 0), f"read pod {self.name}: {exc.reason}") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise KubeError(0, f"read pod {self.name}: {exc or type(exc).__name__}") from exc
 
-    async def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> Any:
-        """One API call; returns the decoded JSON, ``None`` for 404, raises otherwise."""
-        timeout = aiohttp.ClientTimeout(total=15)
-        data = json.dumps(body) if body is not None else None
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(
-                method,
-                f"{self.url}{path}",
-                data=data,
-                headers=self.headers(content_type),
-                ssl=self.ssl_context or True,
-            ) as response,
-        ):
-            if response.status == 404:
-                return None
-            text = await response.text()
-            if response.status >= 300:
-                raise KubeError(
-                    response.status, f"{method} {path}: HTTP {response.status} {text[:300]}"
-                )
-            return json.loads(text) if text else {}
+    async def events(self, resource_version: str, timeout_s: int) -> AsyncIterator[PodSnapshot]:
+        """Changes of this pod after ``resource_version``, until the server ends the watch
+        (after ``timeout_s``). Raises :class:`WatchExpired` when that version has been
+        compacted away (410 Gone): the caller must read the pod again."""
+        try:
+            response = await self._core.list_namespaced_pod(
+                self.namespace,
+                field_selector=f"metadata.name={self.name}",
+                watch="true",
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                _request_timeout=timeout_s + 30,
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise WatchExpired(f"resourceVersion {resource_version} is gone") from exc
+            raise KubeError(int(exc.status or 0), f"watch pod {self.name}: {exc.reason}") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise KubeError(0, f"watch pod {self.name}: {exc or type(exc).__name__}") from exc
+        try:
+            while line := await response.content.readline():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, raw = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if raw.get("code") == 410:
+                        raise WatchExpired(str(raw.get("message") or "resource version gone"))
+                    raise KubeError(int(raw.get("code") or 0), f"watch pod: {raw.get('message')}")
+                if (raw.get("metadata") or {}).get("name") not in (None, self.name):
+                    continue  # a server that ignores the field selector
+                yield _snapshot(raw, deleted=kind == "DELETED")
+        except _TRANSPORT_ERRORS as exc:
+            raise KubeError(0, f"watch pod {self.name}: {exc or type(exc).__name__}") from exc
+        except json.JSONDecodeError as exc:
+            raise KubeError(0, f"watch pod {self.name}: not a JSON event: {exc}") from exc
+        finally:
+            response.release()
 
-    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
-        return await self.request("PATCH", path, patch, "application/merge-patch+json")
-
-    async def merge_patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        await self.merge_patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
+    async def annotate(self, annotations: dict[str, str]) -> None:
+        try:
+            await self._core.patch_namespaced_pod(
+                self.name,
+                self.namespace,
+                {"metadata": {"annotations": annotations}},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise KubeError(
+                int(exc.status or 0), f"annotate pod {self.name}: {exc.reason}"
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise KubeError(0, f"annotate pod {self.name}: {exc or type(exc).__name__}") from exc

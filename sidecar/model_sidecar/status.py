@@ -12,7 +12,7 @@ from pathlib import Path
 from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.report import SidecarReport
 
-from .kube import KubeApi
+from .kube import PodApi
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +21,10 @@ class StatusReporter:
     def __init__(
         self,
         path: Path | None,
-        kube: KubeApi | None = None,
-        pod_namespace: str | None = None,
-        pod_name: str | None = None,
+        pod: PodApi | None = None,
     ) -> None:
         self.path = path
-        self.kube = kube if pod_namespace and pod_name else None
-        self.pod_namespace = pod_namespace
-        self.pod_name = pod_name
+        self.pod = pod
         self.last: SidecarReport | None = None
 
     async def report(self, status: SidecarReport) -> None:
@@ -43,14 +39,9 @@ class StatusReporter:
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text(status.to_json())
             os.replace(tmp, self.path)
-        if self.kube is not None:
-            assert self.pod_namespace and self.pod_name
+        if self.pod is not None:
             try:
-                await self.kube.merge_patch_pod(
-                    self.pod_namespace,
-                    self.pod_name,
-                    {"metadata": {"annotations": {SIDECAR_STATUS: status.to_json()}}},
-                )
+                await self.pod.annotate({SIDECAR_STATUS: status.to_json()})
             except Exception as exc:  # the file and log still carry it; retried next change
                 log.warning("could not annotate pod with status: %s", exc)
                 self.last = None

@@ -1,8 +1,11 @@
-"""Where the pod's target version comes from: the pod annotation projected by the
-Downward API (per pod, set by the operator), else a ConfigMap file (deployment default)."""
+"""Where the pod's target version comes from: the pod's annotations as the API shows them
+(followed by :class:`~model_sidecar.pod_watch.PodWatch`), else — while the API cannot
+be reached — the same annotations in the Downward API file (refreshed only on the
+kubelet's periodic sync), else a ConfigMap file (the deployment's default)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +25,12 @@ def _valid(value: str | None) -> str | None:
 class TargetSource:
     annotations_file: Path | None = None
     configmap_file: Path | None = None
+    live: Callable[[], dict[str, str] | None] | None = None  # the API's view, when current
 
     def _annotations(self) -> dict[str, str]:
+        live = self.live() if self.live is not None else None
+        if live is not None:
+            return live
         if self.annotations_file is None:
             return {}
         try:

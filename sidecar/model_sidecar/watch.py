@@ -10,6 +10,7 @@ backoff while the old version keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -48,7 +49,10 @@ class Watcher:
         reporter: StatusReporter,
         metrics: SidecarMetrics,
         rng: random.Random | None = None,
+        wake: asyncio.Event | None = None,
     ) -> None:
+        """``wake`` is set when the target may have changed (the pod watch): the next
+        cycle starts at once instead of after the poll period."""
         self.settings = settings
         self.source = source
         self.fetcher = fetcher
@@ -56,20 +60,26 @@ class Watcher:
         self.reporter = reporter
         self.metrics = metrics
         self.rng = rng or random.Random()
+        self.wake = wake or asyncio.Event()
         self._refused: dict[str, float] = {}  # version -> when it was refused
         self._last_target: str | None = None
+        self._target_seen_at: float | None = None
+        self._retained: tuple[str, ...] = ()  # what the server holds beside the serving one
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.wake.clear()
             try:
                 await self.step()
             except Exception:  # never let one bad cycle end the sidecar
                 log.exception("watch cycle failed")
             delay = self.settings.poll_s + self.rng.uniform(0, self.settings.jitter_s)
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
             try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
 
     async def _report(
         self,
@@ -80,17 +90,30 @@ class Watcher:
         sha256: str | None = None,
     ) -> None:
         await self.reporter.report(
-            SidecarReport(self.settings.model, target, serving, state, reason, sha256)
+            SidecarReport(
+                self.settings.model,
+                target,
+                serving,
+                state,
+                reason,
+                sha256,
+                retained=self._retained,
+                target_seen_at=self._target_seen_at,
+            )
         )
+
+    def _held(self, loaded: tuple[str, ...], serving: str | None) -> None:
+        self._retained = tuple(v for v in loaded if v != serving)
 
     async def step(self) -> str:
         """One cycle; returns the resulting state (for tests and logs)."""
         model = self.settings.model
         target = self.source.target()
-        if target != self._last_target:
+        if target != self._last_target or self._target_seen_at is None:
             self._refused.pop(target or "", None)  # a new target deserves a fresh attempt
             jitter_first = self._last_target is not None
             self._last_target = target
+            self._target_seen_at = time.time()
         else:
             jitter_first = False
         try:
@@ -99,6 +122,7 @@ class Watcher:
             await self._report(target, None, SidecarState.ERROR, f"server unavailable: {exc}")
             return "error"
         serving = status.version
+        self._held(status.loaded, serving)
         if serving:
             self.metrics.serving.labels(model, serving).set(1)
         if target is None:
@@ -115,8 +139,8 @@ class Watcher:
         refused_at = self._refused.get(target)
         if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
             return "refused"
-        if jitter_first and self.settings.jitter_s > 0:  # spread a fleet's pulls
-            await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))
+        if jitter_first and self.settings.jitter_s > 0 and target not in status.loaded:
+            await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))  # spread the pulls
         return await self._switch(target, serving)
 
     async def _switch(self, target: str, serving: str | None) -> str:
@@ -159,6 +183,9 @@ class Watcher:
         if serving:
             self.metrics.serving.labels(model, serving).set(0)
         self.metrics.serving.labels(model, target).set(1)
+        with contextlib.suppress(ServerUnavailable):  # what the server holds now
+            after = await self.control.status(model)
+            self._held(after.loaded, after.version)
         await self._report(target, target, SidecarState.OK, sha256=sha256)
         await asyncio.to_thread(self.fetcher.prune, model, self.settings.keep_versions, {target})
         return "ok"

@@ -1,0 +1,121 @@
+"""Rollback and rollout end to end, with a kubelet as slow as a real one.
+
+Real pods (each the init container, server and sidecar as processes, from the operator's
+pod spec), the operator, an emulated API server and a local-directory store; a kubelet
+stand-in that refreshes Downward API and ConfigMap files only every ``--kubelet-delay``
+seconds (a real kubelet: about a minute). Under load, it measures the time from editing
+``spec.version`` until every pod's server serves that version (read from each pod's
+``current_model_version`` metric), for a forward rollout (25% canary, then batches) and
+for ``--rollbacks`` rollbacks, and counts failed requests. Then the operator's planner,
+alone on a virtual clock, rolls out 64 and 1000 pods (``bench/rollout_scale.py``).
+
+    python bench/rollback_e2e.py [--rollbacks 5] [--kubelet-delay 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from model_rollout_e2e.loadgen import LoadGenerator
+from model_rollout_e2e.scenario import Scenario, StoreSetup, available
+from rollout_scale import simulate
+
+
+async def until_all_serve(scenario: Scenario, version: str, timeout_s: float) -> float:
+    """Seconds until every pod's server reports ``version`` as its serving one."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        serving = await asyncio.to_thread(scenario.serving_versions)
+        if serving and set(serving.values()) == {version}:
+            return time.monotonic() - started
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"pods never all served {version}: {serving}")
+
+
+async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict[str, object]:
+    work = Path(tempfile.mkdtemp(prefix="mr-bench-", dir="/tmp"))
+    scenario = Scenario(
+        StoreSetup.local(work / "store"), work=work, volume_refresh_s=kubelet_delay_s
+    )
+    scenario.publish("v1", seed=1)
+    scenario.publish("v2", seed=2)
+    async with scenario.running():
+        await scenario.apply(
+            "v1",
+            replicas,
+            canary={"percent": 25, "pauseSeconds": 1},
+            rollout={"batchSize": 1, "jitterSeconds": 0.5},
+        )
+        await scenario.wait(available("v1", replicas), 180)
+        load = LoadGenerator(scenario.pod_urls(), scenario.model, scenario.in_dim, concurrency=6)
+        load.start_clock()
+        traffic = asyncio.create_task(load.run())
+        await asyncio.sleep(1)
+
+        await scenario.set_version("v2")
+        forward_s = await until_all_serve(scenario, "v2", 180)
+        await scenario.wait(available("v2", replicas), 60)
+        rollback_s: list[float] = []
+        for _ in range(rollbacks):
+            await asyncio.sleep(1)
+            await scenario.set_version("v1")
+            rollback_s.append(await until_all_serve(scenario, "v1", 120))
+            await scenario.wait(available("v1", replicas), 60)
+            await asyncio.sleep(1)
+            await scenario.set_version("v2")  # forward again, for the next rollback
+            await until_all_serve(scenario, "v2", 180)
+            await scenario.wait(available("v2", replicas), 60)
+        await asyncio.sleep(1)
+        load.stop()
+        result = await traffic
+    failed = [s for s in result.samples if not s.ok]
+    return {
+        "replicas": replicas,
+        "kubelet_delay_s": kubelet_delay_s,
+        "forward_s": round(forward_s, 3),
+        "rollback_s": [round(s, 3) for s in rollback_s],
+        "rollback_s_p50": round(statistics.median(rollback_s), 3),
+        "rollback_s_max": round(max(rollback_s), 3),
+        "requests": len(result.samples),
+        "failed_requests": len(failed),
+        "failures": [f.error for f in failed[:5]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--rollbacks", type=int, default=5)
+    p.add_argument("--kubelet-delay", type=float, default=60.0)
+    p.add_argument("--out", default="bench/results/rollback_e2e.json")
+    args = p.parse_args(argv)
+    report = asyncio.run(measure(args.replicas, args.rollbacks, args.kubelet_delay))
+    planner = [simulate(n, strategy, seed=0) for n in (64, 1000) for strategy in ("staged",)]
+    report["planner"] = planner
+    print(
+        f"{args.replicas} real pods, kubelet refresh {args.kubelet_delay:.0f} s, "
+        f"{report['requests']} requests, {report['failed_requests']} failed"
+    )
+    print(f"{'what':<28} {'seconds':>8}")
+    print(f"{'forward rollout (canary)':<28} {report['forward_s']:>8}")
+    print(f"{'rollback p50':<28} {report['rollback_s_p50']:>8}")
+    print(f"{'rollback max':<28} {report['rollback_s_max']:>8}")
+    for row in planner:
+        label = f"planner, {row['replicas']} pods staged"
+        print(f"{label:<28} {row['total_s']:>8}  (peak loads {row['peak_concurrent_loads']})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"json: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
