@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from model_operator.config import OperatorConfig
-from model_rollout_contract.annotations import TARGET_VERSION
+from model_rollout_contract.annotations import PROMOTE, TARGET_VERSION
 from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.kube_emulator import (
     create_model_deployment,
@@ -32,6 +32,7 @@ from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorT
 from model_sidecar.store import S3Store
 from sidecar_helpers import make_keys, publish_versions
 
+pytestmark = pytest.mark.slow  # whole operator loops with a kubelet: not in make test-fast
 NS = "ml"
 INTERVAL_S = 0.25
 
@@ -43,6 +44,7 @@ class Cluster:
 
     api: HarnessApi
     pods: SimulatedPods
+    kubelet: Kubelet
     log_dir: Path
     operator: ChildProcess | OperatorThread | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -87,13 +89,13 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster(s3_env, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     async with kube_emulator() as api:
         pods = SimulatedPods(api, NS, delay_s=0.3)
         kubelet = Kubelet(api, NS, pods, interval_s=0.1)
         stop_kubelet = asyncio.Event()
         kubelet_task = asyncio.create_task(kubelet.run(stop_kubelet))
-        c = Cluster(api, pods, tmp_path)
+        c = Cluster(api, pods, kubelet, tmp_path)
         try:
             yield c
         finally:
@@ -110,7 +112,7 @@ def store(s3_env, tmp_path: Path) -> S3Store:
     return bucket
 
 
-def md_body(store: S3Store, **spec: Any) -> dict[str, Any]:
+def md_body(store: S3Store | None, **spec: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "mlp"},
         "spec": {
@@ -119,10 +121,14 @@ def md_body(store: S3Store, **spec: Any) -> dict[str, Any]:
             "image": "registry.example/model-server:0.1",
             "replicas": 4,
             "backend": "onnxruntime",
-            "store": {
-                "url": f"s3://{store.bucket}/{store.prefix}",
-                "endpoint": store.client.meta.endpoint_url,
-            },
+            "store": (
+                {
+                    "url": f"s3://{store.bucket}/{store.prefix}",
+                    "endpoint": store.client.meta.endpoint_url,
+                }
+                if store is not None
+                else {"pvc": "model-store"}  # a volume: the operator does not check it
+            ),
             "canary": {"percent": 25, "pauseSeconds": 1},
             "rollout": {"batchSize": 1, "jitterSeconds": 0.3},
             **spec,
@@ -260,3 +266,58 @@ async def test_refused_version_stops_the_rollout(cluster: Cluster, store: S3Stor
     assert list((await cluster.pod_targets()).values()).count("v3") == 1  # only the canary
     await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v1"}})
     await cluster.wait(versions({"v1": 4}))
+
+
+async def pod_named(cluster: Cluster, version: str) -> str:
+    targets = await cluster.pod_targets()
+    return next(name for name, target in targets.items() if target == version)
+
+
+async def test_deleted_and_evicted_pods_are_replaced_and_the_rollout_completes(
+    cluster: Cluster,
+) -> None:
+    cluster.start_operator()
+    await create_model_deployment(
+        cluster.api, NS, md_body(None, canary={"percent": 25, "pauseSeconds": 0.5})
+    )
+    await cluster.wait(versions({"v1": 4}))
+    cluster.pods.delay_s = 1.5  # loads take long enough to delete pods while they load
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    await cluster.wait(lambda s: s.get("phase") == "Canary")
+    canary = await pod_named(cluster, "v2")
+    await cluster.kubelet.delete_pod(canary)  # deleted while loading: a new canary is picked
+    await cluster.wait(lambda s: s.get("phase") == "Progressing", timeout=60)
+    evicted = await pod_named(cluster, "v2")
+    await cluster.kubelet.evict(evicted)  # phase Failed: kept, but no replica any more
+    status = await cluster.wait(versions({"v2": 4}), timeout=60)
+    assert status["replicas"] == 4 and status["readyReplicas"] == 4
+    pods = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/pods")
+    phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
+    assert canary not in phases and phases[evicted] == "Failed"
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    assert "CanaryReplaced" in [e.get("reason") for e in events]
+
+
+async def test_a_promotion_promotes_one_rollout_and_is_cleared(cluster: Cluster) -> None:
+    cluster.start_operator()
+    await create_model_deployment(
+        cluster.api, NS, md_body(None, canary={"percent": 25, "manualPromote": True})
+    )
+    await cluster.wait(versions({"v1": 4}))
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    status = await cluster.wait(lambda s: s.get("rollout", {}).get("canaryHealthyAt") is not None)
+    status = await cluster.wait(lambda s: "promote with annotation" in s.get("message", ""))
+    token = status["message"].rsplit("=", 1)[1]
+    assert token.startswith("v2@")
+
+    async def promote(value: str) -> None:
+        patch = {"metadata": {"annotations": {PROMOTE: value}}}
+        await patch_model_deployment(cluster.api, NS, "mlp", patch)
+
+    await promote("v2")  # the version alone promotes nothing
+    await asyncio.sleep(1)
+    assert (await cluster.md())["status"]["phase"] == "Canary"
+    await promote(token)
+    await cluster.wait(versions({"v2": 4}))
+    annotations = (await cluster.md())["metadata"].get("annotations") or {}
+    assert PROMOTE not in annotations  # used once, then cleared

@@ -14,6 +14,7 @@ from model_operator.planner import (
     CANARY,
     FAILED,
     RolloutState,
+    plan_rollout,
 )
 from model_operator.spec import SpecError, parse_spec
 from model_operator.status import rollout_from_status, rollout_to_status
@@ -109,9 +110,14 @@ def test_manual_promotion_waits_for_the_annotation() -> None:
     for _ in range(10):
         plan = cluster.step(sp)
     assert plan.reason == "AwaitingPromotion" and cluster.serving() == {"v1": 3, "v2": 1}
-    plan = cluster.step(sp, promoted="v1")  # promoting another version does nothing
-    assert plan.reason == "AwaitingPromotion"
-    assert cluster.run(sp, promoted="v2").phase == "Available"
+    token = plan.state.promotion
+    assert token == f"v2@{int(plan.state.started_at)}" and token in plan.message
+    for other in ("v1", "v2", f"v2@{int(plan.state.started_at) - 60}"):  # not this rollout
+        plan = cluster.step(sp, promoted=other)
+        assert plan.reason == "AwaitingPromotion" and not plan.promotion_used
+    plan = cluster.step(sp, promoted=token)
+    assert plan.promotion_used and plan.state.stage == BATCHES
+    assert cluster.run(sp).phase == "Available"
 
 
 def test_refusal_stops_the_rollout_and_rollback_is_fast() -> None:
@@ -235,3 +241,153 @@ def test_status_merge_patch_deletes_what_disappeared() -> None:
         "phase": None,
         "rollout": {"failure": None, "stage": "complete"},
     }
+
+
+def test_a_deleted_canary_pod_is_replaced() -> None:
+    cluster = Cluster(4)
+    sp = spec(version="v2", canary={"percent": 25, "pauseSeconds": 2}, rollout={"batchSize": 1})
+    plan = cluster.step(sp, delay=5)
+    [canary] = [a.pod for a in plan.actions]
+    cluster.step(sp, delay=5)
+    fresh = cluster.replace_pod(canary)  # deleted while loading
+    plan = cluster.step(sp, delay=5)
+    assert [e.reason for e in plan.events] == ["CanaryReplaced"]
+    assert len(plan.actions) == 1 and plan.actions[0].pod != canary
+    assert cluster.run(sp, delay=5).phase == "Available"
+    assert cluster.serving() == {"v2": 4} and fresh.serving == "v2"
+
+
+def test_a_version_rolled_back_from_gets_a_canary_again() -> None:
+    cluster = Cluster(4)
+    forward = spec(version="v2", canary={"percent": 25, "pauseSeconds": 0})
+    cluster.run(forward)
+    plan = cluster.step(spec(version="v1", canary={"percent": 25}))
+    assert plan.events[0].reason == "RollbackStarted" and plan.state.fast
+    cluster.run(spec(version="v1"))
+    plan = cluster.step(forward)  # v2 again: it is the previous version, yet it was rolled back
+    assert plan.state.stage == CANARY and not plan.state.fast
+    assert [e.reason for e in plan.events] == ["RolloutStarted", "CanaryStarted"]
+
+
+def test_a_rollback_to_a_version_the_pods_no_longer_hold_is_batched() -> None:
+    cluster = Cluster(8)
+    sp = spec(version="v2", replicas=8, canary={"percent": 0}, rollout={"batchSize": 8})
+    cluster.run(sp)
+    for pod in cluster.pods:  # their servers dropped v1 (retain 1, or restarted)
+        pod.retained = ()
+    cluster.max_loading = 0
+    back = spec(version="v1", replicas=8, rollout={"batchSize": 8, "maxConcurrentLoads": 2})
+    plan = cluster.step(back, delay=3)
+    assert plan.events[0].reason == "RollbackStarted" and not plan.state.fast
+    assert "no longer hold" in plan.events[0].message and len(plan.actions) == 2
+    assert cluster.run(back, delay=3).phase == "Available"
+    assert cluster.max_loading <= 2
+
+
+def test_a_new_target_first_sends_pods_on_the_abandoned_version_back() -> None:
+    cluster = Cluster(8)
+    v2 = spec(version="v2", replicas=8, canary={"percent": 0}, rollout={"batchSize": 2})
+    for _ in range(12):
+        cluster.step(v2, delay=1)
+    on_v2 = {p.name for p in cluster.pods if p.target == "v2"}
+    assert 2 <= len(on_v2) < 8
+    v3 = spec(version="v3", replicas=8, canary={"percent": 25, "pauseSeconds": 1})
+    plan = cluster.step(v3, delay=1)
+    back = {a.pod for a in plan.actions if a.version == "v1"}
+    assert back == on_v2  # every pod on v2 goes back to the stable v1 at once
+    assert {a.pod for a in plan.actions if a.version == "v3"}.isdisjoint(back)
+    for _ in range(3):
+        cluster.step(v3, delay=1)
+        assert not any(p.target == "v2" for p in cluster.pods)
+    assert cluster.run(v3, delay=1).phase == "Available" and cluster.serving() == {"v3": 8}
+
+
+def test_waiting_for_unavailable_pods_has_a_deadline() -> None:
+    cluster = Cluster(4)
+    cluster.pods[3].ready = False  # never becomes ready
+    sp = spec(
+        version="v2",
+        canary={"percent": 0},
+        rollout={"batchSize": 1, "progressDeadlineSeconds": 10, "maxUnavailable": 0},
+    )
+    plan = cluster.run(sp, delay=1)
+    assert plan.phase == "Degraded" and "not ready for 10s" in plan.message
+
+
+def test_a_batch_deadline_counts_from_when_the_sidecar_saw_the_target() -> None:
+    from model_operator.pods import PodView
+    from model_rollout_contract.states import SidecarState
+
+    sp = spec(version="v2", replicas=1, canary={"percent": 0},
+              rollout={"progressDeadlineSeconds": 60})  # fmt: skip
+    state = RolloutState("v2", "v1", BATCHES, started_at=0, batch=1, batch_in_flight=True,
+                         batch_started_at=0.0)  # fmt: skip
+
+    def pod(seen_at: float | None, reported: str | None) -> PodView:
+        return PodView(
+            "p", "v2", "v1", reported, SidecarState.LOADING, None, True, ("v0",), seen_at
+        )
+
+    rng = random.Random(0)
+    # the kubelet took 50 s to show the target; the sidecar has been loading for 20 s
+    assert plan_rollout(sp, "v1", None, state, [pod(50, "v2")], 70, rng).phase == "Progressing"
+    assert plan_rollout(sp, "v1", None, state, [pod(50, "v2")], 111, rng).phase == "Degraded"
+    # a sidecar that never reported seeing it gets the longest signal delay, then fails
+    assert plan_rollout(sp, "v1", None, state, [pod(None, "v1")], 100, rng).phase == "Progressing"
+    assert plan_rollout(sp, "v1", None, state, [pod(None, "v1")], 151, rng).phase == "Degraded"
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    replicas=st.integers(2, 16),
+    canary=st.sampled_from([0, 25, 50]),
+    max_loads=st.one_of(st.none(), st.integers(1, 4)),
+    deletions=st.lists(st.integers(0, 60), max_size=6),
+    seed=st.integers(0, 1000),
+)
+def test_rollouts_finish_whatever_pods_are_deleted(
+    replicas, canary, max_loads, deletions, seed
+) -> None:
+    rollout = {"batchPercent": 25, "jitterSeconds": 1}
+    if max_loads:
+        rollout["maxConcurrentLoads"] = max_loads
+    sp = spec(version="v2", replicas=replicas, canary={"percent": canary, "pauseSeconds": 1},
+              rollout=rollout)  # fmt: skip
+    cluster = Cluster(replicas)
+    rng = random.Random(seed)
+    for tick in range(3000):
+        if tick in deletions:
+            cluster.replace_pod(rng.choice(cluster.pods).name)
+        plan = cluster.step(sp, delay=2)
+        assert cluster.max_loading <= max(sp.rollout.batch(replicas), sp.canary_pods()) + len(
+            deletions
+        )
+        if plan.phase == "Available" and tick > max(deletions, default=0):
+            break
+    else:
+        raise AssertionError(f"rollout did not finish: {cluster.plans[-1]}")
+    assert cluster.serving() == {"v2": replicas}
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    replicas=st.integers(1, 12),
+    retain=st.sampled_from([1, 2]),
+    edits=st.lists(st.sampled_from(["v1", "v2", "v3"]), min_size=1, max_size=5),
+    seed=st.integers(0, 1000),
+)
+def test_version_edits_never_mix_more_than_two_versions_and_end_where_asked(
+    replicas, retain, edits, seed
+) -> None:
+    """Any sequence of edits ends with every pod on the last version; no pod is ever
+    pointed at a version no rollout wants (at most stable, target and one abandoned)."""
+    cluster = SimCluster(replicas, "v1", lambda pod, version: 2.0, seed=seed, retain=retain)
+    for version in edits:
+        sp = spec(version=version, replicas=replicas, canary={"percent": 25, "pauseSeconds": 1},
+                  rollout={"batchPercent": 50, "jitterSeconds": 1})  # fmt: skip
+        for _ in range(random.Random(seed).randint(0, 15)):  # edit again mid-rollout
+            cluster.step(sp)
+            targets = {p.target for p in cluster.pods} - {None}
+            assert len(targets) <= 3, targets
+    plan = cluster.run(sp)
+    assert plan.phase == "Available" and cluster.serving() == {edits[-1]: replicas}

@@ -16,6 +16,10 @@ BATCH_PERCENT = 25  # batch size as a share of replicas, when batchSize is not g
 JITTER_SECONDS = 5.0  # random pause of up to this between batches
 MAX_UNAVAILABLE = 0  # pods that may be not ready before a batch starts
 PROGRESS_DEADLINE_SECONDS = 600.0  # a batch (or the canary) must serve within this
+# the longest a new target takes to reach a sidecar that cannot watch its pod (the
+# kubelet's Downward API refresh: a sync period of about a minute, plus jitter); a pod's
+# deadline counts from when its sidecar reports seeing the target, else from this late
+MAX_SIGNAL_DELAY_SECONDS = 90.0
 RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
 
 # --- pod layout (the operator writes it; server and sidecar are told by argv) -----------

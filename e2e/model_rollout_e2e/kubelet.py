@@ -21,6 +21,7 @@ import time
 from typing import Any, Protocol
 
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.argv import CONFIGMAP_VERSION_KEY
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 
@@ -169,7 +170,9 @@ class Kubelet:
 
 class SimulatedPods:
     """Pods whose "sidecar" reports serving its target ``delay_s`` after it changes,
-    or refuses versions listed in ``refuse`` (for operator tests without processes)."""
+    or refuses versions listed in ``refuse`` (for operator tests without processes).
+    A new pod starts on the version its ConfigMap names (what the init container
+    pre-pulls), or ``initial_version``."""
 
     def __init__(
         self,
@@ -184,11 +187,24 @@ class SimulatedPods:
         self.delay_s = delay_s
         self.refuse = refuse if refuse is not None else set()
         self.initial_version = initial_version
-        self._seen: dict[str, tuple[str, float]] = {}  # pod -> (target, when first seen)
+        # pod -> (target, when first seen: monotonic, epoch)
+        self._seen: dict[str, tuple[str, float, float]] = {}
         self.serving: dict[str, str | None] = {}
+        self.retained: dict[str, tuple[str, ...]] = {}  # what each server holds besides
 
     async def start(self, pod: dict[str, Any]) -> None:
-        self.serving[pod["metadata"]["name"]] = self.initial_version
+        self.serving[pod["metadata"]["name"]] = await self._configured(pod) or self.initial_version
+
+    async def _configured(self, pod: dict[str, Any]) -> str | None:
+        for volume in pod.get("spec", {}).get("volumes", []):
+            if "configMap" in volume:
+                name = volume["configMap"]["name"]
+                cm = await self.api.request(
+                    "GET", f"/api/v1/namespaces/{self.namespace}/configmaps/{name}"
+                )
+                value = ((cm or {}).get("data") or {}).get(CONFIGMAP_VERSION_KEY)
+                return str(value) if value else None
+        return None
 
     async def sync(self, pod: dict[str, Any]) -> bool:
         name = pod["metadata"]["name"]
@@ -199,22 +215,26 @@ class SimulatedPods:
             return serving is not None
         seen = self._seen.get(name)
         if seen is None or seen[0] != target:
-            self._seen[name] = seen = (target, time.monotonic())
+            self._seen[name] = seen = (target, time.monotonic(), time.time())
+        held = self.retained.get(name, ())
         if target == serving:
-            report = SidecarReport("simulated", target, serving, SidecarState.OK)
+            state, reason = SidecarState.OK, None
         elif target in self.refuse:
-            report = SidecarReport(
-                "simulated",
-                target,
-                serving,
+            state, reason = (
                 SidecarState.REFUSED,
                 "bad_signature: manifest signature does not verify",
             )
-        elif time.monotonic() - seen[1] >= self.delay_s:
+        elif target in held or time.monotonic() - seen[1] >= self.delay_s:  # retained: at once
+            self.retained[name] = held = tuple(v for v in (*held, serving) if v and v != target)[
+                -1:
+            ]
             self.serving[name] = serving = target
-            report = SidecarReport("simulated", target, target, SidecarState.OK)
+            state, reason = SidecarState.OK, None
         else:
-            report = SidecarReport("simulated", target, serving, SidecarState.LOADING)
+            state, reason = SidecarState.LOADING, None
+        report = SidecarReport(
+            "simulated", target, serving, state, reason, retained=held, target_seen_at=seen[2]
+        )
         encoded = report.to_json()
         if annotations.get(SIDECAR_STATUS) != encoded:
             await self.api.merge_patch(
@@ -225,3 +245,4 @@ class SimulatedPods:
 
     async def stop(self, name: str) -> None:
         self.serving.pop(name, None)
+        self.retained.pop(name, None)

@@ -28,12 +28,22 @@ class SimPod:
     state: SidecarState = SidecarState.OK
     ready: bool = True
     done_at: float | None = None
+    retained: tuple[str, ...] = ()  # what its server holds besides the serving version
+    seen_at: float | None = None  # when its sidecar saw the reported target
 
     def view(self) -> PodView:
         refused = self.state is SidecarState.REFUSED
         reason = "bad_signature: simulated refusal" if refused else None
         return PodView(
-            self.name, self.target, self.serving, self.reported, self.state, reason, self.ready
+            self.name,
+            self.target,
+            self.serving,
+            self.reported,
+            self.state,
+            reason,
+            self.ready,
+            self.retained,
+            self.seen_at,
         )
 
     @property
@@ -50,7 +60,9 @@ class SimCluster:
         load_seconds: Callable[[str, str], float] = lambda pod, version: 1.0,
         refuse: frozenset[str] = frozenset(),
         seed: int = 1,
+        retain: int = 2,
     ) -> None:
+        self.retain = retain  # versions each server holds, the serving one included
         self.pods = [SimPod(f"pod-{i:03d}", version, version, version) for i in range(replicas)]
         self.load_seconds = load_seconds
         self.refuse = refuse
@@ -102,11 +114,15 @@ class SimCluster:
             return
         if pod.reported != pod.target:
             duration = delay if delay is not None else self.load_seconds(pod.name, pod.target)
-            pod.reported, pod.state = pod.target, SidecarState.LOADING
+            if pod.target in pod.retained:
+                duration = 0.0  # a pointer swap: the server still holds it
+            pod.reported, pod.state, pod.seen_at = pod.target, SidecarState.LOADING, self.now
             pod.done_at = self.now + duration
         if pod.target in self.refuse:
             pod.state = SidecarState.REFUSED
         elif pod.done_at is not None and self.now >= pod.done_at:
+            held = (*pod.retained, pod.serving) if pod.serving else pod.retained
+            pod.retained = tuple(v for v in held if v != pod.target)[-(self.retain - 1) :]
             pod.serving, pod.state, pod.done_at = pod.target, SidecarState.OK, None
 
     def run(
@@ -121,6 +137,14 @@ class SimCluster:
             ):
                 return plan
         raise RuntimeError(f"rollout did not end within {limit} steps: {self.plans[-1]}")
+
+    def replace_pod(self, name: str) -> SimPod:
+        """The pod is deleted; the Deployment creates a fresh one (no target, nothing
+        loaded until the operator points it somewhere)."""
+        self.pods = [p for p in self.pods if p.name != name]
+        fresh = SimPod(f"pod-r{len(self.plans):05d}-{name}", None, None, None)
+        self.pods.append(fresh)
+        return fresh
 
     def serving(self) -> dict[str, int]:
         return dict(Counter(p.serving or "-" for p in self.pods))

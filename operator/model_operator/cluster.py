@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
+from model_rollout_contract.annotations import PREVIOUS_VERSION, PROMOTE, TARGET_VERSION
 
 from .constants import GROUP, PLURAL, VERSION
 from .kube_client import KubeClient
@@ -52,6 +52,11 @@ async def patch_status(
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
     answer = await api.merge_patch(path, {"status": patch})
     return dict((answer or {}).get("status") or {})
+
+
+async def clear_promotion(api: KubeClient, namespace: str, name: str) -> None:
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    await api.merge_patch(path, {"metadata": {"annotations": {PROMOTE: None}}})
 
 
 async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:

@@ -90,17 +90,18 @@ def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
 
 
 # -- observing --------------------------------------------------------------------------
+def is_live(body: kopf.Body, **_: Any) -> bool:
+    """Pods being deleted, and Failed or Succeeded ones (evicted, say), serve nothing and
+    count as no replica: the index drops them (kopf purges what stops matching)."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return (body.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+
+
 def pods_by_deployment(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], PodView] | None:
-    """Index of the live pods of each ModelDeployment. Pods being deleted, and Failed or
-    Succeeded ones (evicted, say), no longer count: they serve nothing."""
-    meta = body.get("metadata", {})
-    if meta.get("deletionTimestamp") or (body.get("status") or {}).get("phase") in (
-        "Failed",
-        "Succeeded",
-    ):
-        return None
+) -> dict[tuple[str | None, str], PodView]:
+    """Index of the live pods of each ModelDeployment."""
     return {(namespace, str(labels[DEPLOYMENT_LABEL])): pod_view(body)}
 
 
@@ -185,6 +186,8 @@ async def reconcile_pass(
         promoted,
     )
     await cluster.set_targets(api, namespace, plan.actions)
+    if plan.promotion_used:  # one promotion promotes one rollout
+        await cluster.clear_promotion(api, namespace, name)
     for event in plan.events:
         (kopf.warn if event.warning else kopf.info)(
             body, reason=event.reason, message=event.message
@@ -261,7 +264,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(close_api)
     ours = {DEPLOYMENT_LABEL: kopf.PRESENT}
-    kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_deployment)
+    kopf.index("v1", "pods", labels=ours, when=is_live, registry=registry)(pods_by_deployment)
     kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_changed)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(resource_changed)
     kopf.daemon(

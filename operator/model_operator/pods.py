@@ -20,6 +20,12 @@ class PodView:
     state: SidecarState | None = None  # sidecar report
     reason: str | None = None
     ready: bool = False
+    retained: tuple[str, ...] = ()  # sidecar report: versions its server holds besides
+    seen_at: float | None = None  # sidecar report: when it saw ``reported_target``
+
+    def holds(self, version: str) -> bool:
+        """Swapping to ``version`` is a pointer swap: the server has it loaded."""
+        return self.serving == version or version in self.retained
 
     def serves(self, version: str) -> bool:
         return self.ready and self.serving == version and self.state is SidecarState.OK
@@ -48,5 +54,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         reported_target=report.target if report else None,
         state=report.state if report else None,
         reason=report.reason if report else None,
+        retained=report.retained if report else (),
+        seen_at=report.target_seen_at if report else None,
         ready=ready and not meta.get("deletionTimestamp"),
     )

@@ -12,6 +12,7 @@ from model_rollout_contract.control import (
     ProtocolError,
     Reply,
     Request,
+    RollbackRequest,
     StatusReply,
     StatusRequest,
     SwapReply,
@@ -73,6 +74,13 @@ class ServerControl:
             return StatusReply(model, None, None, ())
         if not isinstance(reply, StatusReply):
             raise ServerUnavailable(f"status of {model} answered with {reply}")
+        return reply
+
+    async def swap_to_retained(self, model: str, version: str) -> SwapReply | ErrorReply:
+        """A pointer swap to a version the server still holds (no file, no load)."""
+        reply = await self.request(RollbackRequest(model, version))
+        if isinstance(reply, StatusReply):
+            raise ServerUnavailable(f"swap of {model}:{version} answered with a status: {reply}")
         return reply
 
     async def load(

@@ -139,9 +139,33 @@ class Watcher:
         refused_at = self._refused.get(target)
         if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
             return "refused"
-        if jitter_first and self.settings.jitter_s > 0 and target not in status.loaded:
+        if target in status.loaded:  # still loaded beside the serving one: a pointer swap
+            return await self._swap_retained(target, serving)
+        if jitter_first and self.settings.jitter_s > 0:
             await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))  # spread the pulls
         return await self._switch(target, serving)
+
+    async def _swap_retained(self, target: str, serving: str | None) -> str:
+        """Nothing to fetch or verify: the server verified this version when it loaded it.
+        The critical path of a rollback is this one local call."""
+        model = self.settings.model
+        try:
+            answer = await self.control.swap_to_retained(model, target)
+        except ServerUnavailable as exc:
+            await self._report(target, serving, SidecarState.ERROR, f"server unavailable: {exc}")
+            return "error"
+        if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
+            log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
+            return await self._switch(target, serving)
+        self.metrics.swaps.labels(model, "ok").inc()
+        if serving:
+            self.metrics.serving.labels(model, serving).set(0)
+        self.metrics.serving.labels(model, target).set(1)
+        with contextlib.suppress(ServerUnavailable):
+            after = await self.control.status(model)
+            self._held(after.loaded, after.version)
+        await self._report(target, target, SidecarState.OK)
+        return "ok"
 
     async def _switch(self, target: str, serving: str | None) -> str:
         model = self.settings.model
