@@ -20,12 +20,57 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from model_rollout_e2e.loadgen import LoadGenerator
+from model_rollout_contract.annotations import SIDECAR_STATUS
+from model_rollout_contract.report import SidecarReport
+from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.scenario import Scenario, StoreSetup, available
 from rollout_scale import simulate
+
+
+class LoadInThread:
+    """The load generator on a thread with its own event loop, so that its clients do not
+    share a loop with the emulated API server (in a cluster they are other machines)."""
+
+    def __init__(self, load: LoadGenerator) -> None:
+        self.load = load
+        self.loop = asyncio.new_event_loop()
+        self.result = LoadResult()
+        self.thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def _run(self) -> None:
+        self.result = self.loop.run_until_complete(self.load.run())
+
+    def start(self) -> None:
+        self.load.start_clock()
+        self.thread.start()
+
+    def stop(self) -> LoadResult:
+        self.loop.call_soon_threadsafe(self.load.stop)
+        self.thread.join(60)
+        return self.result
+
+
+async def breakdown(
+    scenario: Scenario, edited: float, status: dict[str, object]
+) -> dict[str, float]:
+    """Where a rollback's time went: the operator's reaction (edit -> rollout started), the
+    signal (-> the last sidecar saw its new target), the swap and report (-> Available)."""
+    started = float(status["rollout"]["startedAt"])  # type: ignore[index]
+    seen = []
+    for pod in await scenario.pod_objects():
+        annotations = pod["metadata"].get("annotations") or {}
+        report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
+        if report is not None and report.target_seen_at is not None:
+            seen.append(report.target_seen_at)
+    last_seen = max(seen) if seen else started
+    return {
+        "operator_s": round(started - edited, 3),
+        "signal_s": round(last_seen - started, 3),
+    }
 
 
 async def until_all_serve(scenario: Scenario, version: str, timeout_s: float) -> float:
@@ -42,7 +87,10 @@ async def until_all_serve(scenario: Scenario, version: str, timeout_s: float) ->
 async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="mr-bench-", dir="/tmp"))
     scenario = Scenario(
-        StoreSetup.local(work / "store"), work=work, volume_refresh_s=kubelet_delay_s
+        StoreSetup.local(work / "store"),
+        work=work,
+        volume_refresh_s=kubelet_delay_s,
+        api_process=True,  # an API server has its own CPU, not the benchmark's event loop
     )
     scenario.publish("v1", seed=1)
     scenario.publish("v2", seed=2)
@@ -54,27 +102,32 @@ async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict
             rollout={"batchSize": 1, "jitterSeconds": 0.5},
         )
         await scenario.wait(available("v1", replicas), 180)
-        load = LoadGenerator(scenario.pod_urls(), scenario.model, scenario.in_dim, concurrency=6)
-        load.start_clock()
-        traffic = asyncio.create_task(load.run())
+        load = LoadInThread(
+            LoadGenerator(
+                scenario.pod_urls(), scenario.model, scenario.in_dim, concurrency=8, think_s=0.02
+            )
+        )
+        load.start()
         await asyncio.sleep(1)
 
         await scenario.set_version("v2")
         forward_s = await until_all_serve(scenario, "v2", 180)
         await scenario.wait(available("v2", replicas), 60)
         rollback_s: list[float] = []
+        phases: list[dict[str, float]] = []
         for _ in range(rollbacks):
             await asyncio.sleep(1)
+            edited = time.time()
             await scenario.set_version("v1")
             rollback_s.append(await until_all_serve(scenario, "v1", 120))
-            await scenario.wait(available("v1", replicas), 60)
+            status = await scenario.wait(available("v1", replicas), 60)
+            phases.append(await breakdown(scenario, edited, status))
             await asyncio.sleep(1)
             await scenario.set_version("v2")  # forward again, for the next rollback
             await until_all_serve(scenario, "v2", 180)
             await scenario.wait(available("v2", replicas), 60)
         await asyncio.sleep(1)
-        load.stop()
-        result = await traffic
+        result = await asyncio.to_thread(load.stop)
     failed = [s for s in result.samples if not s.ok]
     return {
         "replicas": replicas,
@@ -83,6 +136,7 @@ async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict
         "rollback_s": [round(s, 3) for s in rollback_s],
         "rollback_s_p50": round(statistics.median(rollback_s), 3),
         "rollback_s_max": round(max(rollback_s), 3),
+        "rollback_phases_s": phases,
         "requests": len(result.samples),
         "failed_requests": len(failed),
         "failures": [f.error for f in failed[:5]],
@@ -107,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'forward rollout (canary)':<28} {report['forward_s']:>8}")
     print(f"{'rollback p50':<28} {report['rollback_s_p50']:>8}")
     print(f"{'rollback max':<28} {report['rollback_s_max']:>8}")
+    for i, phase in enumerate(report["rollback_phases_s"]):  # type: ignore[arg-type]
+        print(f"  rollback {i + 1}: operator {phase['operator_s']} s, signal {phase['signal_s']} s")
     for row in planner:
         label = f"planner, {row['replicas']} pods staged"
         print(f"{label:<28} {row['total_s']:>8}  (peak loads {row['peak_concurrent_loads']})")

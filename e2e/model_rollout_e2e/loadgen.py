@@ -66,7 +66,11 @@ class LoadGenerator:
         concurrency: int = 8,
         timeout_s: float = 10.0,
         headers: dict[str, str] | None = None,
+        think_s: float = 0.0,
     ) -> None:
+        """``think_s``: each client's pause between requests (0: closed loop, as fast as
+        the servers answer; a pause leaves CPU to everything else on a small machine)."""
+        self.think_s = think_s
         self.targets = list(targets)
         self.model = model
         self.concurrency = concurrency
@@ -101,6 +105,8 @@ class LoadGenerator:
             )
             if not ok:
                 await asyncio.sleep(0.01)  # a refused connection fails fast: do not spin
+            elif self.think_s:
+                await asyncio.sleep(self.think_s)
 
     async def run(self, duration_s: float | None = None) -> LoadResult:
         self._t0 = self._t0 or time.monotonic()

@@ -24,6 +24,7 @@ from model_sidecar.publish import publish
 from model_sidecar.signing import generate_keypair
 from model_sidecar.store import LocalStore, ModelStore, S3Store
 
+from .api_client import HarnessApi
 from .kube_emulator import (
     create_model_deployment,
     get_model_deployment,
@@ -34,7 +35,7 @@ from .kube_emulator import (
 )
 from .kubelet import Kubelet
 from .pod_processes import ProcessPods
-from .processes import ChildProcess, OperatorProcess
+from .processes import ChildProcess, OperatorProcess, free_port, http_ok, wait_until
 
 NAMESPACE = "ml"
 KEYS_MOUNT = "/etc/model-rollout/keys"
@@ -73,6 +74,7 @@ class Scenario:
     env: dict[str, str] = field(default_factory=dict)
     operator_interval: float = 0.3
     volume_refresh_s: float = 60.0  # the kubelet's Downward API / ConfigMap refresh period
+    api_process: bool = False  # the emulated API server in a process of its own (benchmarks)
 
     def __post_init__(self) -> None:
         self.keys = self.work / "keys"
@@ -89,7 +91,7 @@ class Scenario:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Scenario]:
-        async with kube_emulator() as api:
+        async with self._api_server() as api:
             self.api = api
             mounts = {KEYS_MOUNT: self.keys}
             if self.store.host_dir is not None:
@@ -114,6 +116,23 @@ class Scenario:
                 stop.set()
                 await kubelet_task
                 await kubelet.shutdown()
+
+    @contextlib.asynccontextmanager
+    async def _api_server(self) -> AsyncIterator[HarnessApi]:
+        if not self.api_process:
+            async with kube_emulator() as api:
+                yield api
+            return
+        port = free_port()
+        server = ChildProcess(
+            "model_rollout_e2e.kube_emulator", ["--port", str(port)], self.work / "api.log"
+        ).start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(wait_until, lambda: http_ok(f"{url}/api/v1"), 30, 0.1, "API")
+            yield HarnessApi(url)
+        finally:
+            await asyncio.to_thread(server.stop)
 
     def start_operator(self) -> None:
         self.operator = OperatorProcess(

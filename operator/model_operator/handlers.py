@@ -49,7 +49,9 @@ def _config(memo: Any) -> OperatorConfig:
 
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = _config(memo)
-    settings.posting.level = logging.INFO
+    # kopf's own log lines ("Handler ... succeeded", on every pod event) are not posted as
+    # Kubernetes Events; the rollout's events are posted explicitly (see _post)
+    settings.posting.level = logging.WARNING
     settings.scanning.disabled = config.disable_scanning
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -82,6 +84,11 @@ def adopted(obj: dict[str, Any], owner: kopf.Body) -> dict[str, Any]:
 def _conditions(status: dict[str, Any]) -> list[dict[str, Any]]:
     raw = status.get("conditions")
     return raw if isinstance(raw, list) else []
+
+
+def _post(body: kopf.Body, reason: str, message: str, warning: bool = False) -> None:
+    """A Kubernetes Event on the resource (kopf posts it in the background)."""
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message)
 
 
 def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
@@ -131,7 +138,7 @@ def _reject(
 ) -> Pass:
     new = invalid_status(problems, generation, time.time(), _conditions(status))
     if status.get("message") != new["message"] or status.get("phase") != Phase.INVALID:
-        kopf.warn(body, reason="InvalidSpec", message=new["message"])
+        _post(body, "InvalidSpec", new["message"], warning=True)
         logger.warning("rejected: %s", new["message"])
     return Pass({**status, **new}, None)
 
@@ -171,7 +178,7 @@ async def reconcile_pass(
     if status.get("appliedHash") != applied:
         for obj in objects:
             await cluster.apply(api, obj)
-        kopf.info(body, reason="Reconciled", message=f"applied {len(objects)} child objects")
+        _post(body, "Reconciled", f"applied {len(objects)} child objects")
 
     promoted = (meta.get("annotations") or {}).get(PROMOTE)
     now = time.time()
@@ -189,9 +196,7 @@ async def reconcile_pass(
     if plan.promotion_used:  # one promotion promotes one rollout
         await cluster.clear_promotion(api, namespace, name)
     for event in plan.events:
-        (kopf.warn if event.warning else kopf.info)(
-            body, reason=event.reason, message=event.message
-        )
+        _post(body, event.reason, event.message, warning=event.warning)
         logger.info("%s: %s", event.reason, event.message)
     new_status = build_status(plan, pods, spec.replicas, generation, now, _conditions(status))
     new_status["appliedHash"] = applied
