@@ -88,4 +88,6 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
             "Progressing": "False",
             "Available": "True",
             "Degraded": "False",
+            "ChildrenReady": "True",
+            "Ready": "True",
         }

@@ -109,7 +109,19 @@ def test_chart_renders_what_the_values_ask(values_name: str) -> None:
     assert container.get("envFrom", []) == ([{"secretRef": {"name": secret}}] if secret else [])
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
     watched = set(values.get("watchNamespaces") or [])
-    assert {b["metadata"]["namespace"] for b in bindings} == watched
+    operator_bindings = [b for b in bindings if b["roleRef"]["kind"] == "ClusterRole"]
+    assert {b["metadata"]["namespace"] for b in operator_bindings} == watched
+    # leader election: a Lease, in the release's namespace, and nothing else
+    [election] = [d for d in docs if d["kind"] == "Role"]
+    assert election["metadata"]["namespace"] == "model-rollout-system"
+    assert election["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "patch", "update"],
+        }
+    ]
+    assert "--leader-election" in args and deployment["spec"]["replicas"] >= 2
 
 
 def test_helm_refuses_values_of_the_wrong_shape() -> None:

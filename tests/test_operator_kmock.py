@@ -8,6 +8,8 @@ except in the restart test, which kills and restarts it as a separate process
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from model_rollout_e2e.kube_emulator import (
     wait_for_status,
 )
 from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
-from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
+from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread, free_port
 from model_sidecar.store import S3Store
 from sidecar_helpers import make_keys, publish_versions
 
@@ -49,9 +51,11 @@ class Cluster:
     operator: ChildProcess | OperatorThread | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    def start_operator(self) -> None:
+    def start_operator(self, metrics_port: int | None = None) -> None:
         """kopf in this process (a thread, as kopf's KopfRunner): no process start."""
-        config = OperatorConfig(self.api.url, [NS], INTERVAL_S, disable_scanning=True)
+        config = OperatorConfig(
+            self.api.url, [NS], INTERVAL_S, disable_scanning=True, metrics_port=metrics_port
+        )
         self.operator = OperatorThread(config).start()
 
     def start_operator_process(self) -> None:
@@ -321,3 +325,106 @@ async def test_a_promotion_promotes_one_rollout_and_is_cleared(cluster: Cluster)
     await cluster.wait(versions({"v2": 4}))
     annotations = (await cluster.md())["metadata"].get("annotations") or {}
     assert PROMOTE not in annotations  # used once, then cleared
+
+
+async def test_children_are_recreated_restored_and_never_adopted(cluster: Cluster) -> None:
+    cluster.start_operator()
+    services = f"/api/v1/namespaces/{NS}/services"
+    foreign = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "other"},
+               "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 81}]}}  # fmt: skip
+    await cluster.api.request("POST", services, foreign)
+    await create_model_deployment(cluster.api, NS, md_body(None, replicas=2))
+    await cluster.wait(versions({"v1": 2}))
+
+    await cluster.api.request("DELETE", f"{services}/mlp")  # deleted: created again
+    configmap = f"/api/v1/namespaces/{NS}/configmaps/mlp-rollout"
+    await cluster.api.merge_patch(configmap, {"data": {"target-version": "v9"}})  # drifted
+    for _ in range(150):
+        service = await cluster.api.request("GET", f"{services}/mlp")
+        data = ((await cluster.api.request("GET", configmap)) or {}).get("data") or {}
+        if service is not None and data.get("target-version") == "v1":
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"children not restored: service {service}, configmap {data}")
+    assert service["metadata"]["ownerReferences"][0]["name"] == "mlp"
+
+    body = md_body(None, replicas=1)
+    body["metadata"]["name"] = "other"
+    await create_model_deployment(cluster.api, NS, body)
+    status = await cluster.wait(
+        lambda s: any(
+            c["type"] == "ChildrenReady" and c["status"] == "False" for c in s.get("conditions", [])
+        ),
+        name="other",
+    )
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and "Service/other" in status["foreignChildren"]
+    untouched = await cluster.api.request("GET", f"{services}/other")
+    assert untouched["spec"]["selector"] == {"app": "someone-else"}
+    assert not untouched["metadata"].get("ownerReferences")
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    assert any(e.get("reason") == "ForeignObject" and e.get("type") == "Warning" for e in events)
+    mlp = await cluster.md()
+    ready = next(c for c in mlp["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "Available"
+
+
+async def test_the_operator_reports_its_own_metrics(cluster: Cluster) -> None:
+    port = free_port()
+    cluster.start_operator(metrics_port=port)
+    await create_model_deployment(cluster.api, NS, md_body(None, replicas=2))
+    await cluster.wait(versions({"v1": 2}))
+    await asyncio.sleep(0.5)
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    )
+    metrics = text.decode()
+    assert 'modeldeployment_phase{name="mlp",namespace="ml",phase="Available"} 1.0' in metrics
+    assert 'modeldeployment_phase{name="mlp",namespace="ml",phase="Canary"} 0.0' in metrics
+    assert 'modeldeployment_pods{name="mlp",namespace="ml",version="v1"} 2.0' in metrics
+    count = re.search(
+        r'modeldeployment_reconcile_duration_seconds_count\{name="mlp",namespace="ml"\} (\d+)',
+        metrics,
+    )
+    assert count is not None and int(count.group(1)) > 0
+    assert "modeldeployment_api_errors" in metrics
+
+
+LEADER_ELECTION = ["--leader-election", "--lease-namespace", NS, "--lease-seconds", "2"]
+
+
+async def test_the_standby_takes_over_when_the_leader_dies_mid_rollout(cluster: Cluster) -> None:
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/model-rollout-operator"
+    replicas = {
+        name: OperatorProcess(
+            cluster.api.url,
+            NS,
+            INTERVAL_S,
+            cluster.log_dir / f"{name}.log",
+            extra=[*LEADER_ELECTION, "--identity", name],
+        ).start()
+        for name in ("op-a", "op-b")
+    }
+    try:
+        await create_model_deployment(cluster.api, NS, md_body(None))
+        await cluster.wait(versions({"v1": 4}))
+        cluster.pods.delay_s = 1.0
+        await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+        await cluster.wait(lambda s: s.get("phase") == "Progressing", timeout=60)
+        leader = (await cluster.api.request("GET", lease))["spec"]["holderIdentity"]
+        replicas[leader].kill()  # mid-rollout, without a word
+        status = await cluster.wait(versions({"v2": 4}), timeout=90)
+        assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
+        spec = (await cluster.api.request("GET", lease))["spec"]
+        assert spec["holderIdentity"] != leader and spec["leaseTransitions"] >= 1
+        events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+        reasons = [e.get("reason") for e in events]
+        counts = {
+            r: reasons.count(r) for r in ("RolloutStarted", "CanaryStarted", "CanaryPromoted")
+        }
+        assert counts == {"RolloutStarted": 2, "CanaryStarted": 1, "CanaryPromoted": 1}, reasons
+        assert reasons.count("RolloutComplete") == 2, reasons  # v1 at creation, then v2
+    finally:
+        for process in replicas.values():
+            await asyncio.to_thread(process.stop)

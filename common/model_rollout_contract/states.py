@@ -56,3 +56,5 @@ class ConditionType(_StrEnum):
     PROGRESSING = "Progressing"  # True while a rollout moves pods
     AVAILABLE = "Available"  # True when enough pods are ready
     DEGRADED = "Degraded"  # True after a failed rollout or a refused spec
+    CHILDREN_READY = "ChildrenReady"  # False: an object it must create exists, not its own
+    READY = "Ready"  # kstatus-style summary: Available, up to date, nothing failing

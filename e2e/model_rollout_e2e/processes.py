@@ -84,6 +84,12 @@ class ChildProcess:
             self.proc.kill()
             self.proc.wait(5)
 
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -133,8 +139,10 @@ class OperatorProcess(ChildProcess):
         interval_s: float,
         log_path: Path,
         env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         args = [
+            *extra,
             "--kube-api",
             kube_api,
             "--namespace",

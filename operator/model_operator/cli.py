@@ -6,11 +6,14 @@ import asyncio
 import logging
 import sys
 import threading
+from typing import Any
 
 import kopf
 
 from .config import OperatorConfig, parse_args
 from .handlers import register
+from .kube_client import ApiEndpoint, KubeClient
+from .leader import LeaderElection, LeaseSettings
 
 
 async def run(
@@ -18,15 +21,59 @@ async def run(
     liveness: str | None = None,
     stop: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    await kopf.operator(
-        registry=register(config),
-        clusterwide=not config.namespaces,
-        namespaces=config.namespaces,
-        standalone=True,
-        liveness_endpoint=liveness,
-        memo=kopf.Memo(config=config),
-        stop_flag=stop,
+    """Run the operator until ``stop``; with leader election, only while leading."""
+    stopping = asyncio.Event()
+    watchers: list[asyncio.Future[Any]] = []
+    if stop is not None:
+        waiter = stop.wait() if isinstance(stop, asyncio.Event) else asyncio.to_thread(stop.wait)
+        watchers.append(asyncio.ensure_future(waiter))
+    if config.leader_election:
+        leading = asyncio.ensure_future(_lead(config))
+        done, _ = await asyncio.wait([leading, *watchers], return_when=asyncio.FIRST_COMPLETED)
+        if leading not in done:  # stopped while waiting to lead
+            leading.cancel()
+            return
+        watchers.append(leading.result())  # the renewal: done when leadership is lost
+    for watcher in watchers:
+        watcher.add_done_callback(lambda _: stopping.set())
+    try:
+        await kopf.operator(
+            registry=register(config),
+            clusterwide=not config.namespaces,
+            namespaces=config.namespaces,
+            standalone=True,
+            liveness_endpoint=liveness,
+            memo=kopf.Memo(config=config),
+            stop_flag=stopping,
+        )
+    finally:
+        for watcher in watchers:
+            watcher.cancel()
+
+
+async def _lead(config: OperatorConfig) -> asyncio.Future[None]:
+    """Wait for the Lease; return the task that renews it (done once it is lost)."""
+    endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
+    if endpoint is None:
+        raise SystemExit("model-operator: --leader-election needs an API server")
+    api = KubeClient(endpoint)
+    settings = LeaseSettings(
+        config.lease_namespace,
+        identity=config.identity,
+        duration_s=config.lease_seconds,
+        renew_s=max(0.2, config.lease_seconds / 3),
+        retry_s=max(0.2, config.lease_seconds / 5),
     )
+    election = LeaderElection(api, settings)
+    await election.acquire()
+
+    async def hold() -> None:
+        try:
+            await election.hold()
+        finally:
+            await api.close()
+
+    return asyncio.ensure_future(hold())
 
 
 def main(argv: list[str] | None = None) -> int:

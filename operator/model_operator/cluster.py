@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 from typing import Any
 
 from model_rollout_contract.annotations import PREVIOUS_VERSION, PROMOTE, TARGET_VERSION
@@ -20,6 +21,7 @@ _PATHS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
 }
 _MUTABLE = ("spec", "data", "rules", "roleRef", "subjects")
 MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet never floods
@@ -30,19 +32,53 @@ def collection(kind: str, namespace: str) -> str:
     return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
-async def apply(api: KubeClient, obj: dict[str, Any]) -> None:
-    """Create ``obj``, or merge-patch its labels, annotations, owners and content."""
+class ApplyResult(Enum):
+    CREATED = "created"
+    UPDATED = "updated"  # it had drifted from what the resource asks
+    UNCHANGED = "unchanged"
+    FOREIGN = "foreign"  # an object of that name that this resource does not control
+
+
+def _contains(live: Any, desired: Any) -> bool:
+    """Does ``live`` hold everything ``desired`` says? (The API server adds defaults, so
+    a live object is compared on the fields the operator writes, lists item by item.)"""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(
+            _contains(live.get(key), value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(_contains(a, b) for a, b in zip(live, desired, strict=True))
+        )
+    return bool(live == desired)
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
+
+
+async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
+    """Create ``obj``, or restore what drifted in an object this resource controls. An
+    object of the same name that it does not control is left alone (never adopted)."""
     meta = obj["metadata"]
     base = collection(obj["kind"], meta["namespace"])
     existing = await api.request("GET", f"{base}/{meta['name']}")
     if existing is None:
         await api.request("POST", base, obj)
-        return
+        return ApplyResult.CREATED
+    if _controller_uid(existing) != _controller_uid(obj):
+        return ApplyResult.FOREIGN
     patch: dict[str, Any] = {
         "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
     }
     patch.update({k: obj[k] for k in _MUTABLE if k in obj})
+    if _contains(existing, patch):
+        return ApplyResult.UNCHANGED
     await api.merge_patch(f"{base}/{meta['name']}", patch)
+    return ApplyResult.UPDATED
 
 
 async def patch_status(

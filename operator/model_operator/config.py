@@ -5,6 +5,7 @@ handlers through kopf's memo."""
 from __future__ import annotations
 
 import argparse
+import socket
 from dataclasses import dataclass, field
 
 from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, parse_with_environment
@@ -18,6 +19,11 @@ class OperatorConfig:
     check_store: bool = True  # check that spec.version is in the S3 store before rolling out
     disable_scanning: bool = False  # API servers without full discovery (kmock)
     liveness: str | None = "http://0.0.0.0:8080/healthz"  # kopf's liveness endpoint
+    metrics_port: int | None = None  # the operator's /metrics (None: not served)
+    leader_election: bool = False  # several replicas: one leads, through a Lease
+    lease_namespace: str = "default"  # where the Lease lives (the operator's namespace)
+    identity: str = ""  # this replica in the Lease (its pod name; default: the host name)
+    lease_seconds: float = 15.0  # a silent leader is replaced this long after its renewal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--liveness", default=OperatorConfig.liveness, help="liveness endpoint URL ('' to disable)"
     )
+    p.add_argument("--metrics-port", type=int, help="serve the operator's /metrics on this port")
+    p.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a Lease reconciles",
+    )
+    p.add_argument("--lease-namespace", default=OperatorConfig.lease_namespace)
+    p.add_argument("--identity", help="this replica's name in the Lease (default: host name)")
+    p.add_argument("--lease-seconds", type=float, default=OperatorConfig.lease_seconds)
     return p
 
 
@@ -55,4 +70,9 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         check_store=not a.no_store_check,
         disable_scanning=a.disable_scanning,
         liveness=a.liveness or None,
+        metrics_port=a.metrics_port,
+        leader_election=a.leader_election,
+        lease_namespace=a.lease_namespace,
+        identity=a.identity or socket.gethostname(),
+        lease_seconds=a.lease_seconds,
     )

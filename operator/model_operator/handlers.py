@@ -26,12 +26,14 @@ from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PROMOTE
 from model_rollout_contract.states import Phase
 
 from . import cluster
+from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
 from .errors import SpecError, TransientApiError
 from .kube_client import ApiEndpoint, KubeClient
 from .manifests import children, configmap, digest
-from .planner import next_deadline, plan_rollout
+from .metrics import OperatorMetrics
+from .planner import Event, next_deadline, plan_rollout
 from .pods import PodView, pod_view
 from .spec import parse_spec
 from .status import build_status, invalid_status, merge_patch, rollout_from_status
@@ -40,6 +42,7 @@ from .store_check import VersionCheck, check_version
 _rng = random.SystemRandom()
 API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf restarts the daemon this late
 STORE_RETRY_S = 5.0  # an unreachable store is asked again this late
+CHILDREN_CHECK_S = 10.0  # children are compared with the live objects at least this often
 _VOLATILE = ("lastUpdateTime",)  # status fields that alone are no reason to write
 
 
@@ -55,15 +58,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = config.disable_scanning
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    memo.metrics = metrics = OperatorMetrics()
     endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
-    memo.api = KubeClient(endpoint) if endpoint is not None else None
+
+    def count_error(status: int) -> None:
+        metrics.api_errors.labels(str(status)).inc()
+
+    memo.api = KubeClient(endpoint, on_error=count_error) if endpoint is not None else None
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's daemon
+
+
+async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
+    port = _config(memo).metrics_port
+    memo.metrics_runner = await memo.metrics.serve(port) if port else None
 
 
 async def close_api(memo: kopf.Memo, **_: Any) -> None:
     api: KubeClient | None = getattr(memo, "api", None)
     if api is not None:
         await api.close()
+    runner = getattr(memo, "metrics_runner", None)
+    if runner is not None:
+        await runner.cleanup()
 
 
 def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -127,6 +143,10 @@ def resource_changed(namespace: str | None, name: str | None, memo: kopf.Memo, *
 class Pass:
     status: dict[str, Any]  # the status this pass arrived at
     wake_in: float | None  # seconds until time alone changes the plan
+    # Events to post once the status is written: a replica that takes over after a
+    # crash between the two repeats the pass, so an event posted before would be posted
+    # twice; posted after, it can only be lost (and the status says it all anyway)
+    events: tuple[Event, ...] = ()
 
 
 def _reject(
@@ -137,10 +157,11 @@ def _reject(
     logger: kopf.Logger,
 ) -> Pass:
     new = invalid_status(problems, generation, time.time(), _conditions(status))
+    events: tuple[Event, ...] = ()
     if status.get("message") != new["message"] or status.get("phase") != Phase.INVALID:
-        _post(body, "InvalidSpec", new["message"], warning=True)
+        events = (Event("InvalidSpec", new["message"], warning=True),)
         logger.warning("rejected: %s", new["message"])
-    return Pass({**status, **new}, None)
+    return Pass({**status, **new}, None, events)
 
 
 async def reconcile_pass(
@@ -151,9 +172,12 @@ async def reconcile_pass(
     pods: list[PodView],
     memo: kopf.Memo,
     logger: kopf.Logger,
+    check_children: bool = True,
 ) -> Pass:
     """Observe, plan, act. ``status`` is the resource's status as this operator last left
-    it; the new one is returned, for the caller to write."""
+    it; the new one is returned, for the caller to write. ``check_children``: compare
+    every child with the live object (recreate what was deleted, restore what drifted);
+    otherwise they are applied only when what the resource asks of them changed."""
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     try:
@@ -175,10 +199,20 @@ async def reconcile_pass(
     stable = status.get("currentVersion")
     objects = [adopted(o, body) for o in children(name, namespace, spec, stable or spec.version)]
     applied = digest(objects)
-    if status.get("appliedHash") != applied:
-        for obj in objects:
-            await cluster.apply(api, obj)
-        _post(body, "Reconciled", f"applied {len(objects)} child objects")
+    events: list[Event] = []
+    foreign = list(status.get("foreignChildren") or [])
+    if check_children or status.get("appliedHash") != applied:
+        results = {
+            f"{o['kind']}/{o['metadata']['name']}": await cluster.apply(api, o) for o in objects
+        }
+        changed = [k for k, r in results.items() if r in (ApplyResult.CREATED, ApplyResult.UPDATED)]
+        now_foreign = [k for k, r in results.items() if r is ApplyResult.FOREIGN]
+        if changed:
+            events.append(Event("Reconciled", f"created or restored {changed}"))
+        if now_foreign and now_foreign != foreign:
+            message = f"not owned by this resource, left alone: {now_foreign}"
+            events.append(Event("ForeignObject", message, warning=True))
+        foreign = now_foreign
 
     promoted = (meta.get("annotations") or {}).get(PROMOTE)
     now = time.time()
@@ -195,11 +229,12 @@ async def reconcile_pass(
     await cluster.set_targets(api, namespace, plan.actions)
     if plan.promotion_used:  # one promotion promotes one rollout
         await cluster.clear_promotion(api, namespace, name)
-    for event in plan.events:
-        _post(body, event.reason, event.message, warning=event.warning)
-        logger.info("%s: %s", event.reason, event.message)
-    new_status = build_status(plan, pods, spec.replicas, generation, now, _conditions(status))
+    events += plan.events
+    new_status = build_status(
+        plan, pods, spec.replicas, generation, now, _conditions(status), foreign
+    )
     new_status["appliedHash"] = applied
+    new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = verified
     if plan.stable_version != stable:  # publish the new default for pods created later
         await cluster.apply(
@@ -207,7 +242,8 @@ async def reconcile_pass(
             adopted(configmap(name, namespace, spec, plan.stable_version or spec.version), body),
         )
     deadline = next_deadline(spec, plan.state)
-    return Pass(new_status, None if deadline is None else max(0.0, deadline - time.time()))
+    wake_in = None if deadline is None else max(0.0, deadline - time.time())
+    return Pass(new_status, wake_in, tuple(events))
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -246,16 +282,29 @@ async def follow_rollouts(
     wake = _waker(memo, namespace, name)
     interval = _config(memo).interval_s
     status = dict(body.get("status") or {})
+    children_checked = 0.0
     while not stopped:
         wake.clear()
         pods: Iterable[PodView] = pods_by_deployment.get((namespace, name), [])
+        check = time.monotonic() - children_checked >= min(interval, CHILDREN_CHECK_S)
+        started = time.monotonic()
         try:
             result = await reconcile_pass(
-                body, status, name, namespace, sorted(pods, key=lambda p: p.name), memo, logger
-            )
+                body, status, name, namespace, sorted(pods, key=lambda p: p.name), memo, logger,
+                check_children=check,
+            )  # fmt: skip
+            if check:
+                children_checked = time.monotonic()
             if _changed(status, result.status):
                 patch = merge_patch(status, result.status)
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
+            for event in result.events:
+                _post(body, event.reason, event.message, warning=event.warning)
+                logger.info("%s: %s", event.reason, event.message)
+            metrics: OperatorMetrics = memo.metrics
+            metrics.pass_seconds.labels(namespace, name).observe(time.monotonic() - started)
+            versions = result.status.get("versions") or {}
+            metrics.observe(namespace, name, str(result.status.get("phase")), versions)
         except TransientApiError as exc:
             raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
         wait = interval if result.wake_in is None else min(result.wake_in, interval)
@@ -266,6 +315,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     """A registry with the handlers; ``config.interval_s`` is the resync period."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.startup(registry=registry)(serve_metrics)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(close_api)
     ours = {DEPLOYMENT_LABEL: kopf.PRESENT}

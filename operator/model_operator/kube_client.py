@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,15 @@ class ApiEndpoint:
 
 
 class KubeClient:
-    def __init__(self, endpoint: ApiEndpoint, timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        endpoint: ApiEndpoint,
+        timeout_s: float = 15.0,
+        on_error: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_error(status)`` is told of every failed call (0: the API was not reached)."""
         self.endpoint = endpoint
+        self.on_error = on_error or (lambda status: None)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -82,10 +90,12 @@ class KubeClient:
                 text = await response.text()
                 status = response.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.on_error(0)
             raise TransientApiError(0, f"{method} {path}: {exc or type(exc).__name__}") from exc
         if status == 404:
             return None
         if status >= 300:
+            self.on_error(status)
             error = TransientApiError if status in _TRANSIENT_STATUSES else ApiError
             raise error(status, f"{method} {path}: HTTP {status} {text[:300]}")
         return json.loads(text) if text else {}

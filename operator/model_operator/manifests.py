@@ -282,6 +282,20 @@ def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[
     ]
 
 
+def disruption_budget(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """Voluntary evictions (a node drain) take at most as many pods at once as a rollout
+    may have unavailable, and at least one, so a drain can always proceed."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name, spec)},
+        "spec": {
+            "selector": {"matchLabels": selector(name)},
+            "maxUnavailable": max(1, spec.rollout.max_unavailable),
+        },
+    }
+
+
 def children(
     name: str, namespace: str, spec: ModelDeploymentSpec, version: str
 ) -> list[dict[str, Any]]:
@@ -290,6 +304,7 @@ def children(
         configmap(name, namespace, spec, version),
         deployment(name, namespace, spec),
         service(name, namespace, spec),
+        disruption_budget(name, namespace, spec),
     ]
 
 

@@ -74,7 +74,9 @@ def build_status(
     generation: int | None,
     now: float,
     existing_conditions: list[dict[str, Any]],
+    foreign: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``foreign``: children that exist under another owner (never adopted)."""
     versions = Counter(p.serving for p in pods if p.serving)
     ready = sum(p.ready for p in pods)
     target = plan.state.to_version
@@ -108,7 +110,26 @@ def build_status(
             now,
             existing_conditions,
         ),
+        condition(
+            ConditionType.CHILDREN_READY,
+            not foreign,
+            "ForeignObject" if foreign else "Owned",
+            f"not owned by this resource, left alone: {foreign}" if foreign else "all owned",
+            now,
+            existing_conditions,
+        ),
     ]
+    healthy = plan.phase is Phase.AVAILABLE and not foreign
+    conditions.append(
+        condition(
+            ConditionType.READY,
+            healthy,
+            "Available" if healthy else ("ForeignObject" if foreign else str(plan.phase)),
+            plan.message,
+            now,
+            existing_conditions,
+        )
+    )
     status: dict[str, Any] = {
         "phase": str(plan.phase),
         "message": plan.message,
@@ -151,6 +172,7 @@ def invalid_status(
             condition(
                 ConditionType.DEGRADED, True, "InvalidSpec", message, now, existing_conditions
             ),
+            condition(ConditionType.READY, False, "InvalidSpec", message, now, existing_conditions),
         ],
     }
     if generation is not None:
