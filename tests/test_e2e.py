@@ -89,5 +89,6 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
             "Available": "True",
             "Degraded": "False",
             "ChildrenReady": "True",
+            "StoreReachable": "True",
             "Ready": "True",
         }

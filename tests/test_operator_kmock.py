@@ -428,3 +428,28 @@ async def test_the_standby_takes_over_when_the_leader_dies_mid_rollout(cluster: 
     finally:
         for process in replicas.values():
             await asyncio.to_thread(process.stop)
+
+
+async def test_an_unreachable_store_is_a_condition_and_holds_the_rollout(cluster: Cluster) -> None:
+    cluster.start_operator()
+    body = md_body(None)
+    body["spec"]["store"] = {"url": "s3://models/p", "endpoint": f"http://127.0.0.1:{free_port()}"}
+    await create_model_deployment(cluster.api, NS, body)
+
+    def store(status: dict[str, Any]) -> dict[str, Any]:
+        return next(c for c in status.get("conditions", []) if c["type"] == "StoreReachable")
+
+    # the first version cannot be checked either: the children are created all the same
+    await cluster.wait(versions({"v1": 4}), timeout=60)
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    status = await cluster.wait(lambda s: "holding" in s.get("message", ""))
+    assert store(status)["status"] == "False" and "unreachable" in store(status)["message"]
+    await asyncio.sleep(1)
+    assert set((await cluster.pod_targets()).values()) == {"v1"}  # nothing moved to v2
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    # back to the version it serves: never blocked by the store
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v1"}})
+    status = await cluster.wait(
+        lambda s: store(s)["status"] == "True" and s["phase"] == "Available"
+    )

@@ -57,4 +57,5 @@ class ConditionType(_StrEnum):
     AVAILABLE = "Available"  # True when enough pods are ready
     DEGRADED = "Degraded"  # True after a failed rollout or a refused spec
     CHILDREN_READY = "ChildrenReady"  # False: an object it must create exists, not its own
+    STORE_REACHABLE = "StoreReachable"  # False: the target could not be checked; holding
     READY = "Ready"  # kstatus-style summary: Available, up to date, nothing failing

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kopf
@@ -186,17 +186,24 @@ async def reconcile_pass(
         return _reject(body, status, exc.problems, generation, logger)
     config = _config(memo)
     verified = list(status.get("verifiedVersions") or [])
-    if config.check_store and spec.version not in verified:
+    stable = status.get("currentVersion")
+    known = (stable, status.get("previousVersion"))  # served before: never blocked by it
+    store_problem: str | None = None
+    if config.check_store and spec.version not in verified and spec.version not in known:
         result, message = await check_version(spec)
         if result is VersionCheck.MISSING:
             return _reject(body, status, [message], generation, logger)
-        if result is VersionCheck.UNREACHABLE:
+        if result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
             logger.warning("%s; will retry", message)
-            return Pass({**status, "message": message}, STORE_RETRY_S)
-        verified = ([*verified, spec.version])[-8:]
+            store_problem = message
+            held = rollout_from_status(status.get("rollout"))
+            current = held.to_version if held is not None else stable
+            if current:  # not yet to a version nobody could check: hold where it is
+                spec = replace(spec, version=current)
+        else:
+            verified = ([*verified, spec.version])[-8:]
     api: KubeClient = memo.api
 
-    stable = status.get("currentVersion")
     objects = [adopted(o, body) for o in children(name, namespace, spec, stable or spec.version)]
     applied = digest(objects)
     events: list[Event] = []
@@ -231,7 +238,7 @@ async def reconcile_pass(
         await cluster.clear_promotion(api, namespace, name)
     events += plan.events
     new_status = build_status(
-        plan, pods, spec.replicas, generation, now, _conditions(status), foreign
+        plan, pods, spec.replicas, generation, now, _conditions(status), foreign, store_problem
     )
     new_status["appliedHash"] = applied
     new_status["foreignChildren"] = foreign
@@ -243,6 +250,8 @@ async def reconcile_pass(
         )
     deadline = next_deadline(spec, plan.state)
     wake_in = None if deadline is None else max(0.0, deadline - time.time())
+    if store_problem is not None:
+        wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
     return Pass(new_status, wake_in, tuple(events))
 
 

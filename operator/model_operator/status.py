@@ -75,8 +75,10 @@ def build_status(
     now: float,
     existing_conditions: list[dict[str, Any]],
     foreign: list[str] | None = None,
+    store_problem: str | None = None,
 ) -> dict[str, Any]:
-    """``foreign``: children that exist under another owner (never adopted)."""
+    """``foreign``: children that exist under another owner (never adopted);
+    ``store_problem``: why ``spec.version`` could not be checked in the model store."""
     versions = Counter(p.serving for p in pods if p.serving)
     ready = sum(p.ready for p in pods)
     target = plan.state.to_version
@@ -119,7 +121,17 @@ def build_status(
             existing_conditions,
         ),
     ]
-    healthy = plan.phase is Phase.AVAILABLE and not foreign
+    conditions.append(
+        condition(
+            ConditionType.STORE_REACHABLE,
+            store_problem is None,
+            "StoreUnreachable" if store_problem else "Reachable",
+            store_problem or "the target version is in the model store",
+            now,
+            existing_conditions,
+        )
+    )
+    healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
     conditions.append(
         condition(
             ConditionType.READY,
@@ -132,7 +144,7 @@ def build_status(
     )
     status: dict[str, Any] = {
         "phase": str(plan.phase),
-        "message": plan.message,
+        "message": f"{store_problem}; holding" if store_problem else plan.message,
         "currentVersion": plan.stable_version,
         "previousVersion": plan.previous_version,
         "targetVersion": target,
