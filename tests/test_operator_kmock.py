@@ -8,6 +8,7 @@ except in the restart test, which kills and restarts it as a separate process
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import urllib.request
 import uuid
@@ -453,3 +454,42 @@ async def test_an_unreachable_store_is_a_condition_and_holds_the_rollout(cluster
     status = await cluster.wait(
         lambda s: store(s)["status"] == "True" and s["phase"] == "Available"
     )
+
+
+async def test_the_store_is_checked_with_the_resources_own_credentials(
+    cluster: Cluster, store: S3Store
+) -> None:
+    from model_rollout_e2e.seaweed import CREDENTIALS
+
+    wrong = {"AWS_ACCESS_KEY_ID": "not-these", "AWS_SECRET_ACCESS_KEY": "not-these"}
+    cluster.operator = OperatorProcess(
+        cluster.api.url, NS, INTERVAL_S, cluster.log_dir / "operator.log", env=wrong
+    ).start()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "store-credentials", "namespace": NS},
+        "data": {
+            "AWS_ACCESS_KEY_ID": base64.b64encode(
+                CREDENTIALS["aws_access_key_id"].encode()
+            ).decode(),
+            "AWS_SECRET_ACCESS_KEY": base64.b64encode(
+                CREDENTIALS["aws_secret_access_key"].encode()
+            ).decode(),
+        },
+    }
+    await cluster.api.request("POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    body = md_body(store, replicas=1)
+    body["spec"]["store"]["credentialsSecret"] = "store-credentials"
+    await create_model_deployment(cluster.api, NS, body)
+    await cluster.wait(versions({"v1": 1}), timeout=60)  # checked with the Secret's keys
+    # with the operator's own (wrong) credentials the store refuses: a condition, no rollout
+    await patch_model_deployment(
+        cluster.api, NS, "mlp", {"spec": {"version": "v2", "store": {"credentialsSecret": None}}}
+    )
+    status = await cluster.wait(lambda s: "holding" in s.get("message", ""), timeout=60)
+    assert "403" in status["message"] or "Forbidden" in status["message"], status["message"]
+    await patch_model_deployment(
+        cluster.api, NS, "mlp", {"spec": {"store": {"credentialsSecret": "store-credentials"}}}
+    )
+    await cluster.wait(versions({"v2": 1}), timeout=60)

@@ -3,6 +3,7 @@ on 127.0.0.1 with free ports."""
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import subprocess
@@ -66,6 +67,23 @@ class SeaweedFS:
     def start(self, timeout_s: float = 90.0) -> SeaweedFS:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         p = self.ports
+        # credentials are enforced, as on a real bucket: a client with others is refused
+        identities = {
+            "identities": [
+                {
+                    "name": "model-rollout",
+                    "credentials": [
+                        {
+                            "accessKey": CREDENTIALS["aws_access_key_id"],
+                            "secretKey": CREDENTIALS["aws_secret_access_key"],
+                        }
+                    ],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        s3_config = self.data_dir / "s3.json"
+        s3_config.write_text(json.dumps(identities))
         log = (self.data_dir / "weed.log").open("ab")
         self.proc = subprocess.Popen(
             [
@@ -80,6 +98,7 @@ class SeaweedFS:
                 f"-filer.port={p['filer']}",
                 "-s3",
                 f"-s3.port={p['s3']}",
+                f"-s3.config={s3_config}",
                 "-master.volumeSizeLimitMB=64",
                 "-volume.max=100",
                 "-s3.port.iceberg=0",

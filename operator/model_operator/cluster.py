@@ -90,6 +90,12 @@ async def patch_status(
     return dict((answer or {}).get("status") or {})
 
 
+async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """One Secret by name: the store credentials a ModelDeployment names (get only)."""
+    answer = await api.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+    return dict(answer) if answer is not None else None
+
+
 async def clear_promotion(api: KubeClient, namespace: str, name: str) -> None:
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     await api.merge_patch(path, {"metadata": {"annotations": {PROMOTE: None}}})

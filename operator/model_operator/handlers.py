@@ -35,9 +35,9 @@ from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, next_deadline, plan_rollout
 from .pods import PodView, pod_view
-from .spec import parse_spec
+from .spec import ModelDeploymentSpec, parse_spec
 from .status import build_status, invalid_status, merge_patch, rollout_from_status
-from .store_check import VersionCheck, check_version
+from .store_check import VersionCheck, boto_credentials, check_version
 
 _rng = random.SystemRandom()
 API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf restarts the daemon this late
@@ -190,7 +190,7 @@ async def reconcile_pass(
     known = (stable, status.get("previousVersion"))  # served before: never blocked by it
     store_problem: str | None = None
     if config.check_store and spec.version not in verified and spec.version not in known:
-        result, message = await check_version(spec)
+        result, message = await _check_store(memo.api, namespace, spec)
         if result is VersionCheck.MISSING:
             return _reject(body, status, [message], generation, logger)
         if result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
@@ -253,6 +253,19 @@ async def reconcile_pass(
     if store_problem is not None:
         wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
     return Pass(new_status, wake_in, tuple(events))
+
+
+async def _check_store(
+    api: KubeClient, namespace: str, spec: ModelDeploymentSpec
+) -> tuple[VersionCheck, str]:
+    """Is ``spec.version`` in the store, asked with the resource's own credentials?"""
+    secret_name = spec.store.credentials_secret
+    if not secret_name or not spec.store.url:
+        return await check_version(spec)
+    secret = await cluster.get_secret(api, namespace, secret_name)
+    if secret is None:
+        return VersionCheck.UNREACHABLE, f"credentials Secret {secret_name} not found"
+    return await check_version(spec, boto_credentials(dict(secret.get("data") or {})))
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:

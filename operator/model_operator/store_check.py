@@ -4,6 +4,7 @@ the version's manifest key (the store layout of :mod:`model_rollout_contract.lay
 from __future__ import annotations
 
 import asyncio
+import base64
 from enum import Enum
 
 import boto3
@@ -25,10 +26,16 @@ class VersionCheck(Enum):
     SKIPPED = "skipped"  # a PVC store is not reachable from the operator
 
 
-def _manifest_exists(url: StoreUrl, endpoint: str | None, key: str) -> bool:
+def _manifest_exists(
+    url: StoreUrl, endpoint: str | None, key: str, credentials: dict[str, str] | None
+) -> bool:
+    given = credentials or {}
     client = boto3.client(
         "s3",
         endpoint_url=endpoint or None,
+        aws_access_key_id=given.get("aws_access_key_id"),
+        aws_secret_access_key=given.get("aws_secret_access_key"),
+        aws_session_token=given.get("aws_session_token"),
         config=Config(
             connect_timeout=3,
             read_timeout=10,
@@ -45,13 +52,34 @@ def _manifest_exists(url: StoreUrl, endpoint: str | None, key: str) -> bool:
     return True
 
 
-async def check_version(spec: ModelDeploymentSpec) -> tuple[VersionCheck, str]:
+def boto_credentials(secret_data: dict[str, str]) -> dict[str, str]:
+    """boto3 keyword arguments from a credentials Secret's (base64-encoded) data: the keys
+    the pods get too (``manifests.STORE_CREDENTIAL_KEYS``)."""
+    names = {
+        "AWS_ACCESS_KEY_ID": "aws_access_key_id",
+        "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
+        "AWS_SESSION_TOKEN": "aws_session_token",
+    }
+    out = {}
+    for key, argument in names.items():
+        if key in secret_data:
+            out[argument] = base64.b64decode(secret_data[key]).decode()
+    return out
+
+
+async def check_version(
+    spec: ModelDeploymentSpec, credentials: dict[str, str] | None = None
+) -> tuple[VersionCheck, str]:
+    """``credentials``: the resource's own (from ``spec.store.credentialsSecret``);
+    without them the operator's environment is used."""
     if not spec.store.url:
         return VersionCheck.SKIPPED, "store is a volume; not checked by the operator"
     key = object_key(spec.model, spec.version, MANIFEST_NAME)
     try:
         url = StoreUrl.parse(spec.store.url)
-        present = await asyncio.to_thread(_manifest_exists, url, spec.store.endpoint, key)
+        present = await asyncio.to_thread(
+            _manifest_exists, url, spec.store.endpoint, key, credentials
+        )
     except (ClientError, BotoCoreError, OSError, ValueError) as exc:
         return VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
     if not present:
