@@ -493,3 +493,23 @@ async def test_the_store_is_checked_with_the_resources_own_credentials(
         cluster.api, NS, "mlp", {"spec": {"store": {"credentialsSecret": "store-credentials"}}}
     )
     await cluster.wait(versions({"v2": 1}), timeout=60)
+
+
+async def test_a_pod_that_never_turns_ready_fails_the_rollout_at_its_deadline(
+    cluster: Cluster,
+) -> None:
+    cluster.start_operator()
+    body = md_body(
+        None,
+        canary={"percent": 0},
+        rollout={"batchSize": 1, "jitterSeconds": 0, "progressDeadlineSeconds": 3},
+    )
+    await create_model_deployment(cluster.api, NS, body)
+    await cluster.wait(versions({"v1": 4}))
+    stuck = sorted(await cluster.pod_targets())[-1]
+    cluster.kubelet.never_ready.add(stuck)  # its readiness probe stops passing
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    status = await cluster.wait(lambda s: s.get("phase") == "Degraded", timeout=60)
+    assert "not ready for 3s" in status["message"] or stuck in status["message"], status["message"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "RolloutFailed"
