@@ -16,6 +16,11 @@ from model_rollout_contract.names import check_name
 from .errors import Forbidden, Unauthorized
 
 
+def _raw(text: str) -> bytes:
+    """Header values may hold any byte (decoded with surrogateescape): compare bytes."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 def bearer(headers: Mapping[str, str]) -> str | None:
     header = headers.get("Authorization", "")
     if header.lower().startswith("bearer "):
@@ -50,7 +55,7 @@ class AccessPolicy:
         given = bearer(headers)
         if given is None:
             raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'")
-        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
+        if not hmac.compare_digest(_raw(given), _raw(self.admin_token)):
             raise Unauthorized("invalid admin token")
         return "admin"
 
@@ -62,7 +67,7 @@ class AccessPolicy:
         if given is None:
             raise Unauthorized("inference needs an API key ('Authorization: Bearer <key>')")
         for tenant in self.tenants.values():
-            if hmac.compare_digest(given.encode(), tenant.api_key.encode()):
+            if hmac.compare_digest(_raw(given), _raw(tenant.api_key)):
                 return tenant.name
         raise Unauthorized("unknown API key")
 

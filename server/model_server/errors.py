@@ -9,6 +9,7 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     ├── ModelNotFound (404 model_not_found)
     ├── VersionNotFound (404 version_not_found)
     ├── Conflict (409 conflict)                 nothing retained to roll back to
+    ├── UnsupportedMediaType (415 unsupported_media_type)   an unknown body charset
     ├── LoadRefused (422 load_refused)          a version failed to verify, load or warm up;
     │   │                                       the serving one is untouched
     │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
@@ -55,6 +56,11 @@ class ModelNotFound(ServingError):
 class VersionNotFound(ServingError):
     status = 404
     code = "version_not_found"
+
+
+class UnsupportedMediaType(ServingError):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class Conflict(ServingError):

@@ -17,7 +17,7 @@ from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
 from .data_plane import Caller, DataPlane
-from .errors import BadRequest, ServingError
+from .errors import BadRequest, ServingError, UnsupportedMediaType
 from .metrics import ServerMetrics
 from .repository import model_key
 
@@ -48,9 +48,17 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()  # over client_max_size: aiohttp's 413
+    charset = request.charset or "utf-8"
     try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode(charset)
+    except LookupError as exc:
+        raise UnsupportedMediaType(f"unknown charset {charset!r}") from exc
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not {charset}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or huge numbers
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 
 
@@ -103,8 +111,8 @@ async def infer(request: web.Request) -> web.Response:
     try:
         key = _tenant_model(request)
         body = await _json_body(request)
-    except (ServingError, InvalidName) as exc:
-        status = exc.status if isinstance(exc, ServingError) else BadRequest.status
+    except (ServingError, InvalidName, web.HTTPException) as exc:  # 413 from aiohttp too
+        status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400
         plane.count_rejected(key, status, time.perf_counter() - started)
         raise
     return web.json_response(await plane.infer(key, name, body))

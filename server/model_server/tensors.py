@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,9 +43,50 @@ def _parse_shape(raw: Any, name: str) -> tuple[int, ...]:
     ):
         raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers")
     shape = tuple(raw)
-    if int(np.prod(shape, dtype=np.int64)) > MAX_ELEMENTS:
+    if math.prod(shape) > MAX_ELEMENTS:  # Python integers: no overflow, no wrap to 0
         raise BadRequest(f"input {name!r}: more than {MAX_ELEMENTS} elements")
     return shape
+
+
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "b": (bool,),
+    "i": (int,),
+    "u": (int,),
+    "f": (int, float),
+}
+
+
+def _flat_values(data: list[Any], name: str, dtype: np.dtype, shape: tuple[int, ...]) -> list[Any]:
+    """The values of ``data`` (flat, or nested as the shape), each of the JSON type the
+    datatype takes: no null, no string, and no boolean for a number (nor a number for
+    BOOL). Counted while flattening, so a huge body never becomes a huge array first."""
+    kinds = _JSON_KINDS[dtype.kind]
+    expected, depths = math.prod(shape), {1, max(1, len(shape))}
+    values: list[Any] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if len(stack) > 32:
+                raise BadRequest(f"input {name!r}: 'data' is nested too deeply")
+            stack.append(iter(item))
+        elif isinstance(item, kinds) and (dtype.kind == "b" or not isinstance(item, bool)):
+            if len(stack) not in depths:
+                raise BadRequest(f"input {name!r}: 'data' must be flat or nested as {list(shape)}")
+            values.append(item)
+            if len(values) > expected:
+                break
+        else:
+            raise BadRequest(f"input {name!r}: {item!r} is not a {_V2_NAME[dtype.kind]} value")
+    if len(values) != expected:
+        raise BadRequest(f"input {name!r}: {len(values)} values do not fill its shape")
+    return values
+
+
+_END = object()
+_V2_NAME = {"b": "BOOL", "i": "integer", "u": "unsigned integer", "f": "number"}
 
 
 def decode_inputs(body: Any, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
@@ -79,12 +121,11 @@ def decode_inputs(body: Any, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndar
         data = item.get("data")
         if not isinstance(data, list):
             raise BadRequest(f"input {name!r}: 'data' must be a list")
+        values = _flat_values(data, name, dtype, shape)
         try:
-            array = np.asarray(data, dtype=dtype)
+            array = np.asarray(values, dtype=dtype)
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(f"input {name!r}: data is not {datatype}: {exc}") from exc
-        if array.size != int(np.prod(shape, dtype=np.int64)):
-            raise BadRequest(f"input {name!r}: {array.size} values do not fill shape {list(shape)}")
         feeds[name] = array.reshape(shape)
     missing = sorted(set(by_name) - set(feeds))
     if missing:
@@ -98,6 +139,8 @@ def encode_outputs(
     names = list(results)
     if isinstance(requested, list) and requested:
         wanted = [o.get("name") for o in requested if isinstance(o, dict)]
+        if not all(isinstance(n, str) for n in wanted):
+            raise BadRequest("each requested output must be an object with a 'name' string")
         unknown = [n for n in wanted if n not in results]
         if unknown:
             raise BadRequest(f"unknown outputs requested: {unknown}")
