@@ -163,8 +163,7 @@ def next_deadline(spec: ModelDeploymentSpec, state: RolloutState) -> float | Non
     if paused and state.canary_healthy_at is not None and not spec.canary.manual_promote:
         moments.append(state.canary_healthy_at + spec.canary.pause_seconds)
     if state.stage in (CANARY, BATCHES) and state.batch_started_at is not None:
-        moments.append(state.batch_started_at + deadline)
-        moments.append(state.batch_started_at + MAX_SIGNAL_DELAY_SECONDS + deadline)
+        moments.append(state.batch_started_at + deadline)  # the earliest a pod can fail
     if state.stage == BATCHES and not state.batch_in_flight:
         moments.append(state.next_batch_at)
     if state.blocked_since is not None:

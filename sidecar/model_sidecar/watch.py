@@ -157,6 +157,12 @@ class Watcher:
         if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
             return await self._switch(target, serving)
+        await self._swapped(target, serving)
+        return "ok"
+
+    async def _swapped(self, target: str, serving: str | None, sha256: str | None = None) -> None:
+        """After a swap: metrics, what the server holds now, and the report."""
+        model = self.settings.model
         self.metrics.swaps.labels(model, "ok").inc()
         if serving:
             self.metrics.serving.labels(model, serving).set(0)
@@ -164,8 +170,7 @@ class Watcher:
         with contextlib.suppress(ServerUnavailable):
             after = await self.control.status(model)
             self._held(after.loaded, after.version)
-        await self._report(target, target, SidecarState.OK)
-        return "ok"
+        await self._report(target, target, SidecarState.OK, sha256=sha256)
 
     async def _switch(self, target: str, serving: str | None) -> str:
         model = self.settings.model
@@ -203,13 +208,6 @@ class Watcher:
                 target, serving, SidecarState.REFUSED, f"server refused: {answer.error}"
             )
             return "refused"
-        self.metrics.swaps.labels(model, "ok").inc()
-        if serving:
-            self.metrics.serving.labels(model, serving).set(0)
-        self.metrics.serving.labels(model, target).set(1)
-        with contextlib.suppress(ServerUnavailable):  # what the server holds now
-            after = await self.control.status(model)
-            self._held(after.loaded, after.version)
-        await self._report(target, target, SidecarState.OK, sha256=sha256)
+        await self._swapped(target, serving, sha256)
         await asyncio.to_thread(self.fetcher.prune, model, self.settings.keep_versions, {target})
         return "ok"
