@@ -33,6 +33,7 @@ class ServerArgs:
     backend: str = defaults.BACKEND
     retain: int = defaults.RETAIN_VERSIONS
     tenants: bool = False  # mount and pass TENANTS_FILE
+    drain_seconds: float = defaults.DRAIN_SECONDS  # after SIGTERM, before the listener closes
 
 
 def server_argv(a: ServerArgs) -> list[str]:
@@ -47,6 +48,7 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--retain", str(a.retain),
         "--cache-dir", ENGINE_CACHE,
         "--audit-log", AUDIT_LOG,
+        "--drain-seconds", str(a.drain_seconds),
     ]  # fmt: skip
     if a.tenants:
         argv += ["--tenants-file", TENANTS_FILE]
@@ -59,6 +61,10 @@ class SidecarArgs:
     store: str  # s3://bucket/prefix or file:///dir
     signed: bool = True  # False: --allow-unsigned (development only)
     retain: int = defaults.RETAIN_VERSIONS  # the server's; the volume keeps one more
+    start_jitter_seconds: float = defaults.START_JITTER_SECONDS
+    backoff_base_seconds: float = defaults.BACKOFF_BASE_SECONDS
+    backoff_max_seconds: float = defaults.BACKOFF_MAX_SECONDS
+    max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
 
 
 def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
@@ -72,6 +78,10 @@ def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
         "--model", a.model,
         "--annotations-file", PODINFO_ANNOTATIONS,
         "--configmap-file", CONFIGMAP_TARGET,
+        "--start-jitter-seconds", str(a.start_jitter_seconds),
+        "--backoff-base-seconds", str(a.backoff_base_seconds),
+        "--backoff-max-seconds", str(a.backoff_max_seconds),
+        "--max-concurrent-downloads", str(a.max_concurrent_downloads),
     ]  # fmt: skip
     argv += ["--public-key", PUBLIC_KEY] if a.signed else ["--allow-unsigned"]
     if mode == "watch":

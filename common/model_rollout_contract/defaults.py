@@ -30,6 +30,12 @@ SIDECAR_METRICS_PORT = 9100  # the sidecar's /metrics
 SERVER_BACKEND = "onnxruntime"  # the embedded default: runs on any CPU
 SERVER_HOST = "127.0.0.1"  # listen on loopback unless told otherwise (pods say 0.0.0.0)
 INFERENCE_WORKERS = 4  # inference threads
+# SIGTERM: readiness turns 503 at once, then the server keeps serving this long (so that
+# endpoints and load balancers stop sending), waits for in-flight requests, then exits
+DRAIN_SECONDS = 5.0
+# the pod's terminationGracePeriodSeconds: room for the preStop pause, the drain and the
+# last in-flight requests
+TERMINATION_GRACE_SECONDS = 30
 
 # --- sidecar ---------------------------------------------------------------------------
 POLL_SECONDS = 2.0  # watch mode: between looks at the target
@@ -37,3 +43,9 @@ POLL_JITTER_SECONDS = 1.0  # watch mode: random extra delay, so a fleet does not
 KEEP_VERSIONS_ON_DISK = RETAIN_VERSIONS + 1  # versions kept on the volume, serving included
 STORE_ATTEMPTS = 5  # tries of one store operation before reporting an error
 MAX_CONCURRENT_DOWNLOADS = 1  # downloads at once per sidecar
+# storm controls: a fleet started (or told a new version) at once must not hit the store
+# at once. A random pause of up to START_JITTER before init's first download and before
+# watch's first poll; failed cycles back off exponentially (full jitter) between these.
+START_JITTER_SECONDS = 2.0
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 60.0

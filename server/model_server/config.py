@@ -39,6 +39,7 @@ class ServerConfig:
     tenants_file: Path | None = None  # tenants.yaml: API keys and models per tenant
     audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
     workers: int = defaults.INFERENCE_WORKERS  # inference threads
+    drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve this long unready
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenants-file")
     p.add_argument("--audit-log", help="JSON-lines audit file")
     p.add_argument("--workers", type=int, default=ServerConfig.workers, help="inference threads")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=ServerConfig.drain_seconds,
+        help="after SIGTERM: readiness 503 at once, keep serving this long, then finish",
+    )
     return p
 
 
@@ -88,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     a = parse_with_environment(p, SERVER_ENV_PREFIX, argv)
     if a.retain < 1:
         p.error("--retain must be at least 1")
+    if a.drain_seconds < 0:
+        p.error("--drain-seconds must not be negative")
     return ServerConfig(
         repository=Path(a.repository),
         models=[ModelSpec.parse(m) for m in a.model],
@@ -102,4 +111,5 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         tenants_file=optional_path(a.tenants_file),
         audit_log=optional_path(a.audit_log),
         workers=a.workers,
+        drain_seconds=a.drain_seconds,
     )

@@ -47,6 +47,9 @@ class FetchConfig:
     configmap_file: Path | None = None  # the deployment's default target version
     max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
     retries: int = defaults.STORE_ATTEMPTS  # attempts of one store operation
+    start_jitter_seconds: float = defaults.START_JITTER_SECONDS  # before the first fetch
+    backoff_base_seconds: float = defaults.BACKOFF_BASE_SECONDS  # failed cycles back off
+    backoff_max_seconds: float = defaults.BACKOFF_MAX_SECONDS
     kube_api: str | None = None  # API server URL (default: in-cluster, when in a cluster)
     pod_name: str | None = None  # this pod, whose annotations carry the target
     pod_namespace: str | None = None
@@ -100,6 +103,24 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
         "--retries", type=int, default=FetchConfig.retries, help="attempts for store operations"
     )
     p.add_argument(
+        "--start-jitter-seconds",
+        type=float,
+        default=FetchConfig.start_jitter_seconds,
+        help="random pause of up to this before the first download or poll",
+    )
+    p.add_argument(
+        "--backoff-base-seconds",
+        type=float,
+        default=FetchConfig.backoff_base_seconds,
+        help="first pause after a failed cycle (doubles per failure, full jitter)",
+    )
+    p.add_argument(
+        "--backoff-max-seconds",
+        type=float,
+        default=FetchConfig.backoff_max_seconds,
+        help="longest pause after failed cycles",
+    )
+    p.add_argument(
         "--kube-api", help="Kubernetes API URL for the pod's annotations (default: in-cluster)"
     )
     p.add_argument("--pod-name")
@@ -151,6 +172,9 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
         configmap_file=optional_path(a.configmap_file),
         max_concurrent_downloads=a.max_concurrent_downloads,
         retries=a.retries,
+        start_jitter_seconds=a.start_jitter_seconds,
+        backoff_base_seconds=a.backoff_base_seconds,
+        backoff_max_seconds=a.backoff_max_seconds,
         kube_api=a.kube_api,
         pod_name=a.pod_name,
         pod_namespace=a.pod_namespace,
