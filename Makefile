@@ -11,6 +11,14 @@ BIN := $(VENV)/bin
 # which CI=true turns into a failure).
 TORCH_CPU ?= torch==2.13.0+cpu
 FAST_TESTS := -m "not s3 and not slow"
+# Real TensorRT runtime bindings (the lean runtime imports without a GPU) and cuda-python
+# builds, each in its own directory: the TensorRT backend's API contract test imports
+# each one in a subprocess and checks every call the backend makes against it. Entries are
+# bindings:cuda:libs; 10.8's libs wheel on PyPI is a stub that downloads from NVIDIA, so
+# its bindings (whose API surface is what the test checks) load 10.16's libraries.
+COMPAT := $(VENV)/compat
+TRT_COMPAT := 10.8.0.43:cu12:10.16.1.11 10.16.1.11:cu12:10.16.1.11 11.4.0.106:cu13:11.4.0.106
+CUDA_COMPAT := 12.9.10 13.5.0
 
 .PHONY: install demo test test-fast lint bench clean
 
@@ -24,6 +32,12 @@ $(BIN)/.installed: pyproject.toml
 	# this venv's path for the tests, benchmarks and the demo
 	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
 	  | xargs -I{} sh -c 'echo "$(CURDIR)/e2e" > {}/model_rollout_e2e_tooling.pth'
+	for spec in $(TRT_COMPAT); do v=$${spec%%:*}; rest=$${spec#*:}; cu=$${rest%%:*}; libs=$${rest#*:}; \
+	  $(BIN)/python -m pip install --quiet --no-deps --target $(COMPAT)/tensorrt-$$v \
+	    tensorrt-lean-$$cu-bindings==$$v tensorrt-lean-$$cu-libs==$$libs || exit 1; done
+	for v in $(CUDA_COMPAT); do \
+	  $(BIN)/python -m pip install --quiet --no-deps --target $(COMPAT)/cuda-bindings-$$v \
+	    cuda-bindings==$$v cuda-pathfinder || exit 1; done
 	touch $@
 
 install: $(BIN)/.installed

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from model_rollout_e2e.onnx_models import write_mlp
+from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_cache import EngineCache
 from model_server.load_pipeline import warm_up
@@ -28,7 +29,7 @@ from model_server.load_pipeline import warm_up
 def start_pod(model: str, cache_dir: str, queue: multiprocessing.Queue) -> None:
     started = time.monotonic()
     backend = OnnxRuntimeBackend(cache=EngineCache(cache_dir, suffix="onnx"))
-    engine = backend.load(Path(model))
+    engine = backend.load(ModelFile.read(model))
     warm_up(engine)
     queue.put({"seconds": time.monotonic() - started, "built": not backend.last_cache_hit})
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             for bucket in (miss, hit):
                 started = time.monotonic()
                 backend = OnnxRuntimeBackend(cache=cache)
-                warm_up(backend.load(model))
+                warm_up(backend.load(ModelFile.read(model)))
                 bucket.append(time.monotonic() - started)
         together = {
             label: concurrent_start(model, args.pods, shared, work / label)

@@ -40,7 +40,8 @@ def simulate(replicas: int, strategy: str, seed: int) -> dict[str, float | int]:
             "version": "v2",
             "image": "i",
             "replicas": replicas,
-            "store": {"url": "s3://b/p"},
+            "store": {"url": "s3://bucket/p"},
+            "signingPublicKeySecret": "signing-key",
             **STRATEGIES[strategy],
         }
     )

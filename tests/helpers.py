@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import numpy as np
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import v2_body
 from model_rollout_e2e.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
+from model_server.backends.base import ModelFile
+from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 
 IN_DIM = 8
 
@@ -62,3 +66,58 @@ def which_version(versions: dict[str, Version], x: np.ndarray, answer: dict[str,
         f"answer claims {answer['model_version']} but matches {matches}: {json.dumps(answer)[:200]}"
     )
     return matches[0]
+
+
+async def ask(socket_path: Path, request: dict[str, Any] | bytes) -> dict[str, Any]:
+    """One request on a new connection to a control socket, and its reply."""
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(socket_path))
+    payload = request if isinstance(request, bytes) else json.dumps(request).encode()
+    writer.write(payload + b"\n")
+    await writer.drain()
+    answer: dict[str, Any] = json.loads(await reader.readline())
+    writer.close()
+    return answer
+
+
+def worker_processes(parent: int) -> list[int]:
+    """Pids of the ``multiprocessing`` spawn workers that ``parent`` started (read from
+    /proc): the server's JSON workers."""
+    children: list[int] = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        children += [int(p) for p in (task / "children").read_text().split()]
+    return sorted(
+        pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
+
+
+class GatedBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose engines block inference until a gate opens (to hold requests
+    in flight across a swap), and whose v-nan model produces NaN at warm-up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.closed: list[Path] = []
+
+    def load(self, model: ModelFile):  # type: ignore[override]
+        engine = super().load(model)
+        backend = self
+        inner_infer, inner_close = engine.infer, engine.close
+
+        def infer(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            backend.gate.wait(10)
+            out = inner_infer(feeds)
+            if "nan" in str(model.path):
+                out = {k: v * np.nan for k, v in out.items()}
+            return out
+
+        def close() -> None:
+            backend.closed.append(model.path)
+            inner_close()
+
+        engine.infer = infer  # type: ignore[method-assign]
+        engine.close = close  # type: ignore[method-assign]
+        return engine

@@ -1,13 +1,26 @@
-"""Building blocks for sidecar tests: keys, a published store, a watcher wired to a server."""
+"""Building blocks for sidecar tests: keys, a published store, a watcher wired to a server,
+a real small filesystem, snapshots of directories that must stay untouched."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
 from model_rollout_e2e.onnx_models import write_mlp
+from model_server.app import ModelServer
+from model_server.config import ModelSpec, ServerConfig
 from model_sidecar.control_client import ServerControl
 from model_sidecar.fetcher import Fetcher
 from model_sidecar.metrics import SidecarMetrics
@@ -54,10 +67,14 @@ def publish_versions(
 
 
 def make_fetcher(
-    store: ModelStore, keys: Keys, volume: Path, allowed: frozenset[str] | None = None
+    store: ModelStore,
+    keys: Keys,
+    volume: Path,
+    allowed: frozenset[str] | None = None,
+    max_concurrent_downloads: int = 1,
 ) -> Fetcher:
-    verifier = Verifier(load_public_key(keys.public.read_bytes()), volume, allowed)
-    return Fetcher(store, verifier, volume, FAST)
+    verifier = Verifier((load_public_key(keys.public.read_bytes()),), store.scope, allowed)
+    return Fetcher(store, verifier, volume, FAST, max_concurrent_downloads)
 
 
 def set_target(annotations_file: Path, version: str) -> None:
@@ -67,14 +84,85 @@ def set_target(annotations_file: Path, version: str) -> None:
 
 
 def make_watcher(
-    fetcher: Fetcher, socket: Path, annotations_file: Path, status_file: Path, model: str = "mlp"
+    fetcher: Fetcher,
+    socket: Path,
+    annotations_file: Path,
+    status_file: Path,
+    model: str = "mlp",
+    keep_versions: int = 2,
+    load_timeout_s: float = 300.0,
 ) -> Watcher:
     return Watcher(
-        WatchSettings(model, poll_s=0.05, jitter_s=0.05, keep_versions=2),
+        WatchSettings(
+            model,
+            poll_s=0.05,
+            jitter_s=0.05,
+            keep_versions=keep_versions,
+            backoff=Backoff(base_s=0.05, max_s=0.4),
+            refused_retry_s=300.0,
+        ),
         TargetSource(annotations_file),
         fetcher,
-        ServerControl(socket, Backoff(attempts=3, base_s=0.05, max_s=0.1)),
+        ServerControl(
+            socket, Backoff(attempts=3, base_s=0.05, max_s=0.1), load_timeout_s=load_timeout_s
+        ),
         StatusReporter(status_file),
         SidecarMetrics(),
         rng=random.Random(7),
+    )
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    status: dict[str, Any] = json.loads(path.read_text())
+    return status
+
+
+async def start_server(volume: Path, socket: Path, model: str = "mlp") -> TestClient:
+    """The real inference server on ``volume``, its control socket at ``socket``."""
+    config = ServerConfig(repository=volume, models=[ModelSpec(model)], control_socket=socket)
+    client = TestClient(TestServer(ModelServer(config).make_app()))
+    await client.start_server()
+    return client
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, mib: int) -> Iterator[Path]:
+    """A real filesystem of ``mib`` MiB at ``path`` (tmpfs: writes past it fail with
+    ENOSPC). Mounting needs root (CI runs as root); elsewhere the test is skipped."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a {mib} MiB tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def snapshot(directory: Path) -> dict[str, bytes | str]:
+    """Every entry under ``directory`` (links not followed) with its content or target:
+    equal snapshots mean nothing there was written, replaced or deleted."""
+    entries: dict[str, bytes | str] = {}
+    for path in sorted(directory.rglob("*")):
+        name = str(path.relative_to(directory))
+        if path.is_symlink():
+            entries[name] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            entries[name] = path.read_bytes()
+        else:
+            entries[name] = "dir"
+    return entries
+
+
+def sidecar_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``model-sidecar ARGS`` as a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "model_sidecar", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

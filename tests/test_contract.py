@@ -200,7 +200,15 @@ def test_crd_defaults_are_the_contract_defaults() -> None:
 def test_the_operator_parses_an_empty_spec_to_the_contract_defaults() -> None:
     from model_operator.spec import parse_spec
 
-    spec = parse_spec({"model": "m", "version": "v1", "image": "i", "store": {"pvc": "c"}})
+    spec = parse_spec(
+        {
+            "model": "m",
+            "version": "v1",
+            "image": "i",
+            "store": {"pvc": "c"},
+            "signingPublicKeySecret": "k",
+        }
+    )
     assert (spec.replicas, spec.backend, spec.precision, spec.gpus, spec.retain_versions) == (
         defaults.REPLICAS,
         defaults.BACKEND,
@@ -217,10 +225,11 @@ def test_the_operator_parses_an_empty_spec_to_the_contract_defaults() -> None:
 def test_server_argv_is_what_the_server_parses(tenants: bool) -> None:
     from model_server.config import parse_args
 
-    line = argv.server_argv(argv.ServerArgs("resnet", "torch", 3, tenants))
+    line = argv.server_argv(argv.ServerArgs("resnet", "torch", 3, tenants, precision="fp32"))
     assert line[0] == "model-server"
     config = parse_args(line[1:])
     assert [m.key for m in config.models] == ["resnet"] and config.backend == "torch"
+    assert config.tensorrt.precision == "fp32"
     assert (config.port, config.retain, str(config.repository)) == (
         defaults.SERVER_PORT,
         3,
@@ -249,7 +258,7 @@ def test_sidecar_argv_is_what_the_sidecar_parses(mode: str, signed: bool) -> Non
     assert str(fetch.configmap_file) == argv.CONFIGMAP_TARGET
     public_key = str(fetch.public_key) if fetch.public_key else None
     assert (public_key, fetch.allow_unsigned) == (
-        (argv.PUBLIC_KEY, False) if signed else (None, True)
+        (argv.KEYS_DIR, False) if signed else (None, True)
     )
     if isinstance(config, WatchConfig):
         assert str(config.control_socket) == argv.CONTROL_SOCKET and config.keep_versions == 3
@@ -270,13 +279,14 @@ def test_the_operator_writes_the_contract_command_lines() -> None:
             "model": "m",
             "version": "v1",
             "image": "i",
-            "store": {"url": "s3://b/p"},
+            "store": {"url": "s3://bucket/p"},
             "backend": "torch",
+            "allowUnsigned": True,
         }
     )
     pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
     containers = {c["name"]: c["args"] for c in [*pod["initContainers"], *pod["containers"]]}
-    sidecar = argv.SidecarArgs("m", "s3://b/p", signed=False, retain=spec.retain_versions)
+    sidecar = argv.SidecarArgs("m", "s3://bucket/p", signed=False, retain=spec.retain_versions)
     assert containers == {
         "prefetch": argv.sidecar_argv("init", sidecar),
         "server": argv.server_argv(argv.ServerArgs("m", "torch", spec.retain_versions)),

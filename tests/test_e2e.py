@@ -90,5 +90,6 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
             "Degraded": "False",
             "ChildrenReady": "True",
             "StoreReachable": "True",
+            "SignaturesVerified": "True",
             "Ready": "True",
         }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from model_rollout_e2e.onnx_models import write_mlp
+from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_cache import CacheKey, EngineCache
 
@@ -107,9 +108,9 @@ def test_onnxruntime_uses_the_cache_for_optimised_models(tmp_path: Path) -> None
     model = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
     write_mlp(model, seed=1)
     backend = OnnxRuntimeBackend(cache=EngineCache(tmp_path / "cache", suffix="onnx"))
-    backend.load(model).close()
+    backend.load(ModelFile.read(model)).close()
     assert backend.last_cache_hit is False
-    backend.load(model).close()
+    backend.load(ModelFile.read(model)).close()
     assert backend.last_cache_hit is True
     [entry] = backend.cache.entries()  # type: ignore[union-attr]
     assert entry.name.startswith("mlp_") and "_ort" in entry.name and "_fp32_dynamic_" in entry.name

@@ -3,53 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import add_version
+from helpers import GatedBackend, add_version
 from model_server.audit import AuditLog
+from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.engine_manager import EngineManager
 from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded
 from model_server.metrics import ServerMetrics
 from model_server.model_slot import VersionState, VersionStatus
 from model_server.repository import ModelRepository
-
-
-class GatedBackend(OnnxRuntimeBackend):
-    """ONNX Runtime whose engines block inference until a gate opens (to hold requests
-    in flight across a swap), and whose v-nan model produces NaN at warm-up."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.closed: list[Path] = []
-
-    def load(self, path: Path):  # type: ignore[override]
-        engine = super().load(path)
-        backend = self
-        inner_infer, inner_close = engine.infer, engine.close
-
-        def infer(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            backend.gate.wait(10)
-            out = inner_infer(feeds)
-            if "nan" in str(path):
-                out = {k: v * np.nan for k, v in out.items()}
-            return out
-
-        def close() -> None:
-            backend.closed.append(path)
-            inner_close()
-
-        engine.infer = infer  # type: ignore[method-assign]
-        engine.close = close  # type: ignore[method-assign]
-        return engine
 
 
 def make_manager(root: Path, retain: int = 2, budget: int | None = None) -> EngineManager:
@@ -155,9 +123,9 @@ async def test_a_slow_load_never_blocks_inference(root: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     class SlowLoading(OnnxRuntimeBackend):
-        def load(self, path: Path):  # type: ignore[override]
+        def load(self, model: ModelFile):  # type: ignore[override]
             time.sleep(1.0)
-            return super().load(path)
+            return super().load(model)
 
     manager = EngineManager(
         SlowLoading(),

@@ -23,7 +23,13 @@ BODY = {
     "apiVersion": "serving.model-rollout.io/v1alpha1",
     "kind": "ModelDeployment",
     "metadata": {"name": "m", "namespace": "ns", "uid": "u-1", "generation": 1},
-    "spec": {"model": "m", "version": "v1", "image": "i", "store": {"pvc": "claim"}},
+    "spec": {
+        "model": "m",
+        "version": "v1",
+        "image": "i",
+        "store": {"pvc": "claim"},
+        "signingPublicKeySecret": "key",
+    },
 }
 
 

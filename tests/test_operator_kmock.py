@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from model_operator.config import OperatorConfig
+from model_operator.spec import NO_SIGNING_KEY
 from model_rollout_contract.annotations import PROMOTE, TARGET_VERSION
 from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.kube_emulator import (
@@ -136,6 +137,7 @@ def md_body(store: S3Store | None, **spec: Any) -> dict[str, Any]:
             ),
             "canary": {"percent": 25, "pauseSeconds": 1},
             "rollout": {"batchSize": 1, "jitterSeconds": 0.3},
+            "signingPublicKeySecret": "model-signing-key",
             **spec,
         },
     }
@@ -513,3 +515,53 @@ async def test_a_pod_that_never_turns_ready_fails_the_rollout_at_its_deadline(
     assert "not ready for 3s" in status["message"] or stuck in status["message"], status["message"]
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "RolloutFailed"
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+async def _sidecar_args(cluster: Cluster) -> list[list[str]]:
+    [deployment] = await list_objects(cluster.api, f"/apis/apps/v1/namespaces/{NS}/deployments")
+    pod = deployment["spec"]["template"]["spec"]
+    return [
+        c["args"] for c in [*pod["initContainers"], *pod["containers"]] if c["name"] != "server"
+    ]
+
+
+async def test_pods_run_unsigned_only_when_the_spec_says_so_and_then_it_shows(
+    cluster: Cluster,
+) -> None:
+    """Without signingPublicKeySecret the sidecars used to run --allow-unsigned silently."""
+    cluster.start_operator()
+    body = md_body(None, replicas=2)
+    del body["spec"]["signingPublicKeySecret"]
+    await create_model_deployment(cluster.api, NS, body)
+    status = await cluster.wait(lambda s: s.get("phase") == "Invalid")
+    assert NO_SIGNING_KEY in status["message"]
+    assert _condition(status, "SpecValid")["status"] == "False"
+    await asyncio.sleep(0.6)
+    assert await list_objects(cluster.api, f"/apis/apps/v1/namespaces/{NS}/deployments") == []
+    assert await cluster.pod_targets() == {}  # no pod at all, so none unsigned
+
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"allowUnsigned": True}})
+    status = await cluster.wait(versions({"v1": 2}))
+    unsigned = _condition(status, "SignaturesVerified")
+    assert (unsigned["status"], unsigned["reason"]) == ("False", "AllowUnsigned")
+    assert _condition(status, "Ready")["status"] == "True"  # a choice, not a failure
+    assert all("--allow-unsigned" in args for args in await _sidecar_args(cluster))
+
+    await patch_model_deployment(
+        cluster.api,
+        NS,
+        "mlp",
+        {"spec": {"allowUnsigned": False, "signingPublicKeySecret": "model-signing-key"}},
+    )
+    status = await cluster.wait(
+        lambda s: _condition(s, "SignaturesVerified").get("status") == "True"
+    )
+    for args in await _sidecar_args(cluster):
+        assert "--allow-unsigned" not in args and "--public-key" in args
+    events = await list_objects(cluster.api, f"/api/v1/namespaces/{NS}/events")
+    warnings = [e for e in events if e.get("reason") == "AllowUnsigned"]
+    assert [e.get("type") for e in warnings] == ["Warning"], events  # once, when it started

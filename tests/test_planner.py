@@ -24,7 +24,8 @@ BASE = {
     "model": "mlp",
     "version": "v1",
     "image": "img:1",
-    "store": {"url": "s3://b/p"},
+    "store": {"url": "s3://bucket/p"},
+    "signingPublicKeySecret": "signing-key",
     "replicas": 4,
 }
 

@@ -179,7 +179,8 @@ async def test_server_down_is_retried(bucket: S3Store, tmp_path: Path) -> None:
     fetcher = make_fetcher(bucket, keys, volume)
     watcher = make_watcher(fetcher, tmp_path / "ctl.sock", podinfo, tmp_path / "status.json")
     assert await watcher.step() == "error"
-    assert "server unavailable" in json.loads((tmp_path / "status.json").read_text())["reason"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["code"] == "server_unavailable" and "not answering" in status["reason"]
     await fetcher.fetch("mlp", "v1")
     client = await start_server(volume, tmp_path / "ctl.sock")
     try:
@@ -212,26 +213,27 @@ async def test_s3_killed_mid_download(
 
             from botocore.response import StreamingBody
 
-            original = StreamingBody.iter_chunks
+            original = StreamingBody.read
+            reads = []
 
-            def dying(self, chunk_size=1024):  # type: ignore[no-untyped-def]
-                for i, chunk in enumerate(original(self, chunk_size)):
-                    if i == 1:
-                        s3.kill()
-                    yield chunk
+            def dying(self, amt=None):  # type: ignore[no-untyped-def]
+                reads.append(amt)
+                if len(reads) == 2:
+                    s3.kill()
+                return original(self, amt)
 
-            monkeypatch.setattr(StreamingBody, "iter_chunks", dying)
+            monkeypatch.setattr(StreamingBody, "read", dying)
             set_target(podinfo, "v2")
             assert await watcher.step() == "error"
             status = json.loads((tmp_path / "status.json").read_text())
-            assert status["state"] == "error" and "model store" in status["reason"]
+            assert status["state"] == "error" and status["code"] == "store_unreachable", status
             assert status["serving"] == "v1"
             assert not (volume / "mlp" / "v2").exists()
             assert list((volume / ".incoming").iterdir()) == []
             response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
             assert (await response.json())["model_version"] == "v1"
 
-            monkeypatch.setattr(StreamingBody, "iter_chunks", original)
+            monkeypatch.setattr(StreamingBody, "read", original)
             s3.start()  # same data directory and ports: the store comes back
             assert await until(watcher, "ok") == "ok"
             assert client.app[SERVER].manager.slot("mlp").current.version == "v2"  # type: ignore[union-attr]

@@ -17,8 +17,9 @@ PODINFO_ANNOTATIONS = f"{PODINFO_DIR}/annotations"
 CONFIG_DIR = "/etc/model-rollout/config"  # the ModelDeployment's ConfigMap
 CONFIGMAP_VERSION_KEY = "target-version"  # its key: the default version for new pods
 CONFIGMAP_TARGET = f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}"
-KEYS_DIR = "/etc/model-rollout/keys"  # the signing public key's Secret
-PUBLIC_KEY = f"{KEYS_DIR}/public.pem"
+# the signing keys' Secret: every *.pem in it is trusted (several during a key rotation),
+# so the sidecar is given the directory
+KEYS_DIR = "/etc/model-rollout/keys"
 TENANTS_DIR = "/etc/model-rollout/tenants"  # the tenants Secret
 TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
 STORE_DIR = "/store"  # a volume (PVC) store
@@ -34,6 +35,7 @@ class ServerArgs:
     retain: int = defaults.RETAIN_VERSIONS
     tenants: bool = False  # mount and pass TENANTS_FILE
     drain_seconds: float = defaults.DRAIN_SECONDS  # after SIGTERM, before the listener closes
+    precision: str = defaults.PRECISION  # what the TensorRT backend builds
 
 
 def server_argv(a: ServerArgs) -> list[str]:
@@ -49,6 +51,7 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--cache-dir", ENGINE_CACHE,
         "--audit-log", AUDIT_LOG,
         "--drain-seconds", str(a.drain_seconds),
+        "--precision", a.precision,
     ]  # fmt: skip
     if a.tenants:
         argv += ["--tenants-file", TENANTS_FILE]
@@ -83,7 +86,7 @@ def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
         "--backoff-max-seconds", str(a.backoff_max_seconds),
         "--max-concurrent-downloads", str(a.max_concurrent_downloads),
     ]  # fmt: skip
-    argv += ["--public-key", PUBLIC_KEY] if a.signed else ["--allow-unsigned"]
+    argv += ["--public-key", KEYS_DIR] if a.signed else ["--allow-unsigned"]
     if mode == "watch":
         argv += [
             "--control-socket", CONTROL_SOCKET,

@@ -26,10 +26,17 @@ from typing import Any
 from .names import InvalidName, check_model_key, check_name
 
 MAX_LINE = 64 * 1024  # bytes in one message, newline included
+_MAX_SHOWN = 200  # characters of a bad value quoted in an error: replies stay short
 
 
 class ProtocolError(ValueError):
     """A line that is not a valid message of this protocol."""
+
+
+def _shown(text: str) -> str:
+    """``text`` cut in the middle to at most about ``_MAX_SHOWN`` characters."""
+    half = _MAX_SHOWN // 2
+    return text if len(text) <= _MAX_SHOWN else f"{text[:half]} ... {text[-half:]}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ class StatusReply:
                 "sha256": self.sha256, "loaded": list(self.loaded)}  # fmt: skip
 
 
+# the ErrorReply code of a connection over the server's bound: nothing was done, try again
+BUSY = "busy"
+
+
 @dataclass(frozen=True)
 class ErrorReply:
     error: str  # for people
@@ -136,9 +147,12 @@ def _text(raw: dict[str, Any], key: str, what: str, optional: bool = False) -> A
 
 def parse_request(line: bytes) -> Request:
     raw = _object(line)
+    nested = [key for key, value in raw.items() if isinstance(value, dict | list)]
+    if nested:  # requests are flat; deeper nesting than JSON's limit fails in _object
+        raise ProtocolError(f"a request holds no nested values: {_shown(repr(nested))}")
     op = raw.get("op")
     try:
-        model = check_model_key(_text(raw, "model", f"{op!r}"))
+        model = check_model_key(_text(raw, "model", _shown(repr(op))))
         if op == "status":
             return StatusRequest(model)
         if op == "load":
@@ -154,8 +168,8 @@ def parse_request(line: bytes) -> Request:
                 model, None if version is None else check_name("version", version)
             )
     except InvalidName as exc:
-        raise ProtocolError(str(exc)) from exc
-    raise ProtocolError(f"unknown op {op!r}; expected load, rollback or status")
+        raise ProtocolError(_shown(str(exc))) from exc
+    raise ProtocolError(f"unknown op {_shown(repr(op))}; expected load, rollback or status")
 
 
 def _typed(raw: dict[str, Any], key: str, kinds: tuple[type, ...]) -> Any:

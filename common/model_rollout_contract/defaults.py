@@ -7,7 +7,11 @@ from __future__ import annotations
 # --- ModelDeployment spec (the CRD's `default:` values) ---------------------------------
 REPLICAS = 1  # pods of a ModelDeployment
 BACKEND = "tensorrt"  # the production backend
-PRECISION = "fp16"  # engine precision asked of the backend
+# engine precision asked of the backend: "model" is what the ONNX graph carries (strongly
+# typed: the only way TensorRT 11 builds, and the same on 10); fp16 on an fp32 graph works
+# on TensorRT 10 only; int8 needs an explicitly quantized (Q/DQ) graph
+PRECISION = "model"
+PRECISIONS = ("model", "fp32", "fp16", "int8")
 GPUS = 1  # nvidia.com/gpu per pod
 CANARY_PERCENT = 0  # share of pods in the canary; 0 = no canary stage
 CANARY_PAUSE_SECONDS = 30.0  # hold a healthy canary this long before promoting
@@ -21,6 +25,7 @@ PROGRESS_DEADLINE_SECONDS = 600.0  # a batch (or the canary) must serve within t
 # deadline counts from when its sidecar reports seeing the target, else from this late
 MAX_SIGNAL_DELAY_SECONDS = 90.0
 RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
+ALLOW_UNSIGNED = False  # sidecars verify Ed25519 signatures unless spec.allowUnsigned
 
 # --- pod layout (the operator writes it; server and sidecar are told by argv) -----------
 SERVER_PORT = 8000  # KServe v2 HTTP inside the pod
@@ -33,9 +38,14 @@ INFERENCE_WORKERS = 4  # inference threads
 # SIGTERM: readiness turns 503 at once, then the server keeps serving this long (so that
 # endpoints and load balancers stop sending), waits for in-flight requests, then exits
 DRAIN_SECONDS = 5.0
+# the server container's preStop pause (the kubelet's native sleep action), before SIGTERM:
+# endpoints and kube-proxy stop routing to the pod while it still serves at full width
+PRESTOP_SLEEP_SECONDS = 5
+# after the drain, what the last in-flight requests get before the kubelet's SIGKILL
+INFLIGHT_GRACE_SECONDS = 20
 # the pod's terminationGracePeriodSeconds: room for the preStop pause, the drain and the
-# last in-flight requests
-TERMINATION_GRACE_SECONDS = 30
+# last in-flight requests (a longer spec.server.drainSeconds lengthens it to match)
+TERMINATION_GRACE_SECONDS = PRESTOP_SLEEP_SECONDS + int(DRAIN_SECONDS) + INFLIGHT_GRACE_SECONDS
 
 # --- sidecar ---------------------------------------------------------------------------
 POLL_SECONDS = 2.0  # watch mode: between looks at the target

@@ -5,7 +5,13 @@ directory (``file:///dir``). Volume (the server's repository, written by the sid
 
     <volume>/[<tenant>/]<model>/<version>/...   verified versions (see manifest)
     <volume>/<model>/CURRENT                    the version a (re)started server serves
-    <volume>/.incoming/                         downloads in progress, never served
+    <volume>/<model>/.accepted-sequences.json   per version, the newest publish sequence
+                                                the sidecar accepted (older builds refused)
+    <volume>/.incoming/                         downloads in progress, never served; swept
+                                                when the sidecar starts
+
+The sidecar reaches every one of these through directory file descriptors and never
+follows a symbolic link below ``<volume>`` (the volume is shared with the server).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from urllib.parse import urlparse
 
 CURRENT_FILE = "CURRENT"
 INCOMING_DIR = ".incoming"
+ACCEPTED_FILE = ".accepted-sequences.json"
+FILE_STORE_SCOPE = "file:"  # every directory store: see StoreUrl.scope
 
 
 def object_key(model: str, version: str, name: str) -> str:
@@ -44,6 +52,16 @@ class StoreUrl:
     def key(self, relative: str) -> str:
         """The full S3 key (prefix included) of a key relative to the prefix."""
         return f"{self.path}/{relative}" if self.path else relative
+
+    @property
+    def scope(self) -> str:
+        """What a signed manifest binds as its ``store``: ``s3://bucket/prefix`` (the
+        endpoint left out, so the same bucket through another endpoint is the same store),
+        or ``file:`` for any directory store — a directory is mounted at different paths by
+        the publisher and by the pods, so its path cannot name it."""
+        if self.scheme == "s3":
+            return f"s3://{self.bucket}/{self.path}" if self.path else f"s3://{self.bucket}"
+        return FILE_STORE_SCOPE
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.path}" if self.scheme == "s3" else f"file://{self.path}"

@@ -6,6 +6,14 @@ A version directory, in the store and on the pod's volume (Triton-style)::
     <model>/<version>/model.onnx | model.engine | model.plan
     <model>/<version>/manifest.json   (uploaded last: its presence marks a complete version)
     <model>/<version>/manifest.sig    (Ed25519 over manifest.json's bytes)
+
+Besides the model file's digest and size, a signed manifest binds *where* and *which
+build*: ``store`` (the store it was published to, :attr:`.layout.StoreUrl.scope`) and
+``sequence`` (a publish sequence that grows with every publish of the same version), so
+that a signed manifest copied into another team's prefix, or an older signed build of the
+same version, can be told apart. Both are optional in the format, so manifests written
+before them still parse (the server reads them); the sidecar refuses a signed manifest
+that lacks them.
 """
 
 from __future__ import annotations
@@ -14,11 +22,14 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 MODEL_FILE_NAMES = ("model.onnx", "model.engine", "model.plan")
+BOUND_FIELDS = ("store", "sequence")  # what a signature binds beyond model and version
+MAX_MANIFEST_BYTES = 1 << 20  # larger manifest objects are refused unread
+MAX_SIGNATURE_BYTES = 1 << 10  # an Ed25519 signature is 64 bytes
 _HASH_CHUNK = 1 << 20
 
 
@@ -37,10 +48,16 @@ class Manifest:
     shapes: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     builder: dict[str, Any] = field(default_factory=dict)
+    store: str | None = None  # the store's scope it was published to (None: not bound)
+    sequence: int | None = None  # publish sequence of this version (None: not bound)
 
     def to_bytes(self) -> bytes:
         """Canonical encoding: the exact bytes that are signed."""
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def unbound(self) -> list[str]:
+        """The binding fields this manifest lacks (signed before they existed)."""
+        return [name for name in BOUND_FIELDS if getattr(self, name) is None]
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
@@ -59,6 +76,14 @@ class Manifest:
             )
         if not is_sha256(raw["sha256"]):
             raise ManifestError("manifest sha256 must be 64 lowercase hex digits")
+        for key, optional in (("size", False), ("sequence", True)):
+            value = raw.get(key)
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ManifestError(f"manifest {key} must be a non-negative integer")
+        if raw.get("store") is not None and not isinstance(raw["store"], str):
+            raise ManifestError("manifest store must be a string")
         known = set(cls.__dataclass_fields__)
         try:
             return cls(**{k: v for k, v in raw.items() if k in known})
@@ -72,13 +97,18 @@ def is_sha256(value: object) -> bool:
     )
 
 
+def sha256_stream(stream: BinaryIO) -> str:
+    """SHA-256 of what is left in an open binary file (one already opened safely)."""
+    h = hashlib.sha256()
+    while chunk := stream.read(_HASH_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
 def sha256_file(path: str | Path) -> str:
     """SHA-256 of a file, streamed so large engines never sit in memory twice."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return sha256_stream(f)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -3,9 +3,16 @@
 
 Wire format (one JSON object, keys sorted)::
 
-    {"model": "m", "target": "v2", "serving": "v1", "state": "loading",
-     "reason": null, "sha256": "<hex>", "retained": ["v0"],
+    {"model": "m", "target": "v2", "serving": "v1", "state": "refused",
+     "code": "size_mismatch", "reason": "size_mismatch: model.onnx has more than ...",
+     "sha256": null, "retained": ["v0"],
      "target_seen_at": 1764699999.2, "updated_at": 1764700000.0}
+
+``code`` is a stable word for programs (every failure has its own: ``volume_full``,
+``store_unreachable``, ``bad_credentials``, ``size_mismatch``, ``stale_sequence``, ...);
+``reason`` says the same for people. ``updated_at`` is also a heartbeat: a sidecar
+rewrites an unchanged report at least every :data:`HEARTBEAT_SECONDS`, so a report much
+older than that comes from a sidecar that is stuck or gone.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .states import SidecarState
+
+HEARTBEAT_SECONDS = 30.0  # an unchanged report is rewritten at least this often
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class SidecarReport:
     retained: tuple[str, ...] = ()  # versions the server holds beside the serving one
     target_seen_at: float | None = None  # when the sidecar first saw this target (epoch s)
     updated_at: float = 0.0  # seconds since the epoch
+    code: str | None = None  # the failure's stable code, for refused and error
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -78,4 +88,5 @@ class SidecarReport:
             else (),
             target_seen_at=seconds("target_seen_at"),
             updated_at=seconds("updated_at") or 0.0,
+            code=text_or_none("code"),
         )

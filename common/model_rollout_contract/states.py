@@ -58,4 +58,5 @@ class ConditionType(_StrEnum):
     DEGRADED = "Degraded"  # True after a failed rollout or a refused spec
     CHILDREN_READY = "ChildrenReady"  # False: an object it must create exists, not its own
     STORE_REACHABLE = "StoreReachable"  # False: the target could not be checked; holding
+    SIGNATURES_VERIFIED = "SignaturesVerified"  # False: allowUnsigned, nothing is verified
     READY = "Ready"  # kstatus-style summary: Available, up to date, nothing failing

@@ -53,6 +53,14 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/secrets": {"kind": "Secret", "namespaced": True},
     "coordination.k8s.io/v1/leases": {"kind": "Lease", "namespaced": True},
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
+    "admissionregistration.k8s.io/v1/validatingadmissionpolicies": {
+        "kind": "ValidatingAdmissionPolicy",
+        "namespaced": False,
+    },
+    "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings": {
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "namespaced": False,
+    },
 }
 
 

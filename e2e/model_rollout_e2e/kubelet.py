@@ -143,6 +143,8 @@ class Kubelet:
     async def _sync(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
         ready = await self.runtime.sync(pod) and name not in self.never_ready
+        if name in self._failed or name not in self._running:
+            return  # evicted or deleted while this sync ran: a "Running" now would revive it
         if self._ready.get(name) != ready:
             self._ready[name] = ready
             await self.api.merge_patch(
@@ -208,6 +210,8 @@ class SimulatedPods:
 
     async def sync(self, pod: dict[str, Any]) -> bool:
         name = pod["metadata"]["name"]
+        if name not in self.serving:
+            return False  # stopped (or never started): no sidecar reports any more
         annotations = pod["metadata"].get("annotations") or {}
         target = annotations.get(TARGET_VERSION) or self.initial_version
         serving = self.serving.get(name)

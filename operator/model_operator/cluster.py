@@ -23,7 +23,7 @@ _PATHS = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
 }
-_MUTABLE = ("spec", "data", "rules", "roleRef", "subjects")
+_MUTABLE = ("spec", "data", "rules", "roleRef", "subjects", "automountServiceAccountToken")
 MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet never floods
 
 

@@ -36,7 +36,15 @@ from .metrics import OperatorMetrics
 from .planner import Event, next_deadline, plan_rollout
 from .pods import PodView, pod_view
 from .spec import ModelDeploymentSpec, parse_spec
-from .status import build_status, invalid_status, merge_patch, rollout_from_status
+from .status import (
+    UNSIGNED_MESSAGE,
+    UNSIGNED_REASON,
+    build_status,
+    invalid_status,
+    merge_patch,
+    rollout_from_status,
+    was_unsigned,
+)
 from .store_check import VersionCheck, boto_credentials, check_version
 
 _rng = random.SystemRandom()
@@ -237,8 +245,18 @@ async def reconcile_pass(
     if plan.promotion_used:  # one promotion promotes one rollout
         await cluster.clear_promotion(api, namespace, name)
     events += plan.events
+    if spec.allow_unsigned and not was_unsigned(_conditions(status)):
+        events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
     new_status = build_status(
-        plan, pods, spec.replicas, generation, now, _conditions(status), foreign, store_problem
+        plan,
+        pods,
+        spec.replicas,
+        generation,
+        now,
+        _conditions(status),
+        signing_key=spec.signing_public_key_secret,
+        foreign=foreign,
+        store_problem=store_problem,
     )
     new_status["appliedHash"] = applied
     new_status["foreignChildren"] = foreign

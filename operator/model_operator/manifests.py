@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
-from model_rollout_contract import argv
+from model_rollout_contract import argv, defaults
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_contract.defaults import SERVER_PORT, SIDECAR_METRICS_PORT
 
+from .admission_policy import sidecar_service_account
 from .spec import ModelDeploymentSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
 # the sidecar reads its pod's name and namespace (Downward API env) as these flags
 SIDECAR_POD_NAME = env_name(SIDECAR_ENV_PREFIX, "--pod-name")
 SIDECAR_POD_NAMESPACE = env_name(SIDECAR_ENV_PREFIX, "--pod-namespace")
+# the API credentials, only in the containers that call the API (the sidecar, and the init
+# container, which reads its pod's annotations): where in-cluster clients look for them
+API_ACCESS_VOLUME = "kube-api-access"
+API_ACCESS_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# the projected token's lifetime: the kubelet renews it at 80% of this, and the sidecar's
+# client reads the file again at most a minute after (kubernetes_asyncio's in-cluster config)
+TOKEN_SECONDS = 3600
 
 
 def labels(name: str, spec: ModelDeploymentSpec) -> dict[str, str]:
@@ -42,9 +51,52 @@ def _sidecar_args(spec: ModelDeploymentSpec) -> argv.SidecarArgs:
     return argv.SidecarArgs(
         spec.model,
         spec.store.sidecar_url,
-        signed=bool(spec.signing_public_key_secret),
+        signed=not spec.allow_unsigned,  # a valid spec has the key, or says allowUnsigned
         retain=spec.retain_versions,
+        start_jitter_seconds=spec.sidecar.start_jitter_seconds,
+        backoff_base_seconds=spec.sidecar.backoff_base_seconds,
+        backoff_max_seconds=spec.sidecar.backoff_max_seconds,
+        max_concurrent_downloads=spec.sidecar.max_concurrent_downloads,
     )
+
+
+def termination_grace_seconds(drain_seconds: float) -> int:
+    """The preStop pause, the drain, then the last in-flight requests: the contract's
+    grace period, longer by as much as the spec's drain is."""
+    return (
+        defaults.PRESTOP_SLEEP_SECONDS + math.ceil(drain_seconds) + defaults.INFLIGHT_GRACE_SECONDS
+    )
+
+
+def api_access_volume() -> dict[str, Any]:
+    """What the kubelet would mount everywhere with automountServiceAccountToken (a
+    bounded, rotated token, the cluster's CA, the namespace), as a volume to mount where
+    it is needed only."""
+    return {
+        "name": API_ACCESS_VOLUME,
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECONDS}},
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                            }
+                        ]
+                    }
+                },
+            ],
+        },
+    }
 
 
 def _sidecar_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
@@ -112,10 +164,8 @@ def _volumes(
         volumes.append(
             {
                 "name": "signing-key",
-                "secret": {
-                    "secretName": spec.signing_public_key_secret,
-                    "items": [{"key": "public.pem", "path": "public.pem"}],
-                },
+                # every *.pem entry is a trusted key: two during a rotation
+                "secret": {"secretName": spec.signing_public_key_secret},
             }
         )
         mounts.append({"name": "signing-key", "mountPath": argv.KEYS_DIR, "readOnly": True})
@@ -149,6 +199,8 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
 def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(name, spec)
     control_mount = {"name": "control", "mountPath": argv.CONTROL_DIR}
+    api_mount = {"name": API_ACCESS_VOLUME, "mountPath": API_ACCESS_DIR, "readOnly": True}
+    volumes.append(api_access_volume())
     sidecar_image = spec.sidecar_image or spec.image
     server_args = argv.server_argv(
         argv.ServerArgs(
@@ -156,9 +208,12 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             backend=spec.backend,
             retain=spec.retain_versions,
             tenants=bool(spec.tenants_secret),
+            drain_seconds=spec.server.drain_seconds,
+            precision=spec.precision,
         )
     )
     sidecar_args = _sidecar_args(spec)
+    # the server parses untrusted input: it gets the model volume and the socket, no token
     server_mounts = [m for m in mounts if m["name"] == "models"] + [control_mount]
     if spec.tenants_secret:
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenants_secret}})
@@ -178,14 +233,18 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
-                    "serviceAccountName": f"{name}-pod",
+                    "serviceAccountName": sidecar_service_account(name),
+                    "automountServiceAccountToken": False,  # mounted where needed only
+                    "terminationGracePeriodSeconds": termination_grace_seconds(
+                        spec.server.drain_seconds
+                    ),
                     "initContainers": [
                         {
                             "name": "prefetch",
                             "image": sidecar_image,
                             "args": argv.sidecar_argv("init", sidecar_args),
                             "env": _sidecar_env(spec),
-                            "volumeMounts": mounts,
+                            "volumeMounts": [*mounts, api_mount],
                         }
                     ],
                     "containers": [
@@ -202,6 +261,10 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                                 "httpGet": {"path": "/v2/health/live", "port": "http"},
                                 "periodSeconds": 10,
                             },
+                            # endpoints stop routing here before SIGTERM starts the drain
+                            "lifecycle": {
+                                "preStop": {"sleep": {"seconds": defaults.PRESTOP_SLEEP_SECONDS}}
+                            },
                             "resources": _resources(spec),
                             "volumeMounts": server_mounts,
                         },
@@ -213,7 +276,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "ports": [
                                 {"name": "sidecar-metrics", "containerPort": SIDECAR_METRICS_PORT}
                             ],
-                            "volumeMounts": [*mounts, control_mount],
+                            "volumeMounts": [*mounts, control_mount, api_mount],
                         },
                     ],
                     "volumes": volumes,
@@ -250,34 +313,37 @@ def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str
     }
 
 
+# what the sidecar does with its pod: read it (init and watch), watch it (a watch request
+# with a fieldSelector on its name is the verb watch, not list) and annotate it
+SIDECAR_POD_VERBS = ("get", "watch", "patch")
+
+
 def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
-    """Least privilege for the sidecar: read, watch and annotate pods of its namespace."""
-    meta = {"name": f"{name}-pod", "namespace": namespace, "labels": labels(name, spec)}
+    """The sidecar's account, as narrow as RBAC goes: its pod's name is not known when
+    the Role is written (a Deployment's pods get random names later), so ``resourceNames``
+    cannot pin it; the chart's admission policy (:mod:`.admission_policy`) confines the
+    patch to the token's own pod and the sidecar's own annotation."""
+    account = sidecar_service_account(name)
+    meta = {"name": account, "namespace": namespace, "labels": labels(name, spec)}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta,
+            "automountServiceAccountToken": False,  # the pod mounts a projected token
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta,
-            # follow its own pod (a fieldSelector watch needs list and watch) and report
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods"],
-                    "verbs": ["get", "list", "watch", "patch"],
-                }
-            ],
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(SIDECAR_POD_VERBS)}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": f"{name}-pod",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": f"{name}-pod", "namespace": namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
     ]
 

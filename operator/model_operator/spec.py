@@ -5,6 +5,7 @@ object never changes anything, whatever API server it runs against)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +15,24 @@ from model_rollout_contract.names import NAME_RULE, is_valid_name
 
 from .errors import SpecError
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = defaults.PRECISIONS
 BACKENDS = ("tensorrt", "onnxruntime", "torch")
+# a Kubernetes resource quantity ("500m", "16Gi", "2", "1e3"), never negative; the CRD
+# repeats it as the `pattern` of resources.cpu and resources.memory (a test compares them)
+QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?")
+# the name of a Secret or PersistentVolumeClaim: a DNS-1123 subdomain (the CRD's pattern)
+OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+OBJECT_NAME_MAX = 253
+S3_URL = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,62}(/.*)?")  # bucket, then any prefix
+# limits the CRD repeats as its maximum:s (the property test checks that both agree)
+MAX_DRAIN_SECONDS = 300
+MAX_START_JITTER_SECONDS = 600
+MAX_BACKOFF_SECONDS = 3600
+MAX_CONCURRENT_DOWNLOADS = 16
+NO_SIGNING_KEY = (
+    "spec.signingPublicKeySecret is required: a Secret holding public.pem, the Ed25519 key"
+    " model versions must be signed with (or spec.allowUnsigned: true, for development only)"
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,22 @@ class RolloutSettings:
 
 
 @dataclass(frozen=True)
+class SidecarSettings:
+    """Storm controls: a fleet that starts, or is told a new version, at once must not
+    hit the model store at once (passed to init and watch as their flags)."""
+
+    start_jitter_seconds: float = defaults.START_JITTER_SECONDS
+    backoff_base_seconds: float = defaults.BACKOFF_BASE_SECONDS
+    backoff_max_seconds: float = defaults.BACKOFF_MAX_SECONDS
+    max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve unready this long
+
+
+@dataclass(frozen=True)
 class ModelDeploymentSpec:
     model: str
     version: str
@@ -64,13 +97,18 @@ class ModelDeploymentSpec:
     backend: str = defaults.BACKEND
     precision: str = defaults.PRECISION
     gpus: int = defaults.GPUS
-    cpu: str | None = None
-    memory: str | None = None
+    cpu: str | int | None = None  # a quantity
+    memory: str | int | None = None
     canary: CanarySpec = field(default_factory=CanarySpec)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     retain_versions: int = defaults.RETAIN_VERSIONS
+    # exactly one of the two: the key manifests must be signed with, or an explicit
+    # opt-out of signature checks (development only)
     signing_public_key_secret: str | None = None
+    allow_unsigned: bool = defaults.ALLOW_UNSIGNED
     tenants_secret: str | None = None  # Secret with tenants.yaml (see model-server)
+    sidecar: SidecarSettings = field(default_factory=SidecarSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
 
     def canary_pods(self) -> int:
         if self.canary.percent <= 0 or self.replicas == 0:
@@ -107,6 +145,47 @@ def _name(raw: dict[str, Any], key: str, problems: list[str], where: str = "spec
     return value
 
 
+def _object_name(raw: dict[str, Any], key: str, problems: list[str], where: str) -> str | None:
+    """A Secret's or a claim's name, or ``None`` when absent; a malformed one is a problem
+    (never dropped: a dropped signing key would mean unsigned pods)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > OBJECT_NAME_MAX
+        or not OBJECT_NAME.fullmatch(value)
+    ):
+        problems.append(
+            f"{where}{key} must be the name of an object (a DNS subdomain: lower-case letters,"
+            f" digits, '-' and '.', at most {OBJECT_NAME_MAX}), not {value!r}"
+        )
+        return None
+    return value
+
+
+def _quantity(raw: dict[str, Any], key: str, problems: list[str], where: str) -> str | int | None:
+    """A resource quantity: a string such as ``500m`` or ``16Gi``, or a whole number."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and QUANTITY.fullmatch(value):
+        return value
+    problems.append(
+        f'{where}{key} must be a Kubernetes quantity such as "500m", "16Gi" or a whole'
+        f" number, not {value!r}"
+    )
+    return None
+
+
+def _number(
+    raw: dict[str, Any], key: str, problems: list[str], where: str, default: float
+) -> float:
+    return float(_get(raw, key, (int, float), problems, where, default))
+
+
 def _range(
     problems: list[str], where: str, value: float | None, low: float, high: float | None = None
 ) -> None:
@@ -131,15 +210,15 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
 
     store_raw = _get(raw, "store", dict, problems, "spec.", {})
     url = _get(store_raw, "url", str, problems, "spec.store.")
-    pvc = _get(store_raw, "pvc", str, problems, "spec.store.")
-    if bool(url) == bool(pvc):
+    pvc = _object_name(store_raw, "pvc", problems, "spec.store.")
+    if (url is None) == (pvc is None):
         problems.append("spec.store needs exactly one of url (s3://bucket/prefix) or pvc")
-    elif url and not url.startswith("s3://"):
+    elif url is not None and not S3_URL.fullmatch(url):
         problems.append(f"spec.store.url must be s3://bucket/prefix (got {url!r})")
     store = StoreSpec(
         url,
         _get(store_raw, "endpoint", str, problems, "spec.store."),
-        _get(store_raw, "credentialsSecret", str, problems, "spec.store."),
+        _object_name(store_raw, "credentialsSecret", problems, "spec.store."),
         pvc,
     )
 
@@ -219,11 +298,27 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     precision = _get(raw, "precision", str, problems, "spec.", defaults.PRECISION)
     if precision not in PRECISIONS:
         problems.append(f"spec.precision must be one of {PRECISIONS} (got {precision!r})")
+    elif precision in ("fp16", "int8") and backend != "tensorrt":
+        problems.append(
+            f"spec.precision {precision} needs backend tensorrt (onnxruntime and torch run "
+            "the graph as it is: use model or fp32)"
+        )
     retain = _get(raw, "retainVersions", int, problems, "spec.", defaults.RETAIN_VERSIONS)
     _range(problems, "spec.retainVersions", retain, 1, 8)
 
+    cpu = _quantity(resources, "cpu", problems, "spec.resources.")
+    memory = _quantity(resources, "memory", problems, "spec.resources.")
+
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})
-    tenants_secret = _get(tenants, "secretName", str, problems, "spec.tenants.")
+    tenants_secret = _object_name(tenants, "secretName", problems, "spec.tenants.")
+    sidecar_image = _get(raw, "sidecarImage", str, problems, "spec.")
+    signing_key, allow_unsigned = _signing(raw, problems)
+    sidecar = _sidecar_settings(_get(raw, "sidecar", dict, problems, "spec.", {}), problems)
+    server_raw = _get(raw, "server", dict, problems, "spec.", {})
+    server = ServerSettings(
+        _number(server_raw, "drainSeconds", problems, "spec.server.", defaults.DRAIN_SECONDS)
+    )
+    _range(problems, "spec.server.drainSeconds", server.drain_seconds, 0, MAX_DRAIN_SECONDS)
 
     if problems:
         raise SpecError(problems)
@@ -233,15 +328,62 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         image=image,
         store=store,
         replicas=replicas,
-        sidecar_image=_get(raw, "sidecarImage", str, problems, "spec."),
+        sidecar_image=sidecar_image,
         backend=backend,
         precision=precision,
         gpus=gpus,
-        cpu=resources.get("cpu"),
-        memory=resources.get("memory"),
+        cpu=cpu,
+        memory=memory,
         canary=canary,
         rollout=rollout,
         retain_versions=retain,
-        signing_public_key_secret=_get(raw, "signingPublicKeySecret", str, problems, "spec."),
+        signing_public_key_secret=signing_key,
+        allow_unsigned=allow_unsigned,
         tenants_secret=tenants_secret,
+        sidecar=sidecar,
+        server=server,
     )
+
+
+def _signing(raw: dict[str, Any], problems: list[str]) -> tuple[str | None, bool]:
+    """Signature checks are on unless the spec says ``allowUnsigned: true``, and then
+    there must be no key (a key that would be ignored is a mistake worth saying)."""
+    key = _object_name(raw, "signingPublicKeySecret", problems, "spec.")
+    malformed = raw.get("signingPublicKeySecret") is not None and key is None
+    allow = bool(_get(raw, "allowUnsigned", bool, problems, "spec.", defaults.ALLOW_UNSIGNED))
+    if key is not None and allow:
+        problems.append("spec takes signingPublicKeySecret or allowUnsigned: true, not both")
+    elif key is None and not allow and not malformed:
+        problems.append(NO_SIGNING_KEY)
+    return key, allow
+
+
+def _sidecar_settings(raw: dict[str, Any], problems: list[str]) -> SidecarSettings:
+    where = "spec.sidecar."
+    settings = SidecarSettings(
+        start_jitter_seconds=_number(
+            raw, "startJitterSeconds", problems, where, defaults.START_JITTER_SECONDS
+        ),
+        backoff_base_seconds=_number(
+            raw, "backoffBaseSeconds", problems, where, defaults.BACKOFF_BASE_SECONDS
+        ),
+        backoff_max_seconds=_number(
+            raw, "backoffMaxSeconds", problems, where, defaults.BACKOFF_MAX_SECONDS
+        ),
+        max_concurrent_downloads=_get(
+            raw, "maxConcurrentDownloads", int, problems, where, defaults.MAX_CONCURRENT_DOWNLOADS
+        ),
+    )
+    for key, value, low, high in (
+        ("startJitterSeconds", settings.start_jitter_seconds, 0, MAX_START_JITTER_SECONDS),
+        ("backoffBaseSeconds", settings.backoff_base_seconds, 0.1, MAX_BACKOFF_SECONDS),
+        ("backoffMaxSeconds", settings.backoff_max_seconds, 1, MAX_BACKOFF_SECONDS),
+        ("maxConcurrentDownloads", settings.max_concurrent_downloads, 1, MAX_CONCURRENT_DOWNLOADS),
+    ):
+        _range(problems, f"{where}{key}", value, low, high)
+    if settings.backoff_max_seconds < settings.backoff_base_seconds:
+        problems.append(
+            f"{where}backoffMaxSeconds ({settings.backoff_max_seconds}) must be at least"
+            f" backoffBaseSeconds ({settings.backoff_base_seconds})"
+        )
+    return settings

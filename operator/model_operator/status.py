@@ -42,12 +42,22 @@ def rollout_from_status(raw: Any) -> RolloutState | None:
         return None
 
 
+# whether the sidecars check signatures (False only with spec.allowUnsigned); a condition
+# of its own, so that running unsigned is visible wherever conditions are read
+SIGNATURES_VERIFIED = ConditionType.SIGNATURES_VERIFIED
+UNSIGNED_REASON = "AllowUnsigned"
+UNSIGNED_MESSAGE = (
+    "spec.allowUnsigned: the sidecars load model versions without checking their signatures"
+    " (development only)"
+)
+
+
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
-    type_: ConditionType,
+    type_: ConditionType | str,
     ok: bool,
     reason: str,
     message: str,
@@ -67,6 +77,25 @@ def condition(
     }
 
 
+def signatures_condition(
+    signing_key: str | None, now: float, existing: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``signing_key``: the Secret the sidecars verify against; ``None``: unsigned."""
+    if signing_key is None:
+        return condition(
+            SIGNATURES_VERIFIED, False, UNSIGNED_REASON, UNSIGNED_MESSAGE, now, existing
+        )
+    message = f"the sidecars verify each version's Ed25519 signature (Secret {signing_key})"
+    return condition(SIGNATURES_VERIFIED, True, "PublicKey", message, now, existing)
+
+
+def was_unsigned(existing: list[dict[str, Any]]) -> bool:
+    """Did the status already say so? (The Warning event is posted once, on the change.)"""
+    return any(
+        c.get("type") == SIGNATURES_VERIFIED and c.get("status") == "False" for c in existing
+    )
+
+
 def build_status(
     plan: Plan,
     pods: list[PodView],
@@ -74,10 +103,13 @@ def build_status(
     generation: int | None,
     now: float,
     existing_conditions: list[dict[str, Any]],
+    *,
+    signing_key: str | None,
     foreign: list[str] | None = None,
     store_problem: str | None = None,
 ) -> dict[str, Any]:
-    """``foreign``: children that exist under another owner (never adopted);
+    """``signing_key``: the sidecars' public key Secret, ``None`` with allowUnsigned;
+    ``foreign``: children that exist under another owner (never adopted);
     ``store_problem``: why ``spec.version`` could not be checked in the model store."""
     versions = Counter(p.serving for p in pods if p.serving)
     ready = sum(p.ready for p in pods)
@@ -131,6 +163,7 @@ def build_status(
             existing_conditions,
         )
     )
+    conditions.append(signatures_condition(signing_key, now, existing_conditions))
     healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
     conditions.append(
         condition(
@@ -179,7 +212,8 @@ def invalid_status(
             *[
                 c
                 for c in existing_conditions
-                if c.get("type") in (ConditionType.PROGRESSING, ConditionType.AVAILABLE)
+                if c.get("type")
+                in (ConditionType.PROGRESSING, ConditionType.AVAILABLE, SIGNATURES_VERIFIED)
             ],
             condition(
                 ConditionType.DEGRADED, True, "InvalidSpec", message, now, existing_conditions

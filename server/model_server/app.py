@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from aiohttp import web
 
-from model_rollout_contract.layout import CURRENT_FILE
-from model_rollout_contract.names import check_name
+from model_rollout_contract.names import InvalidName, is_valid_name
 from model_rollout_contract.versions import newest
 
 from .audit import AuditLog
 from .auth import AccessPolicy
 from .backends import Backend, make_backend
+from .codec_workers import JsonCodec
 from .config import ModelSpec, ServerConfig
 from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
@@ -23,6 +22,7 @@ from .errors import ServingError
 from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
 from .metrics import ServerMetrics
 from .repository import ModelRepository
+from .trusted_files import UntrustedPath
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class ModelServer:
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="infer")
         budget = config.memory_budget_mb
         self.manager = EngineManager(
-            backend or make_backend(config.backend, config.cache_dir),
+            backend or make_backend(config.backend, config.cache_dir, **config.backend_options()),
             self.repository,
             self.metrics,
             self.audit,
@@ -45,7 +45,8 @@ class ModelServer:
             memory_budget_bytes=int(budget * 2**20) if budget else None,
             executor=self.executor,
         )
-        self.plane = DataPlane(self.manager, self.metrics)
+        self.codec = JsonCodec(config.json_workers)
+        self.plane = DataPlane(self.manager, self.metrics, self.codec)
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)
             if config.control_socket
@@ -62,7 +63,7 @@ class ModelServer:
                 [
                     ModelSpec(p.name)
                     for p in sorted(root.iterdir())
-                    if p.is_dir() and self.repository.versions(p.name)
+                    if is_valid_name(p.name) and p.is_dir() and self.repository.versions(p.name)
                 ]
                 if root.is_dir()
                 else []
@@ -72,15 +73,18 @@ class ModelServer:
     def initial_version(self, spec: ModelSpec) -> str | None:
         if spec.version:
             return spec.version
-        current = self.repository.model_dir(spec.key) / CURRENT_FILE
-        if current.is_file():
-            return check_name("version", current.read_text().strip())
-        return newest(self.repository.versions(spec.key))
+        return self.repository.current_version(spec.key) or newest(
+            self.repository.versions(spec.key)
+        )
 
     async def start(self, app: web.Application) -> None:
         for spec in self.model_specs():
             self.manager.register(spec.key)
-            version = self.initial_version(spec)
+            try:
+                version = self.initial_version(spec)
+            except (InvalidName, UntrustedPath) as exc:  # a CURRENT naming nothing, or a link
+                log.error("model %s: %s; not ready until a version is loaded", spec.key, exc)
+                continue
             if version is None:
                 log.warning("model %s has no version yet; not ready until one is loaded", spec.key)
                 continue
@@ -95,6 +99,7 @@ class ModelServer:
         if self.control is not None:
             await self.control.stop()
         self.manager.close()
+        self.codec.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def make_app(self) -> web.Application:
@@ -114,8 +119,3 @@ SERVER = web.AppKey("server", ModelServer)
 
 def create_app(config: ServerConfig, backend: Backend | None = None) -> web.Application:
     return ModelServer(config, backend).make_app()
-
-
-def run(config: ServerConfig) -> None:
-    Path(config.repository).mkdir(parents=True, exist_ok=True)
-    web.run_app(create_app(config), host=config.host, port=config.port, print=None, access_log=None)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from .app import run
 from .backends import BackendUnavailable
 from .config import parse_args
+from .serving import run
 
 
 def main(argv: list[str] | None = None) -> int:

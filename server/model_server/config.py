@@ -9,6 +9,7 @@ from pathlib import Path
 
 from model_rollout_contract import defaults
 from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path, parse_with_environment
+from model_rollout_contract.names import InvalidName, check_model_key, check_name
 
 from .backends import BACKEND_NAMES
 
@@ -20,8 +21,47 @@ class ModelSpec:
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        key, _, version = text.partition("=")
-        return cls(key.strip(), version.strip() or None)
+        """``[tenant/]name[=version]``, each part a valid name (``InvalidName`` if not)."""
+        key, sep, version = text.partition("=")
+        return cls(check_model_key(key), check_name("version", version) if sep else None)
+
+
+Bounds = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class TensorRTConfig:
+    """What the TensorRT backend builds and how many requests an engine runs at once."""
+
+    precision: str = defaults.PRECISION  # model | fp32 | fp16 | int8
+    contexts: int = 2  # pooled execution contexts per engine, one optimization profile each
+    batch: Bounds = (1, 8, 64)  # min/opt/max of a dynamic first axis
+    dims: Bounds = (1, 128, 512)  # min/opt/max of any other dynamic axis
+    workspace_mb: int = 1024
+    host_code_allowed: bool = False  # version-compatible plans: trusted repositories only
+    plugin_libraries: tuple[Path, ...] = ()
+
+    def backend_options(self) -> dict[str, object]:
+        from .backends.tensorrt_build import DynamicBounds, ShapeProfile
+
+        return {
+            "precision": self.precision,
+            "profile": ShapeProfile(bounds=DynamicBounds(batch=self.batch, other=self.dims)),
+            "contexts": self.contexts,
+            "workspace_bytes": self.workspace_mb << 20,
+            "host_code_allowed": self.host_code_allowed,
+            "plugin_libraries": self.plugin_libraries,
+        }
+
+
+def _bounds(text: str) -> Bounds:
+    try:
+        lo, opt, hi = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want MIN,OPT,MAX, not {text!r}") from None
+    if not 1 <= lo <= opt <= hi:
+        raise argparse.ArgumentTypeError(f"want 1 <= MIN <= OPT <= MAX, not {text!r}")
+    return lo, opt, hi
 
 
 @dataclass
@@ -40,6 +80,12 @@ class ServerConfig:
     audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
     workers: int = defaults.INFERENCE_WORKERS  # inference threads
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve this long unready
+    json_workers: int = 2  # processes that decode and encode large JSON bodies
+    tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+
+    def backend_options(self) -> dict[str, object]:
+        """What ``make_backend`` is given for this configuration's backend."""
+        return self.tensorrt.backend_options() if self.backend == "tensorrt" else {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +133,47 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerConfig.drain_seconds,
         help="after SIGTERM: readiness 503 at once, keep serving this long, then finish",
     )
+    p.add_argument(
+        "--json-workers",
+        type=int,
+        default=ServerConfig.json_workers,
+        help="processes that decode and encode large JSON bodies, off the event loop",
+    )
+    trt = p.add_argument_group("TensorRT backend")
+    trt.add_argument(
+        "--precision",
+        choices=defaults.PRECISIONS,
+        default=TensorRTConfig.precision,
+        help="model: what the ONNX graph carries (TensorRT 11 builds only this way); fp16 on "
+        "an fp32 graph needs TensorRT 10; int8 needs Q/DQ nodes",
+    )
+    trt.add_argument("--trt-contexts", type=int, default=TensorRTConfig.contexts)
+    trt.add_argument(
+        "--trt-batch",
+        type=_bounds,
+        default=TensorRTConfig.batch,
+        metavar="MIN,OPT,MAX",
+        help="optimization profile of a dynamic first axis",
+    )
+    trt.add_argument(
+        "--trt-dims",
+        type=_bounds,
+        default=TensorRTConfig.dims,
+        metavar="MIN,OPT,MAX",
+        help="optimization profile of other dynamic axes",
+    )
+    trt.add_argument("--trt-workspace-mb", type=int, default=TensorRTConfig.workspace_mb)
+    trt.add_argument(
+        "--trt-host-code-allowed",
+        action="store_true",
+        help="let version-compatible plans run their host code (trusted repositories only)",
+    )
+    trt.add_argument(
+        "--trt-plugin-library",
+        action="append",
+        default=[],
+        help="TensorRT plugin library to load (repeatable)",
+    )
     return p
 
 
@@ -97,9 +184,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--retain must be at least 1")
     if a.drain_seconds < 0:
         p.error("--drain-seconds must not be negative")
+    if a.json_workers < 1:
+        p.error("--json-workers must be at least 1")
+    if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
+        p.error(f"--precision {a.precision} needs --backend tensorrt")
+    if a.trt_contexts < 1:
+        p.error("--trt-contexts must be at least 1")
+    try:
+        models = [ModelSpec.parse(m) for m in a.model]
+    except InvalidName as exc:
+        p.error(f"--model: {exc}")
     return ServerConfig(
         repository=Path(a.repository),
-        models=[ModelSpec.parse(m) for m in a.model],
+        models=models,
         host=a.host,
         port=a.port,
         backend=a.backend,
@@ -112,4 +209,14 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         audit_log=optional_path(a.audit_log),
         workers=a.workers,
         drain_seconds=a.drain_seconds,
+        json_workers=a.json_workers,
+        tensorrt=TensorRTConfig(
+            precision=a.precision,
+            contexts=a.trt_contexts,
+            batch=a.trt_batch,
+            dims=a.trt_dims,
+            workspace_mb=a.trt_workspace_mb,
+            host_code_allowed=a.trt_host_code_allowed,
+            plugin_libraries=tuple(Path(x) for x in a.trt_plugin_library),
+        ),
     )

@@ -1,9 +1,12 @@
 """Unix-domain control socket for the sidecar: the messages of
 :mod:`model_rollout_contract.control`, one JSON object per line each way.
 
-The server re-hashes the file and compares it with ``sha256`` before loading, and only
+The server hashes the very bytes it loads and compares them with ``sha256``, and only
 accepts paths inside its trusted model directory. Access control is the socket file's
-permissions (0600 by default); the peer's uid/pid go to the audit log.
+permissions (0600 by default), which it has from the moment it appears at its path: it
+is bound inside a private directory and renamed into place. The peer's uid/pid go to the
+audit log. A connection that sends nothing for ``idle_timeout_s`` is closed, and at most
+``max_connections`` are served at once: one more is answered ``busy`` and closed.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import logging
 import os
 import socket
 import struct
+import tempfile
 from pathlib import Path
 
 from model_rollout_contract.control import (
+    BUSY,
     MAX_LINE,
     ErrorReply,
     LoadRequest,
@@ -34,6 +39,9 @@ from .errors import BadRequest, ServingError
 
 log = logging.getLogger(__name__)
 
+IDLE_TIMEOUT_S = 60.0  # a connection silent this long (between requests) is closed
+MAX_CONNECTIONS = 32  # the sidecar uses one at a time
+
 
 def peer_identity(writer: asyncio.StreamWriter) -> str:
     sock = writer.get_extra_info("socket")
@@ -45,38 +53,91 @@ def peer_identity(writer: asyncio.StreamWriter) -> str:
         return "socket"
 
 
+def bind_unix_socket(path: Path, mode: int) -> socket.socket:
+    """A listening socket at ``path`` that never exists there with another mode: bound
+    in a fresh 0700 directory beside ``path``, given ``mode``, then renamed over ``path``
+    (which also replaces a stale socket of an earlier run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        staged = private / "socket"
+        sock.bind(str(staged))
+        os.chmod(staged, mode)  # nobody else can reach it inside the 0700 directory
+        sock.listen(socket.SOMAXCONN)
+        os.replace(staged, path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        for leftover in private.iterdir():
+            leftover.unlink()
+        private.rmdir()
+    return sock
+
+
 class ControlSocketServer:
-    def __init__(self, plane: DataPlane, path: str | Path, mode: int = 0o600) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        path: str | Path,
+        mode: int = 0o600,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.plane = plane
         self.path = Path(path)
         self.mode = mode
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.connections = 0
         self._server: asyncio.AbstractServer | None = None
+        self._inode: tuple[int, int] | None = None
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)  # a stale socket from a previous run
-        self._server = await asyncio.start_unix_server(
-            self._serve, path=str(self.path), limit=MAX_LINE
-        )
-        os.chmod(self.path, self.mode)
+        sock = bind_unix_socket(self.path, self.mode)
+        info = self.path.stat()
+        self._inode = (info.st_dev, info.st_ino)
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE)
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        self.path.unlink(missing_ok=True)
+        try:  # only our own socket: a newer server may have taken the path meanwhile
+            info = self.path.stat()
+            if (info.st_dev, info.st_ino) == self._inode:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         who = peer_identity(writer)
+        if self.connections >= self.max_connections:
+            log.warning("control socket: refused %s: %d connections open", who, self.connections)
+            busy = ErrorReply(f"more than {self.max_connections} control connections", BUSY)
+            self._close(writer, encode(busy))
+            return
+        self.connections += 1
         try:
-            while line := await reader.readline():
+            while line := await asyncio.wait_for(reader.readline(), self.idle_timeout_s):
                 writer.write(encode(await self.handle_line(line, who)))
                 await writer.drain()
+        except TimeoutError:
+            log.info("control socket: closed %s after %.0f s idle", who, self.idle_timeout_s)
         except (ConnectionError, asyncio.LimitOverrunError, ValueError) as exc:
             log.warning("control socket: dropped connection from %s: %s", who, exc)
         finally:
-            writer.close()
+            self.connections -= 1
+            self._close(writer)
+
+    @staticmethod
+    def _close(writer: asyncio.StreamWriter, last: bytes = b"") -> None:
+        """Close the connection; the transport still sends what was written before."""
+        if last and not writer.is_closing():
+            writer.write(last)
+        writer.close()
 
     async def handle_line(self, line: bytes, who: str) -> Reply:
         try:

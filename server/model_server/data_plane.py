@@ -14,10 +14,11 @@ from typing import Any
 
 from model_rollout_contract.control import StatusReply, SwapReply
 
+from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
 from .errors import ModelNotFound, ServingError
 from .metrics import ServerMetrics
-from .tensors import decode_inputs, encode_outputs, spec_to_json
+from .tensors import select_outputs, spec_to_json
 
 
 def _iso(ts: float) -> str:
@@ -43,16 +44,24 @@ class Caller:
 
 
 class DataPlane:
-    def __init__(self, manager: EngineManager, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, manager: EngineManager, metrics: ServerMetrics, codec: JsonCodec | None = None
+    ) -> None:
         self.manager = manager
         self.metrics = metrics
+        self.codec = codec or JsonCodec()
+        self.draining = False  # after SIGTERM: unready, still serving
 
     # -- health -------------------------------------------------------------
     def model_keys(self) -> list[str]:
         return sorted(self.manager.slots)
 
+    def begin_drain(self) -> None:
+        """Readiness turns false so that endpoints stop sending; serving goes on."""
+        self.draining = True
+
     def ready(self) -> bool:
-        return self.manager.ready()
+        return not self.draining and self.manager.ready()
 
     def model_ready(self, key: str) -> bool:
         return self.manager.slot(key).current is not None
@@ -124,22 +133,20 @@ class DataPlane:
         self.metrics.requests.labels(key, str(status)).inc()
         self.metrics.request_latency.labels(key).observe(seconds)
 
-    async def infer(self, key: str, name: str, body: Any) -> dict[str, Any]:
-        """A KServe v2 inference: validated against, and answered by, the one version
-        pinned for this request."""
+    async def infer(self, key: str, name: str, body: bytes, charset: str | None) -> bytes:
+        """A KServe v2 inference on a JSON body: validated against, and answered by, the
+        one version pinned for this request. Returns the JSON response's bytes."""
         started = time.perf_counter()
         code = "500"
         self.metrics.in_flight.labels(key).inc()
         try:
             with self.manager.slot(key).pin() as pinned:
-                feeds = decode_inputs(body, pinned.engine.inputs)
-                outputs = await self.manager.run(pinned, feeds)
-            response = {
-                "model_name": name,
-                "model_version": pinned.version,
-                "id": str(body.get("id") or uuid.uuid4()),
-                "outputs": encode_outputs(outputs, body.get("outputs")),
-            }
+                request = await self.codec.decode(body, charset or "utf-8", pinned.engine.inputs)
+                results = await self.manager.run(pinned, request.feeds)
+            outputs = select_outputs(results, request.outputs)
+            response = await self.codec.encode(
+                name, pinned.version, request.id or str(uuid.uuid4()), outputs
+            )
             code = "200"
             return response
         except ServingError as exc:

@@ -1,16 +1,24 @@
 """Double-buffered engine management: the models' slots (:mod:`.model_slot`), the load
-pipeline (:mod:`.load_pipeline`) and the reporting of what happened (:mod:`.reporting`).
+pipeline (:mod:`.load_pipeline`), the memory budget (:mod:`.memory_budget`) and the
+reporting of what happened (:mod:`.reporting`).
 
 A new version is loaded *beside* the serving one, warmed up, and only then swapped in by
 replacing one reference under a lock held for a few instructions. Up to ``retain``
-versions stay loaded, so rolling back to one of them is a pointer swap.
+versions stay loaded, so rolling back to one of them is a pointer swap, and such a swap
+never waits for a load in progress: a load that a swap overtook is not installed.
+
+Nothing is evicted for a load that fails: retained versions leave memory after the new
+version is in (``retain``), or before the load when the memory budget leaves no other
+way, and then a failed load reloads them from the repository (checked against the digest
+they were loaded with), so the rollback target is held again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +27,15 @@ import numpy as np
 
 from .audit import AuditLog
 from .backends.base import Backend
-from .errors import Conflict, ModelNotFound
-from .load_pipeline import LoadPipeline
-from .metrics import ServerMetrics
+from .errors import Conflict, ModelNotFound, ServingError
+from .load_pipeline import LoadPipeline, normalized_digest
+from .memory_budget import MemoryBudget, Reservation
+from .metrics import ServerMetrics, VersionRow
 from .model_slot import LoadedVersion, ModelSlot
 from .reporting import LifecycleEvent, Reporter
 from .repository import ModelRepository
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,11 +64,12 @@ class EngineManager:
         self.audit = audit
         self.retain = retain
         self.executor = executor  # inference threads
-        self.pipeline = LoadPipeline(
-            backend, repository, self.total_memory_bytes, memory_budget_bytes
-        )
+        self.pipeline = LoadPipeline(backend, repository)
+        self.budget = MemoryBudget(memory_budget_bytes, self.total_memory_bytes)
         self.reporter = Reporter(metrics, audit)
         self.slots: dict[str, ModelSlot] = {}
+        self._restoring: set[asyncio.Task[None]] = set()
+        metrics.watch_versions(self._version_rows)
 
     # -- lookup ---------------------------------------------------------------
     def register(self, key: str) -> ModelSlot:
@@ -74,6 +86,12 @@ class EngineManager:
 
     def total_memory_bytes(self) -> int:
         return sum(slot.memory_bytes() for slot in self.slots.values())
+
+    def _version_rows(self) -> Iterator[VersionRow]:
+        for key, slot in list(self.slots.items()):
+            current = slot.current
+            for version in slot.loaded():
+                yield VersionRow(key, version.version, version is current, version.memory_bytes)
 
     # -- inference ------------------------------------------------------------
     async def run(
@@ -100,122 +118,208 @@ class EngineManager:
         who: str = "system",
         source: str = "http",
     ) -> SwapResult:
-        """Load ``version`` beside the serving one and swap it in if it warms up.
+        """Load ``version`` beside the serving one and swap it in if it warms up; a
+        version already loaded with that digest is a pointer swap.
 
-        On any failure the serving version is untouched and ``LoadRefused`` is raised."""
+        On any failure the serving version is untouched and a ``ServingError`` is raised."""
         slot = self.slot(key)
-        async with slot.swap_lock:
-            previous = slot.current.version if slot.current else None
-            started = time.monotonic()
-            retained = slot.get(version)
-            if retained is not None and expected_sha256 in (None, retained.sha256):
-                return self._swap_to_retained(slot, retained, previous, started, who, source)
-            slot.loading(version)
-            try:
-                loaded, digest, error = await self.pipeline.run(
-                    slot, version, path, expected_sha256
-                )
-            except asyncio.CancelledError:
-                slot.refused(version, "load cancelled")
-                raise
-            if error is not None or loaded is None:
-                assert error is not None
-                slot.refused(version, error.message)
-                self.reporter.report(
-                    LifecycleEvent(
-                        "load",
-                        slot,
-                        version,
-                        who,
-                        source,
-                        result="failure",
-                        from_version=previous,
-                        digest=digest,
-                        duration_s=time.monotonic() - started,
-                        error=error,
-                    )
-                )
-                raise error
-            previous, _evicted = slot.install(loaded)
-            duration = time.monotonic() - started
-            self.reporter.report(
-                LifecycleEvent(
-                    "load",
-                    slot,
-                    version,
-                    who,
-                    source,
-                    result="success",
-                    from_version=previous,
-                    digest=loaded.sha256,
-                    duration_s=duration,
-                )
+        started = time.monotonic()
+        event = _Event(self, slot, version, who, source, started)
+        try:
+            expected = normalized_digest(expected_sha256)
+            if path is not None:  # the same checks whether or not the version is held
+                self.repository.check_model_path(path)
+        except ServingError as exc:
+            raise event.failed(exc) from None
+        retained = slot.get(version)
+        if retained is not None and expected in (None, retained.sha256):
+            return self._swap_to_retained(slot, retained, started, who, source)
+        async with slot.load_lock:
+            retained = slot.get(version)  # the load this one waited for may have been it
+            if retained is not None and expected in (None, retained.sha256):
+                return self._swap_to_retained(slot, retained, started, who, source)
+            return await self._load_new(slot, version, path, expected, event)
+
+    async def _load_new(
+        self,
+        slot: ModelSlot,
+        version: str,
+        path: Path | None,
+        expected: str | None,
+        event: _Event,
+    ) -> SwapResult:
+        generation = slot.generation
+        slot.loading(version)
+        reservation: Reservation | None = None
+        try:
+            model = await self.pipeline.read(slot.key, version, path, expected)
+            event.digest = model.sha256
+            estimate = self.backend.estimate_memory_bytes(model)
+            reservation = self.budget.reserve(
+                f"{slot.key}:{version}",
+                estimate,
+                slot.retained(),
+                lambda old: slot.evict(old, f"evicted to make room for {version}"),
             )
-            return SwapResult(key, previous, version, duration, instant=False)
+            loaded = await self.pipeline.load(slot.key, version, model, estimate)
+            del model  # the bytes are not kept beside the engine
+        except asyncio.CancelledError:
+            slot.refused(version, "load cancelled")
+            if reservation is not None:
+                reservation.release()
+                self._restore_later(slot, version, reservation.evicted)
+            raise
+        except ServingError as exc:
+            slot.refused(version, exc.message)
+            if reservation is not None:
+                reservation.release()
+                await self._restore(slot, version, reservation.evicted)
+            raise event.failed(exc) from None
+        reservation.release()  # the loaded version's memory is now counted as held
+        if slot.generation != generation:  # a rollback or a swap overtook this load
+            loaded.engine.close()
+            current = slot.current.version if slot.current else None
+            overtaken = Conflict(
+                f"{slot.key}:{version} loaded but not swapped in: {current} was swapped in "
+                "while it loaded"
+            )
+            slot.refused(version, overtaken.message)
+            await self._restore(slot, version, reservation.evicted)
+            raise event.failed(overtaken)
+        previous, _evicted = slot.install(loaded)
+        return event.succeeded(previous, loaded.sha256, instant=False)
+
+    async def _restore(self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion]) -> None:
+        """Load again, as retained versions, what was evicted for a load that failed."""
+        for old in reversed(evicted):  # each goes back in front: the original order
+            reason = f"evicted to make room for {failed}, which was not swapped in"
+            try:
+                reservation = self.budget.reserve(
+                    f"{slot.key}:{old.version}", old.memory_bytes, (), lambda _: None
+                )
+                try:
+                    model = await self.pipeline.read(slot.key, old.version, old.path, old.sha256)
+                    loaded = await self.pipeline.load(
+                        slot.key, old.version, model, old.memory_bytes
+                    )
+                finally:
+                    reservation.release()
+            except ServingError as exc:
+                slot.refused(old.version, f"{reason}; reloading it failed: {exc.message}")
+                log.warning("%s:%s not restored: %s", slot.key, old.version, exc.message)
+                continue
+            if not slot.restore(loaded):
+                loaded.engine.close()
+            else:
+                log.info("%s:%s restored after %s failed", slot.key, old.version, failed)
+
+    def _restore_later(self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion]) -> None:
+        if evicted:
+            task = asyncio.get_running_loop().create_task(self._restore(slot, failed, evicted))
+            self._restoring.add(task)
+            task.add_done_callback(self._restoring.discard)
 
     async def rollback(
         self, key: str, version: str | None = None, *, who: str = "system", source: str = "http"
     ) -> SwapResult:
-        """Swap back to a retained version (the most recent one unless named)."""
+        """Swap back to a retained version (the most recently served one unless named).
+        Never waits for a load in progress: that load is then not installed."""
         slot = self.slot(key)
-        async with slot.swap_lock:
-            current = slot.current
-            candidates = [v for v in slot.loaded() if v is not current]
-            if version is not None:
-                candidates = [v for v in candidates if v.version == version]
-            if not candidates:
-                retained = [v.version for v in slot.loaded() if v is not current]
-                raise Conflict(
-                    f"model {key!r} has no retained version {version or ''} to roll back to "
-                    f"(retained: {retained})".replace("  ", " ")
-                )
-            previous = current.version if current else None
-            return self._swap_to_retained(
-                slot, candidates[-1], previous, time.monotonic(), who, source, action="rollback"
+        started = time.monotonic()
+        current = slot.current
+        candidates = slot.retained()
+        if version is not None:
+            candidates = [v for v in candidates if v.version == version]
+        if not candidates:
+            if version is not None and current is not None and current.version == version:
+                return self._swap_to_retained(slot, current, started, who, source, "rollback")
+            retained = [v.version for v in slot.retained()]
+            wanted = f"version {version!r}" if version else "version"
+            error = Conflict(
+                f"model {key!r} has no retained {wanted} to roll back to (retained: {retained})"
             )
+            raise _Event(self, slot, version or "", who, source, started, "rollback").failed(error)
+        return self._swap_to_retained(slot, candidates[-1], started, who, source, "rollback")
 
     def _swap_to_retained(
         self,
         slot: ModelSlot,
         target: LoadedVersion,
-        previous: str | None,
         started: float,
         who: str,
         source: str,
         action: str = "load",
     ) -> SwapResult:
+        event = _Event(self, slot, target.version, who, source, started, action)
         if target is slot.current:
-            self.reporter.report(
-                LifecycleEvent(
-                    action,
-                    slot,
-                    target.version,
-                    who,
-                    source,
-                    result="noop",
-                    from_version=previous,
-                    digest=target.sha256,
-                )
-            )
-            return SwapResult(slot.key, previous, target.version, 0.0, instant=True)
+            return event.noop(target.sha256)
         previous, _ = slot.install(target)
-        duration = time.monotonic() - started
-        self.reporter.report(
-            LifecycleEvent(
-                action,
-                slot,
-                target.version,
-                who,
-                source,
-                result="success",
-                from_version=previous,
-                digest=target.sha256,
-                duration_s=duration,
-            )
-        )
-        return SwapResult(slot.key, previous, target.version, duration, instant=True)
+        return event.succeeded(previous, target.sha256, instant=True)
 
     def close(self) -> None:
+        for task in self._restoring:
+            task.cancel()
         for slot in self.slots.values():
             slot.close_all()
         self.pipeline.close()
+
+
+class _Event:
+    """One load, swap or rollback being reported (audit log, metrics, log)."""
+
+    def __init__(
+        self,
+        manager: EngineManager,
+        slot: ModelSlot,
+        version: str,
+        who: str,
+        source: str,
+        started: float,
+        action: str = "load",
+    ) -> None:
+        self.reporter = manager.reporter
+        self.slot = slot
+        self.version = version
+        self.who = who
+        self.source = source
+        self.started = started
+        self.action = action
+        self.from_version = slot.current.version if slot.current else None
+        self.digest: str | None = None
+
+    def _report(
+        self,
+        result: str,
+        digest: str | None,
+        from_version: str | None = None,
+        duration_s: float = 0.0,
+        error: ServingError | None = None,
+    ) -> None:
+        self.reporter.report(
+            LifecycleEvent(
+                self.action,
+                self.slot,
+                self.version,
+                self.who,
+                self.source,
+                result,
+                from_version=from_version,
+                digest=digest,
+                duration_s=duration_s,
+                error=error,
+            )
+        )
+
+    def failed(self, error: ServingError) -> ServingError:
+        duration = time.monotonic() - self.started
+        self._report("failure", self.digest, self.from_version, duration, error)
+        return error
+
+    def noop(self, digest: str) -> SwapResult:
+        self._report("noop", digest, self.from_version)
+        return SwapResult(self.slot.key, self.from_version, self.version, 0.0, instant=True)
+
+    def succeeded(self, previous: str | None, digest: str, instant: bool) -> SwapResult:
+        duration = time.monotonic() - self.started
+        self._report("success", digest, previous, duration)
+        return SwapResult(self.slot.key, previous, self.version, duration, instant=instant)

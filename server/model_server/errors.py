@@ -13,7 +13,8 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     ├── LoadRefused (422 load_refused)          a version failed to verify, load or warm up;
     │   │                                       the serving one is untouched
     │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
-    └── NotReady (503 not_ready)                no version loaded yet
+    ├── NotReady (503 not_ready)                no version loaded yet
+    └── Unavailable (503 unavailable)           a JSON worker process was lost
 
 A name that breaks the contract's rule (``model_rollout_contract.names.InvalidName``,
 a ``ValueError``) is answered as ``BadRequest``.
@@ -83,3 +84,10 @@ class MemoryBudgetExceeded(LoadRefused):
 class NotReady(ServingError):
     status = 503
     code = "not_ready"
+
+
+class Unavailable(ServingError):
+    """The request could not be served now, through no fault of its own; retry."""
+
+    status = 503
+    code = "unavailable"

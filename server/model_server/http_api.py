@@ -4,7 +4,6 @@ happen here; every answer is built there)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
 from .data_plane import Caller, DataPlane
-from .errors import BadRequest, ServingError, UnsupportedMediaType
+from .errors import BadRequest, ServingError
 from .metrics import ServerMetrics
 from .repository import model_key
 
@@ -34,32 +33,22 @@ def error_response(status: int, code: str, message: str) -> web.Response:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure becomes a JSON body with a 4xx/5xx status, never an HTML page."""
+    """Every failure becomes a JSON body with a 4xx/5xx status, never an HTML page.
+    While the server drains, every answer also closes its connection, so that clients
+    holding kept-alive connections go elsewhere instead of finding them closed later."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except ServingError as exc:
-        return error_response(exc.status, exc.code, exc.message)
+        response = error_response(exc.status, exc.code, exc.message)
     except InvalidName as exc:  # a name that breaks the contract's rule
-        return error_response(BadRequest.status, BadRequest.code, str(exc))
+        response = error_response(BadRequest.status, BadRequest.code, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()  # over client_max_size: aiohttp's 413
-    charset = request.charset or "utf-8"
-    try:
-        text = raw.decode(charset)
-    except LookupError as exc:
-        raise UnsupportedMediaType(f"unknown charset {charset!r}") from exc
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not {charset}: {exc}") from exc
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or huge numbers
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        response = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    if request.app[PLANE].draining:
+        response.force_close()
+    return response
 
 
 def _tenant_model(request: web.Request) -> str:
@@ -110,12 +99,13 @@ async def infer(request: web.Request) -> web.Response:
     started, key = time.perf_counter(), name
     try:
         key = _tenant_model(request)
-        body = await _json_body(request)
-    except (ServingError, InvalidName, web.HTTPException) as exc:  # 413 from aiohttp too
+        body = await request.read()  # over client_max_size: aiohttp's 413
+    except (ServingError, InvalidName, web.HTTPException) as exc:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400
         plane.count_rejected(key, status, time.perf_counter() - started)
         raise
-    return web.json_response(await plane.infer(key, name, body))
+    answer = await plane.infer(key, name, body, request.charset)
+    return web.Response(body=answer, content_type="application/json")
 
 
 async def model_health(request: web.Request) -> web.Response:

@@ -1,9 +1,60 @@
 """Prometheus metrics of one server, in their own registry (several servers per process
-in tests must not collide)."""
+in tests must not collide).
+
+What is loaded (``current_model_version``, ``model_versions_loaded``,
+``model_memory_bytes``) is read from the slots at each scrape, so the series always
+describe the versions in memory now: an unloaded version has no series left, and a
+version evicted or refused is never counted."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class VersionRow(NamedTuple):
+    model: str
+    version: str
+    serving: bool
+    memory_bytes: int
+
+
+class LoadedVersions(Collector):
+    """The per-version gauges, computed from what ``rows`` says is loaded."""
+
+    def __init__(self, rows: Callable[[], Iterable[VersionRow]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        current = GaugeMetricFamily(
+            "current_model_version",
+            "1 for the version serving each model, 0 for the retained ones",
+            labels=["model", "version"],
+        )
+        loaded = GaugeMetricFamily(
+            "model_versions_loaded",
+            "Versions held in memory (serving + retained)",
+            labels=["model"],
+        )
+        memory = GaugeMetricFamily(
+            "model_memory_bytes", "Estimated memory held by loaded versions", labels=["model"]
+        )
+        counts: dict[str, int] = defaultdict(int)
+        held: dict[str, int] = defaultdict(int)
+        for row in self.rows():
+            current.add_metric([row.model, row.version], 1.0 if row.serving else 0.0)
+            counts[row.model] += 1
+            held[row.model] += row.memory_bytes
+        for model in sorted(counts):
+            loaded.add_metric([model], counts[model])
+            memory.add_metric([model], held[model])
+        yield from (current, loaded, memory)
+
 
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -29,21 +80,6 @@ class ServerMetrics:
             buckets=LOAD_BUCKETS,
             registry=r,
         )
-        self.current_version = Gauge(
-            "current_model_version",
-            "1 for the version serving each model",
-            ["model", "version"],
-            registry=r,
-        )
-        self.versions_loaded = Gauge(
-            "model_versions_loaded",
-            "Versions held in memory (serving + retained)",
-            ["model"],
-            registry=r,
-        )
-        self.memory_bytes = Gauge(
-            "model_memory_bytes", "Estimated memory held by loaded versions", ["model"], registry=r
-        )
         self.request_latency = Histogram(
             "inference_request_duration_seconds",
             "Inference request latency",
@@ -61,7 +97,6 @@ class ServerMetrics:
             registry=r,
         )
 
-    def serving(self, model: str, version: str, previous: str | None) -> None:
-        if previous is not None and previous != version:
-            self.current_version.labels(model, previous).set(0)
-        self.current_version.labels(model, version).set(1)
+    def watch_versions(self, rows: Callable[[], Iterable[VersionRow]]) -> None:
+        """Report the loaded versions that ``rows`` yields at every scrape."""
+        self.registry.register(LoadedVersions(rows))

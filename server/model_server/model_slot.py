@@ -66,7 +66,9 @@ class ModelSlot:
         self._loaded: OrderedDict[str, LoadedVersion] = OrderedDict()  # oldest first
         self._current: LoadedVersion | None = None
         self._states: dict[str, VersionStatus] = {}
-        self.swap_lock = asyncio.Lock()  # one load or swap per model at a time
+        # one full load per model at a time; swaps to retained versions never wait for it
+        self.load_lock = asyncio.Lock()
+        self.generation = 0  # counts swaps: a load that sees it change was overtaken
         self.closed_versions: list[str] = []  # for observability and tests
 
     @property
@@ -80,6 +82,11 @@ class ModelSlot:
     def get(self, version: str) -> LoadedVersion | None:
         with self._lock:
             return self._loaded.get(version)
+
+    def retained(self) -> list[LoadedVersion]:
+        """The loaded versions other than the serving one, least recently served first."""
+        with self._lock:
+            return [v for v in self._loaded.values() if v is not self._current]
 
     def memory_bytes(self) -> int:
         return sum(v.memory_bytes for v in self.loaded())
@@ -142,6 +149,7 @@ class ModelSlot:
             self._loaded[version.version] = version
             self._loaded.move_to_end(version.version)
             self._current = version
+            self.generation += 1
             self._set_state(version.version, VersionState.READY, "serving")
             if previous is not None and previous != version.version:
                 self._set_state(previous, VersionState.READY, "retained for rollback")
@@ -155,17 +163,24 @@ class ModelSlot:
             self.retire(old, f"evicted: more than {self.retain} versions retained")
         return previous, evicted
 
-    def evict_oldest_retained(self) -> LoadedVersion | None:
-        """Drop the least recently served non-serving version (to make room)."""
+    def evict(self, version: LoadedVersion, reason: str) -> None:
+        """Drop a retained (non-serving) version from memory, once its requests end."""
         with self._lock:
-            for name, candidate in self._loaded.items():
-                if candidate is not self._current:
-                    del self._loaded[name]
-                    break
-            else:
-                return None
-        self.retire(candidate, "evicted to make room within the memory budget")
-        return candidate
+            if version is self._current or self._loaded.get(version.version) is not version:
+                return
+            del self._loaded[version.version]
+        self.retire(version, reason)
+
+    def restore(self, version: LoadedVersion) -> bool:
+        """Hold ``version`` again as the least recently served retained one (after the
+        load it was evicted for failed); ``False`` if its place was taken meanwhile."""
+        with self._lock:
+            if version.version in self._loaded or len(self._loaded) >= self.retain:
+                return False
+            self._loaded[version.version] = version
+            self._loaded.move_to_end(version.version, last=False)
+            self._set_state(version.version, VersionState.READY, "retained for rollback")
+        return True
 
     def retire(self, version: LoadedVersion, reason: str) -> None:
         with self._lock:

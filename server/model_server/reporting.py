@@ -77,6 +77,3 @@ class Reporter:
         m.reload_success.labels(model).inc()
         if event.action == "load":
             m.load_duration.labels(model).observe(event.duration_s)
-        m.serving(model, event.version, event.from_version)
-        m.versions_loaded.labels(model).set(len(event.slot.loaded()))
-        m.memory_bytes.labels(model).set(event.slot.memory_bytes())

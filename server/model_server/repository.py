@@ -1,15 +1,33 @@
-"""The on-disk model repository (Triton-style): ``<root>/[<tenant>/]<model>/<version>/``."""
+"""The on-disk model repository (Triton-style): ``<root>/[<tenant>/]<model>/<version>/``.
+
+Model files are read through :mod:`.trusted_files`: no link below the root is followed,
+and the bytes handed to a backend are the very bytes that were hashed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_rollout_contract.manifest import MANIFEST_NAME, MODEL_FILE_NAMES, Manifest, ManifestError
-from model_rollout_contract.names import check_name, is_valid_name
+from model_rollout_contract.layout import CURRENT_FILE
+from model_rollout_contract.manifest import (
+    MANIFEST_NAME,
+    MODEL_FILE_NAMES,
+    Manifest,
+    ManifestError,
+    sha256_bytes,
+)
+from model_rollout_contract.names import InvalidName, check_model_key, check_name, is_valid_name
 from model_rollout_contract.versions import sorted_versions
 
-from .errors import BadRequest, Forbidden, VersionNotFound
+from .backends.base import ModelFile
+from .errors import BadRequest, Forbidden, LoadRefused, VersionNotFound
+from .trusted_files import (
+    UntrustedPath,
+    check_regular,
+    open_directory,
+    read_regular,
+    relative_parts,
+)
 
 
 def model_key(name: str, tenant: str | None = None) -> str:
@@ -19,14 +37,18 @@ def model_key(name: str, tenant: str | None = None) -> str:
 
 
 @dataclass(frozen=True)
-class ResolvedVersion:
-    path: Path
+class VersionFiles:
+    """A version's model file and manifest, both read from one open directory."""
+
+    model: ModelFile
     manifest: Manifest | None
 
 
 class ModelRepository:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
+        # an announced path may use the root as configured (say /models, a link) or resolved
+        self._spellings = tuple(dict.fromkeys((self.root, Path(root).absolute())))
 
     def model_dir(self, key: str) -> Path:
         return self.root.joinpath(*key.split("/"))
@@ -39,37 +61,97 @@ class ModelRepository:
         return sorted_versions(
             p.name
             for p in directory.iterdir()
-            if p.is_dir() and is_valid_name(p.name) and self._model_file(p) is not None
+            if p.is_dir()
+            and is_valid_name(p.name)
+            and any((p / n).is_file() for n in MODEL_FILE_NAMES)
         )
 
+    def current_version(self, key: str) -> str | None:
+        """The version the model's ``CURRENT`` file names (the sidecar writes it on every
+        swap, so a restarted server serves what was served), or None if there is none.
+        Read like model files: a link in its place is refused, never followed."""
+        parts = check_model_key(key).split("/")
+        shown = self.root.joinpath(*parts, CURRENT_FILE)
+        try:
+            with open_directory(self.root, parts) as directory:
+                text = read_regular(directory, CURRENT_FILE, str(shown))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return check_name("version", text.decode("utf-8", "replace").strip())
+        except InvalidName as exc:
+            raise InvalidName(f"{shown}: {exc}") from None
+
+    def read_version(self, key: str, version: str) -> VersionFiles:
+        """The model file and manifest of ``key:version``, from the same directory
+        descriptor, so a version directory swapped meanwhile cannot mix two versions."""
+        try:
+            parts = (*check_model_key(key).split("/"), check_name("version", version))
+        except InvalidName as exc:
+            raise BadRequest(str(exc)) from exc
+        shown = self.root.joinpath(*parts)
+        try:
+            with open_directory(self.root, parts) as directory:
+                for name in MODEL_FILE_NAMES:
+                    try:
+                        data = read_regular(directory, name, str(shown / name))
+                    except FileNotFoundError:
+                        continue
+                    model = ModelFile(shown / name, data, sha256_bytes(data))
+                    return VersionFiles(model, self._manifest(directory, shown, key, version))
+        except UntrustedPath as exc:
+            raise Forbidden(str(exc)) from exc
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            raise LoadRefused(f"cannot read {shown}: {exc}") from exc
+        raise VersionNotFound(f"model {key!r} has no version {version!r} in {self.root}")
+
     @staticmethod
-    def _model_file(version_dir: Path) -> Path | None:
-        for name in MODEL_FILE_NAMES:
-            if (version_dir / name).is_file():
-                return version_dir / name
-        return None
+    def _manifest(directory: int, shown: Path, key: str, version: str) -> Manifest | None:
+        try:
+            raw = read_regular(directory, MANIFEST_NAME, str(shown / MANIFEST_NAME))
+        except FileNotFoundError:
+            return None
+        try:
+            return Manifest.from_bytes(raw)
+        except ManifestError as exc:
+            raise BadRequest(f"{key}:{version}: {exc}") from exc
 
-    def is_trusted(self, path: Path) -> bool:
-        """True if ``path`` (after resolving links) lies inside the repository root."""
-        return path.resolve().is_relative_to(self.root)
+    def read_model(self, path: Path) -> ModelFile:
+        """An announced model file (the sidecar's ``path``): inside the repository, no
+        link on the way, a regular file; read once."""
+        parts = self._parts(path)
+        try:
+            with open_directory(self.root, parts[:-1]) as directory:
+                data = read_regular(directory, parts[-1], str(path))
+        except UntrustedPath as exc:
+            raise Forbidden(str(exc)) from exc
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise LoadRefused(f"{path} does not exist") from exc
+        except OSError as exc:
+            raise LoadRefused(f"cannot read {path}: {exc}") from exc
+        return ModelFile(path, data, sha256_bytes(data))
 
-    def check_trusted(self, path: Path) -> Path:
-        if not self.is_trusted(path):
-            raise Forbidden(f"{path} is outside the trusted model directory {self.root}")
-        return path.resolve()
+    def check_model_path(self, path: Path) -> None:
+        """The checks of :meth:`read_model` without reading: for an announced path whose
+        version is already loaded (a pointer swap must not accept what a load refuses)."""
+        parts = self._parts(path)
+        try:
+            with open_directory(self.root, parts[:-1]) as directory:
+                check_regular(directory, parts[-1], str(path))
+        except UntrustedPath as exc:
+            raise Forbidden(str(exc)) from exc
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise LoadRefused(f"{path} does not exist") from exc
+        except OSError as exc:
+            raise LoadRefused(f"cannot read {path}: {exc}") from exc
 
-    def resolve(self, key: str, version: str) -> ResolvedVersion:
-        check_name("version", version)
-        version_dir = self.model_dir(key) / version
-        model_file = self._model_file(version_dir)
-        if model_file is None:
-            raise VersionNotFound(f"model {key!r} has no version {version!r} in {self.root}")
-        self.check_trusted(model_file)
-        manifest = None
-        manifest_path = version_dir / MANIFEST_NAME
-        if manifest_path.is_file():
-            try:
-                manifest = Manifest.from_bytes(manifest_path.read_bytes())
-            except ManifestError as exc:
-                raise BadRequest(f"{key}:{version}: {exc}") from exc
-        return ResolvedVersion(model_file, manifest)
+    def _parts(self, path: Path) -> tuple[str, ...]:
+        try:
+            parts = relative_parts(path, self._spellings)
+        except UntrustedPath as exc:
+            raise Forbidden(str(exc)) from exc
+        if parts[-1] not in MODEL_FILE_NAMES:
+            raise Forbidden(f"{path} is not a model file (one of {', '.join(MODEL_FILE_NAMES)})")
+        return parts

@@ -54,39 +54,75 @@ _JSON_KINDS: dict[str, tuple[type, ...]] = {
     "u": (int,),
     "f": (int, float),
 }
-
-
-def _flat_values(data: list[Any], name: str, dtype: np.dtype, shape: tuple[int, ...]) -> list[Any]:
-    """The values of ``data`` (flat, or nested as the shape), each of the JSON type the
-    datatype takes: no null, no string, and no boolean for a number (nor a number for
-    BOOL). Counted while flattening, so a huge body never becomes a huge array first."""
-    kinds = _JSON_KINDS[dtype.kind]
-    expected, depths = math.prod(shape), {1, max(1, len(shape))}
-    values: list[Any] = []
-    stack: list[Any] = [iter(data)]
-    while stack:
-        item = next(stack[-1], _END)
-        if item is _END:
-            stack.pop()
-        elif isinstance(item, list):
-            if len(stack) > 32:
-                raise BadRequest(f"input {name!r}: 'data' is nested too deeply")
-            stack.append(iter(item))
-        elif isinstance(item, kinds) and (dtype.kind == "b" or not isinstance(item, bool)):
-            if len(stack) not in depths:
-                raise BadRequest(f"input {name!r}: 'data' must be flat or nested as {list(shape)}")
-            values.append(item)
-            if len(values) > expected:
-                break
-        else:
-            raise BadRequest(f"input {name!r}: {item!r} is not a {_V2_NAME[dtype.kind]} value")
-    if len(values) != expected:
-        raise BadRequest(f"input {name!r}: {len(values)} values do not fill its shape")
-    return values
-
-
-_END = object()
 _V2_NAME = {"b": "BOOL", "i": "integer", "u": "unsigned integer", "f": "number"}
+# JSON has no NaN or infinities: they travel as these strings, as in protobuf's JSON mapping
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_END = object()
+
+
+class _Values:
+    """The values of ``data`` (flat, or nested as the shape), one at a time, each of the
+    JSON type the datatype takes: no null, no other string, and no boolean for a number
+    (nor a number for BOOL). Consumed by ``np.fromiter``, so no list of every value is
+    ever built beside the array, and nothing past the shape's count is read."""
+
+    def __init__(self, data: list[Any], name: str, dtype: np.dtype, shape: tuple[int, ...]):
+        self.name = name
+        self.kind = dtype.kind
+        self.depths = {1, max(1, len(shape))}
+        self.stack: list[Any] = [iter(data)]
+        self.count = 0
+
+    def __iter__(self) -> _Values:
+        return self
+
+    def __next__(self) -> Any:
+        stack, name = self.stack, self.name
+        while stack:
+            item = next(stack[-1], _END)
+            if item is _END:
+                stack.pop()
+            elif isinstance(item, list):
+                if len(stack) > 32:
+                    raise BadRequest(f"input {name!r}: 'data' is nested too deeply")
+                stack.append(iter(item))
+            else:
+                if len(stack) not in self.depths:
+                    raise BadRequest(f"input {name!r}: 'data' must be flat or nested as its shape")
+                self.count += 1
+                return self._value(item)
+        raise StopIteration
+
+    def _value(self, item: Any) -> Any:
+        kind = self.kind
+        if isinstance(item, _JSON_KINDS[kind]) and (kind == "b" or not isinstance(item, bool)):
+            return item
+        if kind == "f" and isinstance(item, str) and item in NON_FINITE:
+            return NON_FINITE[item]
+        raise BadRequest(f"input {self.name!r}: {_excerpt(item)} is not a {_V2_NAME[kind]} value")
+
+
+def _excerpt(value: Any) -> str:
+    text = repr(value) if not isinstance(value, list | dict) else type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _array(data: list[Any], name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    expected = math.prod(shape)
+    values = _Values(data, name, dtype, shape)
+    try:
+        array = np.fromiter(values, dtype=dtype, count=expected)
+    except ValueError as exc:
+        if values.count < expected and not values.stack:  # the iterator ran dry
+            raise BadRequest(
+                f"input {name!r}: {values.count} values do not fill its shape"
+            ) from exc
+        raise BadRequest(f"input {name!r}: data is not {v2_datatype(dtype)}: {exc}") from exc
+    except (TypeError, OverflowError) as exc:
+        raise BadRequest(f"input {name!r}: data is not {v2_datatype(dtype)}: {exc}") from exc
+    if next(values, _END) is not _END:
+        raise BadRequest(f"input {name!r}: more values than its shape {list(shape)} holds")
+    return array.reshape(shape)
 
 
 def decode_inputs(body: Any, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
@@ -121,36 +157,47 @@ def decode_inputs(body: Any, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndar
         data = item.get("data")
         if not isinstance(data, list):
             raise BadRequest(f"input {name!r}: 'data' must be a list")
-        values = _flat_values(data, name, dtype, shape)
-        try:
-            array = np.asarray(values, dtype=dtype)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise BadRequest(f"input {name!r}: data is not {datatype}: {exc}") from exc
-        feeds[name] = array.reshape(shape)
+        feeds[name] = _array(data, name, dtype, shape)
     missing = sorted(set(by_name) - set(feeds))
     if missing:
         raise BadRequest(f"missing inputs: {missing}")
     return feeds
 
 
-def encode_outputs(
+def select_outputs(
     results: Mapping[str, np.ndarray], requested: Any = None
-) -> list[dict[str, Any]]:
-    names = list(results)
-    if isinstance(requested, list) and requested:
-        wanted = [o.get("name") for o in requested if isinstance(o, dict)]
-        if not all(isinstance(n, str) for n in wanted):
-            raise BadRequest("each requested output must be an object with a 'name' string")
-        unknown = [n for n in wanted if n not in results]
-        if unknown:
-            raise BadRequest(f"unknown outputs requested: {unknown}")
-        names = [str(n) for n in wanted]
+) -> dict[str, np.ndarray]:
+    """The outputs a request asked for (``outputs: [{"name": …}]``), all by default."""
+    if not isinstance(requested, list) or not requested:
+        return dict(results)
+    wanted = [o.get("name") if isinstance(o, dict) else None for o in requested]
+    names = [n for n in wanted if isinstance(n, str)]
+    if len(names) != len(requested):
+        raise BadRequest("each requested output must be an object with a 'name' string")
+    unknown = [n for n in names if n not in results]
+    if unknown:
+        raise BadRequest(f"unknown outputs requested: {[_excerpt(n) for n in unknown]}")
+    return {n: results[n] for n in names}
+
+
+def _json_data(array: np.ndarray) -> list[Any]:
+    """The values as JSON can carry them: NaN and infinities as ``NON_FINITE``'s strings."""
+    data: list[Any] = array.ravel().tolist()
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        data = [
+            v if math.isfinite(v) else ("NaN" if v != v else "Infinity" if v > 0 else "-Infinity")
+            for v in data
+        ]
+    return data
+
+
+def encode_outputs(outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     return [
         {
             "name": name,
-            "datatype": v2_datatype(results[name].dtype),
-            "shape": list(results[name].shape),
-            "data": results[name].ravel().tolist(),
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+            "data": _json_data(array),
         }
-        for name in names
+        for name, array in outputs.items()
     ]

@@ -12,15 +12,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
 from .control_client import ServerControl
-from .errors import KubeError
+from .errors import KubeError, SidecarError
 from .fetcher import Fetcher
 from .init_mode import pre_pull
 from .kube import PodApi
 from .metrics import SidecarMetrics
 from .pod_watch import PodWatch
 from .publish import publish
+from .redact import install_log_redaction, redact
 from .retry import Backoff
-from .signing import generate_keypair, load_public_key
+from .signing import Ed25519PublicKey, generate_keypair, load_trusted_keys
 from .status import StatusReporter
 from .store import open_store
 from .target import TargetSource
@@ -31,11 +32,15 @@ log = logging.getLogger("model_sidecar")
 
 
 def _fetcher(config: FetchConfig) -> Fetcher:
+    keys: tuple[Ed25519PublicKey, ...] = ()
     if config.public_key:
-        public_key = load_public_key(config.public_key.read_bytes())
+        try:
+            keys = load_trusted_keys(config.public_key)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"model-sidecar: cannot load --public-key: {exc}") from exc
+        log.info("trusting %d signing key(s) from %s", len(keys), config.public_key)
     elif config.allow_unsigned:
         log.warning("signature checks are OFF (--allow-unsigned): development only")
-        public_key = None
     else:
         raise SystemExit("model-sidecar: --public-key is required (or --allow-unsigned)")
     allowed = None
@@ -45,12 +50,16 @@ def _fetcher(config: FetchConfig) -> Fetcher:
             for line in config.allow_list.read_text().splitlines()
             if line.strip()
         )
-    config.volume.mkdir(parents=True, exist_ok=True)
+    store = open_store(config.store.store, config.store.s3_endpoint)
     return Fetcher(
-        open_store(config.store.store, config.store.s3_endpoint),
-        Verifier(public_key, config.volume, allowed),
+        store,
+        Verifier(keys, store.scope, allowed),
         config.volume,
-        Backoff(attempts=config.retries),
+        Backoff(
+            attempts=config.retries,
+            base_s=config.backoff_base_seconds,
+            max_s=config.backoff_max_seconds,
+        ),
         max_concurrent_downloads=config.max_concurrent_downloads,
     )
 
@@ -83,7 +92,9 @@ async def _init(config: InitConfig) -> int:
         log.error("no target version: pass --version or an annotations/configmap file")
         return 2
     previous = config.previous or source.previous()
-    return await pre_pull(_fetcher(fetch), fetch.model, target, previous)
+    return await pre_pull(
+        _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds
+    )
 
 
 async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
@@ -103,15 +114,23 @@ async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
 async def _watch(config: WatchConfig) -> int:
     metrics = SidecarMetrics()
     fetch = config.fetch
+    fetcher = _fetcher(fetch)
+    metrics.downloads.labels(fetch.model).set_function(lambda: fetcher.downloading)
     pod = _pod_api(fetch)
     pod_watch = PodWatch(pod) if pod is not None else None
     watcher = Watcher(
         WatchSettings(
-            fetch.model, config.poll_seconds, config.jitter_seconds, config.keep_versions
+            fetch.model,
+            config.poll_seconds,
+            config.jitter_seconds,
+            config.keep_versions,
+            start_jitter_s=fetch.start_jitter_seconds,
+            backoff=Backoff(base_s=fetch.backoff_base_seconds, max_s=fetch.backoff_max_seconds),
+            refused_retry_s=fetch.backoff_max_seconds,
         ),
         _source(fetch, pod_watch),
-        _fetcher(fetch),
-        ServerControl(config.control_socket),
+        fetcher,
+        ServerControl(config.control_socket, load_timeout_s=config.load_timeout_seconds),
         StatusReporter(config.status_file, pod),
         metrics,
         wake=pod_watch.changed if pod_watch is not None else None,
@@ -139,21 +158,30 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    install_log_redaction()
     config = parse_args(argv)
     if isinstance(config, KeygenConfig):
         generate_keypair(config.private, config.public)
         print(f"wrote {config.private} (keep secret) and {config.public}")
         return 0
     if isinstance(config, PublishConfig):
-        manifest = publish(
-            open_store(config.store.store, config.store.s3_endpoint),
-            config.model,
-            config.version,
-            config.file,
-            config.key,
-            config.precision,
+        try:
+            manifest = publish(
+                open_store(config.store.store, config.store.s3_endpoint),
+                config.model,
+                config.version,
+                config.file,
+                config.key,
+                config.precision,
+                force=config.force,
+            )
+        except SidecarError as exc:
+            print(f"model-sidecar publish: {redact(exc.message)}", file=sys.stderr)
+            return 1
+        print(
+            f"published {manifest.model}:{manifest.version} sha256={manifest.sha256} "
+            f"sequence={manifest.sequence}"
         )
-        print(f"published {manifest.model}:{manifest.version} sha256={manifest.sha256}")
         return 0
     if isinstance(config, InitConfig):
         return asyncio.run(_init(config))

@@ -31,6 +31,7 @@ class PublishConfig:
     file: Path
     key: Path  # Ed25519 private key (PEM)
     precision: str = "fp32"
+    force: bool = False  # replace a version already published (a new publish sequence)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class FetchConfig:
     store: StoreConfig
     volume: Path  # the shared volume: the server's repository (the trusted directory)
     model: str
-    public_key: Path | None = None  # trusted Ed25519 key; None only with allow_unsigned
+    public_key: Path | None = None  # trusted keys: a PEM bundle or a directory of PEM files
     allow_unsigned: bool = False  # development only
     allow_list: Path | None = None  # file of allowed SHA-256 digests, one per line
     annotations_file: Path | None = None  # Downward API file of the pod's annotations
@@ -71,9 +72,24 @@ class WatchConfig:
     jitter_seconds: float = defaults.POLL_JITTER_SECONDS
     keep_versions: int = defaults.KEEP_VERSIONS_ON_DISK
     metrics_port: int | None = None
+    load_timeout_seconds: float = 300.0  # a load the server has not answered by then fails
 
 
 Config = KeygenConfig | PublishConfig | InitConfig | WatchConfig
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
+    return value
 
 
 def _store_args(p: argparse.ArgumentParser) -> None:
@@ -89,7 +105,11 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
         help="shared volume: the server's model repository (the trusted directory)",
     )
     p.add_argument("--model", required=True)
-    p.add_argument("--public-key", help="trusted Ed25519 public key (PEM) for manifests")
+    p.add_argument(
+        "--public-key",
+        help="trusted Ed25519 public keys for manifests: a PEM file (one key, or a bundle of "
+        "several for rotation) or a directory of *.pem files; any of them may sign",
+    )
     p.add_argument(
         "--allow-unsigned", action="store_true", help="accept unsigned manifests (development only)"
     )
@@ -97,28 +117,34 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--annotations-file", help="Downward API file of the pod's annotations")
     p.add_argument("--configmap-file", help="file holding the deployment's default version")
     p.add_argument(
-        "--max-concurrent-downloads", type=int, default=FetchConfig.max_concurrent_downloads
+        "--max-concurrent-downloads",
+        type=_positive_int,
+        default=FetchConfig.max_concurrent_downloads,
+        help="store transfers at once (init fetches the target and the previous version)",
     )
     p.add_argument(
-        "--retries", type=int, default=FetchConfig.retries, help="attempts for store operations"
+        "--retries",
+        type=_positive_int,
+        default=FetchConfig.retries,
+        help="attempts for store operations",
     )
     p.add_argument(
         "--start-jitter-seconds",
-        type=float,
+        type=_non_negative,
         default=FetchConfig.start_jitter_seconds,
         help="random pause of up to this before the first download or poll",
     )
     p.add_argument(
         "--backoff-base-seconds",
-        type=float,
+        type=_non_negative,
         default=FetchConfig.backoff_base_seconds,
         help="first pause after a failed cycle (doubles per failure, full jitter)",
     )
     p.add_argument(
         "--backoff-max-seconds",
-        type=float,
+        type=_non_negative,
         default=FetchConfig.backoff_max_seconds,
-        help="longest pause after failed cycles",
+        help="longest pause after failed cycles; a refused version is tried again after it",
     )
     p.add_argument(
         "--kube-api", help="Kubernetes API URL for the pod's annotations (default: in-cluster)"
@@ -143,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--file", required=True)
     pub.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
     pub.add_argument("--precision", default=PublishConfig.precision)
+    pub.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a version that is published already (pods that accepted the old "
+        "build take the new one; the old one is never accepted again by them)",
+    )
 
     init = sub.add_parser("init", help="pre-pull the target and previous versions, then exit")
     _fetch_args(init)
@@ -155,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--status-file")
     watch.add_argument("--poll-seconds", type=float, default=WatchConfig.poll_seconds)
     watch.add_argument("--jitter-seconds", type=float, default=WatchConfig.jitter_seconds)
-    watch.add_argument("--keep-versions", type=int, default=WatchConfig.keep_versions)
+    watch.add_argument("--keep-versions", type=_positive_int, default=WatchConfig.keep_versions)
     watch.add_argument("--metrics-port", type=int)
+    watch.add_argument(
+        "--load-timeout-seconds",
+        type=_non_negative,
+        default=WatchConfig.load_timeout_seconds,
+        help="how long the server may take to answer a load before it is reported failed",
+    )
     return parser
 
 
@@ -188,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.command == "publish":
         return PublishConfig(
             StoreConfig(a.store, a.s3_endpoint), a.model, a.version, Path(a.file), Path(a.key),
-            a.precision,
+            a.precision, a.force,
         )  # fmt: skip
     if a.command == "init":
         return InitConfig(_fetch_config(a), a.version, a.previous)
@@ -200,4 +238,5 @@ def parse_args(argv: list[str] | None = None) -> Config:
         jitter_seconds=a.jitter_seconds,
         keep_versions=a.keep_versions,
         metrics_port=a.metrics_port,
+        load_timeout_seconds=a.load_timeout_seconds,
     )

@@ -1,4 +1,10 @@
-"""Client of the server's Unix control socket, retrying while the server is down."""
+"""Client of the server's Unix control socket, retrying while the server is down.
+
+Only "not answering" (no socket yet, connection refused or dropped) is retried here.
+Everything else is a :class:`~model_sidecar.errors.ControlFailure` with its own code —
+``control_denied`` (no permission on the socket), ``load_timeout`` / ``control_timeout``
+(no answer in time), ``protocol_error`` (an answer outside the protocol: not JSON, too
+long, the wrong kind) — which the watch loop reports and backs off from."""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 from model_rollout_contract.control import (
+    BUSY,
     MAX_LINE,
     ErrorReply,
     LoadRequest,
@@ -20,7 +27,7 @@ from model_rollout_contract.control import (
     parse_reply,
 )
 
-from .errors import ServerUnavailable
+from .errors import ControlFailure, ServerUnavailable
 from .retry import Backoff, retry_async
 
 
@@ -30,35 +37,71 @@ def _is_down(exc: BaseException) -> bool:
 
 class ServerControl:
     def __init__(
-        self, socket_path: Path, backoff: Backoff | None = None, timeout_s: float = 300.0
+        self,
+        socket_path: Path,
+        backoff: Backoff | None = None,
+        load_timeout_s: float = 300.0,
+        request_timeout_s: float = 30.0,
     ) -> None:
         self.socket_path = socket_path
         self.backoff = backoff or Backoff(attempts=8, base_s=0.2, max_s=5.0)
-        self.timeout_s = timeout_s  # a load of a large engine can take minutes
+        self.load_timeout_s = load_timeout_s  # a load of a large engine can take minutes
+        self.request_timeout_s = request_timeout_s  # status and pointer swaps are quick
 
     async def _once(self, request: Request) -> Reply:
+        timeout = (
+            self.load_timeout_s if isinstance(request, LoadRequest) else self.request_timeout_s
+        )
+        try:
+            line = await asyncio.wait_for(self._exchange(request), timeout)
+        except asyncio.TimeoutError:
+            code = "load_timeout" if isinstance(request, LoadRequest) else "control_timeout"
+            raise ControlFailure(
+                code, f"server gave no answer to {request.op} of {request.model} in {timeout:g}s"
+            ) from None
+        try:
+            reply = parse_reply(line)
+        except ProtocolError as exc:
+            raise ControlFailure(
+                "protocol_error", f"server answered {request.op} outside the protocol: {exc}"
+            ) from exc
+        if isinstance(reply, ErrorReply) and reply.code == BUSY:  # nothing done: retried
+            raise ServerUnavailable(f"server busy: {reply.error}")
+        return reply
+
+    async def _exchange(self, request: Request) -> bytes:
         try:
             reader, writer = await asyncio.open_unix_connection(
                 str(self.socket_path), limit=MAX_LINE
             )
+        except PermissionError as exc:
+            raise ControlFailure(
+                "control_denied",
+                f"no permission to use the server socket {self.socket_path}: {exc}",
+            ) from exc
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise ServerUnavailable(
                 f"server socket {self.socket_path} not answering: {exc}"
             ) from exc
+        except OSError as exc:  # not a socket, a path too long, ...
+            raise ControlFailure(
+                "control_denied", f"cannot connect to the server socket {self.socket_path}: {exc}"
+            ) from exc
         try:
             writer.write(encode(request))
             await writer.drain()
-            line = await asyncio.wait_for(reader.readline(), self.timeout_s)
+            line = await reader.readline()
         except ConnectionError as exc:
             raise ServerUnavailable(f"server closed the control connection: {exc}") from exc
+        except ValueError as exc:  # asyncio's LimitOverrunError: a line over MAX_LINE
+            raise ControlFailure(
+                "protocol_error", f"server answered {request.op} with a line over {MAX_LINE} bytes"
+            ) from exc
         finally:
             writer.close()
         if not line:
             raise ServerUnavailable("server closed the control connection without answering")
-        try:
-            return parse_reply(line)
-        except ProtocolError as exc:
-            raise ServerUnavailable(f"server answered outside the protocol: {exc}") from exc
+        return line
 
     async def request(self, request: Request) -> Reply:
         return await retry_async(
@@ -73,14 +116,16 @@ class ServerControl:
         if isinstance(reply, ErrorReply):
             return StatusReply(model, None, None, ())
         if not isinstance(reply, StatusReply):
-            raise ServerUnavailable(f"status of {model} answered with {reply}")
+            raise ControlFailure("protocol_error", f"status of {model} answered with {reply}")
         return reply
 
     async def swap_to_retained(self, model: str, version: str) -> SwapReply | ErrorReply:
         """A pointer swap to a version the server still holds (no file, no load)."""
         reply = await self.request(RollbackRequest(model, version))
         if isinstance(reply, StatusReply):
-            raise ServerUnavailable(f"swap of {model}:{version} answered with a status: {reply}")
+            raise ControlFailure(
+                "protocol_error", f"swap of {model}:{version} answered with a status: {reply}"
+            )
         return reply
 
     async def load(
@@ -88,5 +133,7 @@ class ServerControl:
     ) -> SwapReply | ErrorReply:
         reply = await self.request(LoadRequest(model, version, str(path), sha256))
         if isinstance(reply, StatusReply):
-            raise ServerUnavailable(f"load of {model}:{version} answered with a status: {reply}")
+            raise ControlFailure(
+                "protocol_error", f"load of {model}:{version} answered with a status: {reply}"
+            )
         return reply

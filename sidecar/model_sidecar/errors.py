@@ -1,17 +1,27 @@
-"""Every error the sidecar raises, in one hierarchy (as httpx's ``_exceptions.py``)::
+"""Every error the sidecar raises, in one hierarchy (as httpx's ``_exceptions.py``), each
+with a stable ``code`` that the report carries (:class:`~model_rollout_contract.report.
+SidecarReport`)::
 
     SidecarError
     ├── StoreError             a store operation failed; ``transient`` ones are retried
     │   └── ObjectMissing      the key is not in the store (never transient)
-    ├── VerificationError      a version is refused: ``reason`` is a stable code
+    ├── VerificationError      a version is refused: ``code`` is the reason
+    ├── VolumeError            the shared volume refused a write or holds something unsafe
+    │   ├── VolumeFull         no space (or quota) left for it
+    │   └── UnsafeVolume       a symbolic link (or another odd entry) where the sidecar
+    │                          writes, reads or deletes: never followed
     ├── ServerUnavailable      the server's control socket does not answer: retried
+    ├── ControlFailure         the control socket answered, but not usefully: denied,
+    │                          timed out, or outside the protocol (not retried at once)
+    ├── PublishRefused         ``publish`` would overwrite a published version
     └── KubeError              the Kubernetes API refused or missed a call (``status``;
         │                      0 when it could not be reached)
         └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
 
-What each means to the pod: a ``VerificationError`` is reported ``refused`` and not
-retried for that target; the others are reported ``error`` and retried, while the old
-version keeps serving.
+What each means to the pod: a ``VerificationError`` or a permanent ``StoreError`` (bad
+credentials, a missing object) is reported ``refused`` and not retried for that target
+until the longest backoff has passed; the others are reported ``error`` and retried with
+backoff, while the old version keeps serving.
 """
 
 from __future__ import annotations
@@ -20,34 +30,69 @@ from __future__ import annotations
 class SidecarError(Exception):
     """Base class of the sidecar's errors."""
 
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
 
 class StoreError(SidecarError):
     """A store operation failed. ``transient`` ones are worth retrying."""
 
-    def __init__(self, message: str, transient: bool) -> None:
+    def __init__(self, message: str, transient: bool, code: str | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.code = code or ("store_unreachable" if transient else "store_error")
 
 
 class ObjectMissing(StoreError):
     def __init__(self, key: str) -> None:
-        super().__init__(f"{key} is not in the model store", transient=False)
+        super().__init__(f"{key} is not in the model store", transient=False, code="not_found")
 
 
 class VerificationError(SidecarError):
-    """A version was refused. ``reason`` is a stable code for metrics and status."""
+    """A version was refused. ``reason`` (also its ``code``) is a stable word."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.message = message
+        self.code = reason
+
+
+class VolumeError(SidecarError):
+    code = "volume_error"
+
+
+class VolumeFull(VolumeError):
+    code = "volume_full"
+
+
+class UnsafeVolume(VolumeError):
+    code = "unsafe_volume"
 
 
 class ServerUnavailable(SidecarError):
-    """The server's control socket is not answering (or not in the protocol)."""
+    """The server's control socket is not answering."""
+
+    code = "server_unavailable"
+
+
+class ControlFailure(SidecarError):
+    """The control socket answered, but not usefully; ``code`` says how."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # control_denied | control_timeout | protocol_error
+
+
+class PublishRefused(SidecarError):
+    code = "already_published"
 
 
 class KubeError(SidecarError):
+    code = "kube_error"
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

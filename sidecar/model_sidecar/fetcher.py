@@ -1,31 +1,52 @@
 """Fetch a version from the store into the shared volume, verified and atomically.
 
 Everything is downloaded into ``<volume>/.incoming/<random>/`` (same filesystem), checked
-(signature, size, SHA-256, allow-list), and only then renamed to
-``<volume>/<model>/<version>/``, so the server never sees a partial or unverified file.
+(signature, binding, publish sequence, size, SHA-256, allow-list), and only then renamed
+to ``<volume>/<model>/<version>/``, so the server never sees a partial or unverified
+file. The download stops at the manifest's size plus one byte: a larger object is
+refused, never written out whole. Every step goes through :class:`~.volume.SafeDir`, so
+a link planted in the volume is refused, never followed.
+
+At most ``max_concurrent_downloads`` transfers run at once, and a transfer keeps its slot
+until its worker thread has really stopped (a cancelled fetch included), so the limit
+holds for what reaches the store, not only for what is awaited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-import shutil
+import secrets
+import threading
 import time
-import uuid
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from model_rollout_contract.layout import INCOMING_DIR, object_key
-from model_rollout_contract.manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest
+from model_rollout_contract.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_NAME,
+    Manifest,
+)
+from model_rollout_contract.names import is_valid_name
 from model_rollout_contract.versions import version_order
 
-from .errors import ObjectMissing, StoreError, VerificationError
+from . import sequences
+from .errors import ObjectMissing, StoreError, UnsafeVolume, VerificationError, VolumeError
 from .retry import Backoff, retry_async
-from .store import ModelStore
+from .store import ModelStore, ObjectTooLarge, read_object
 from .verify import Verifier
+from .volume import SafeDir, write_error
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -47,16 +68,12 @@ class FetchResult:
     seconds: float
 
 
+class _Cancelled(Exception):
+    """The fetch that started this transfer was cancelled: stop between chunks."""
+
+
 def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, StoreError) and exc.transient
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Fetcher:
@@ -68,113 +85,256 @@ class Fetcher:
         backoff: Backoff | None = None,
         max_concurrent_downloads: int = 1,
     ) -> None:
+        if max_concurrent_downloads < 1:
+            raise ValueError("max_concurrent_downloads must be at least 1")
         self.store = store
         self.verifier = verifier
         self.volume = volume
         self.backoff = backoff or Backoff()
-        self._downloads = asyncio.Semaphore(max_concurrent_downloads)
+        self._slots = asyncio.Semaphore(max_concurrent_downloads)
+        self._lock = threading.Lock()
+        self.downloading = 0  # transfers streaming now (worker threads)
+        self.most_downloading = 0  # the most at once so far
+        self.received_bytes = 0  # every byte read from the store, refused ones included
 
     def version_dir(self, model: str, version: str) -> Path:
         return self.volume / model / version
 
-    def verified_local(self, model: str, version: str) -> LocalVersion | None:
-        """The copy on disk if it is complete and still verifies, else ``None``."""
-        directory = self.version_dir(model, version)
-        try:
-            data = (directory / MANIFEST_NAME).read_bytes()
-            signature = (directory / SIGNATURE_NAME).read_bytes()
-        except OSError:
-            return None
-        try:
-            manifest = self.verifier.manifest(model, version, data, signature)
-            self.verifier.file(directory / manifest.file, manifest)
-        except (VerificationError, OSError) as exc:
-            log.warning("local copy of %s:%s is not usable: %s", model, version, exc)
-            return None
-        return LocalVersion(model, version, directory, manifest)
+    def root(self) -> SafeDir:
+        return SafeDir.open(self.volume, create=True)
 
-    async def _read(self, key: str) -> bytes:
+    def sweep_incoming(self) -> list[str]:
+        """Remove what a crashed or killed sidecar left in ``.incoming`` (call at start,
+        before any fetch: nothing in there is ever served)."""
+        with self.root() as root, root.child(INCOMING_DIR, create=True) as incoming:
+            names = [name for name, _ in incoming.entries()]
+            for name in names:
+                incoming.remove(name)
+        if names:
+            log.info("swept %d leftover download(s) from %s", len(names), incoming.path)
+        return names
+
+    def verified_local(self, model: str, version: str) -> LocalVersion | None:
+        """The copy on disk if it is complete and still verifies, else ``None``. A link
+        where the model's or the version's directory should be is refused."""
+        with self.root() as root:
+            try:
+                model_dir = root.child(model)
+            except FileNotFoundError:
+                return None
+            with model_dir:
+                try:
+                    version_dir = model_dir.child(version)
+                except FileNotFoundError:
+                    return None
+                with version_dir:
+                    try:
+                        data = version_dir.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+                        signature = version_dir.read_bytes(SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
+                        manifest = self.verifier.manifest(model, version, data, signature)
+                        sequences.check(model_dir, model, version, manifest.sequence)
+                        with version_dir.open_read(manifest.file) as f:
+                            self.verifier.file(f, manifest.file, manifest)
+                    except (FileNotFoundError, VerificationError, VolumeError) as exc:
+                        log.warning("local copy of %s:%s is not usable: %s", model, version, exc)
+                        return None
+        return LocalVersion(model, version, self.version_dir(model, version), manifest)
+
+    async def _in_thread(self, work: Callable[[threading.Event], T]) -> T:
+        """Run ``work`` in a thread; if the caller is cancelled, tell the thread and wait
+        for it to stop before giving up (the caller's slot stays taken until then)."""
+        cancelled = threading.Event()
+        future = asyncio.ensure_future(asyncio.to_thread(work, cancelled))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled.set()
+            await asyncio.wait({future})
+            if not future.cancelled():
+                future.exception()  # retrieved: the thread's _Cancelled, or its failure
+            raise
+
+    async def _read(self, key: str, limit: int) -> bytes:
         return await retry_async(
-            lambda: asyncio.to_thread(self.store.read, key),
+            lambda: self._in_thread(lambda _: read_object(self.store, key, limit)),
             _is_transient,
             self.backoff,
             f"read {key}",
         )
 
-    async def _download(self, key: str, target: Path, expected_size: int) -> int:
-        size = await asyncio.to_thread(self.store.download, key, target)
-        if size != expected_size:  # the connection dropped mid-transfer: worth a retry
-            raise StoreError(
-                f"truncated download of {key}: {size} of {expected_size} bytes", transient=True
-            )
-        return size
-
     async def fetch(self, model: str, version: str) -> FetchResult:
         """Return a verified local copy, downloading it if needed.
 
-        Raises ``VerificationError`` (refused: do not serve) or ``StoreError``."""
+        Raises ``VerificationError`` (refused: do not serve), ``StoreError``,
+        ``VolumeError`` (no space, or a link where the sidecar writes)."""
         started = time.monotonic()
         local = await asyncio.to_thread(self.verified_local, model, version)
         if local is not None:
             return FetchResult(local, 0, time.monotonic() - started)
-        async with self._downloads:
-            data = await self._read(object_key(model, version, MANIFEST_NAME))
+        async with self._slots:
+            try:
+                data = await self._read(
+                    object_key(model, version, MANIFEST_NAME), MAX_MANIFEST_BYTES
+                )
+            except ObjectTooLarge as exc:
+                raise VerificationError("bad_manifest", exc.message) from exc
             try:
                 signature: bytes | None = await self._read(
-                    object_key(model, version, SIGNATURE_NAME)
+                    object_key(model, version, SIGNATURE_NAME), MAX_SIGNATURE_BYTES
                 )
             except ObjectMissing:
                 signature = None
+            except ObjectTooLarge as exc:
+                raise VerificationError("bad_signature", exc.message) from exc
             manifest = self.verifier.manifest(model, version, data, signature)
-            incoming = self.volume / INCOMING_DIR / f"{model}-{version}-{uuid.uuid4().hex[:8]}"
-            incoming.mkdir(parents=True)
-            try:
-                target = incoming / manifest.file
-                key = object_key(model, version, manifest.file)
-                size = await retry_async(
-                    lambda: self._download(key, target, manifest.size),
-                    _is_transient,
-                    self.backoff,
-                    f"download {model}:{version}",
-                )
-                await asyncio.to_thread(self.verifier.file, target, manifest)
-                (incoming / MANIFEST_NAME).write_bytes(data)
-                (incoming / SIGNATURE_NAME).write_bytes(signature or b"")
-                _fsync_dir(incoming)
-                final = self.version_dir(model, version)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                if final.exists():  # an earlier copy that no longer verifies
-                    shutil.rmtree(final)
-                os.rename(incoming, final)
-                _fsync_dir(final.parent)
-            finally:
-                shutil.rmtree(incoming, ignore_errors=True)
+            attempt = functools.partial(self._install, model, version, manifest, data, signature)
+            size = await retry_async(
+                lambda: self._in_thread(attempt),
+                _is_transient,
+                self.backoff,
+                f"download {model}:{version}",
+            )
         log.info("fetched %s:%s (%d bytes) from %s", model, version, size, self.store.description)
         return FetchResult(
-            LocalVersion(model, version, final, manifest), size, time.monotonic() - started
+            LocalVersion(model, version, self.version_dir(model, version), manifest),
+            size,
+            time.monotonic() - started,
         )
 
-    def prune(self, model: str, keep: int, protect: set[str]) -> list[str]:
-        """Keep at most ``keep`` versions on disk, the newest in the contract's version
-        order; never those in ``protect`` (the serving one)."""
-        directory = self.volume / model
-        if not directory.is_dir():
-            return []
-        versions = sorted(
-            (p for p in directory.iterdir() if p.is_dir()),
-            key=lambda p: version_order(p.name),
-            reverse=True,
-        )
-        removed = []
-        kept = [p for p in versions if p.name in protect]
-        for path in versions:
-            if path.name in protect:
-                continue
-            if len(kept) < keep:
-                kept.append(path)
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
+    def _install(
+        self,
+        model: str,
+        version: str,
+        manifest: Manifest,
+        data: bytes,
+        signature: bytes | None,
+        cancelled: threading.Event,
+    ) -> int:
+        """One attempt: download into ``.incoming``, verify, rename into place."""
+        with self.root() as root:
+            with root.child(model, create=True) as model_dir:
+                sequences.check(model_dir, model, version, manifest.sequence)
+            with root.child(INCOMING_DIR, create=True) as incoming:
+                name = f"{model}-{version}-{secrets.token_hex(4)}"
+                try:
+                    with incoming.child(name, create=True) as work:
+                        key = object_key(model, version, manifest.file)
+                        size = self._download(key, work, manifest, cancelled)
+                        with work.open_read(manifest.file) as f:
+                            self.verifier.file(f, manifest.file, manifest)
+                        work.write_atomic(MANIFEST_NAME, data)
+                        work.write_atomic(SIGNATURE_NAME, signature or b"")
+                    with root.child(model, create=True) as model_dir:
+                        kind = model_dir.kind(version)
+                        if kind not in (None, "dir"):
+                            raise UnsafeVolume(
+                                f"{model_dir.path / version} is a {kind}, not a version "
+                                "directory: refusing to replace it"
+                            )
+                        model_dir.remove(version)  # an earlier copy that no longer verifies
+                        sequences.record(model_dir, version, manifest.sequence)
+                        incoming.move(name, model_dir, version)
+                        model_dir.fsync()
+                finally:
+                    incoming.remove(name)
+        return size
+
+    def _count(self, delta: int) -> None:
+        with self._lock:
+            self.downloading += delta
+            self.most_downloading = max(self.most_downloading, self.downloading)
+
+    def _download(
+        self, key: str, work: SafeDir, manifest: Manifest, cancelled: threading.Event
+    ) -> int:
+        """Stream ``key`` into ``work``, reading at most the manifest's size plus one."""
+        size = manifest.size
+        self._count(+1)
+        try:
+            with self.store.open(key) as stream:
+                if stream.length != size:
+                    raise VerificationError(
+                        "size_mismatch",
+                        f"{key} has {stream.length} bytes in the store, the manifest says "
+                        f"{size}: refused before downloading",
+                    )
+                received = 0
+                try:
+                    with work.create(manifest.file) as out:
+                        while chunk := stream.read(min(_CHUNK, size + 1 - received)):
+                            if cancelled.is_set():
+                                raise _Cancelled(key)
+                            received += len(chunk)
+                            with self._lock:
+                                self.received_bytes += len(chunk)
+                            if received > size:
+                                raise VerificationError(
+                                    "size_mismatch",
+                                    f"{key} sent more than the manifest's {size} bytes: "
+                                    f"stopped after {received}",
+                                )
+                            out.write(chunk)
+                        out.flush()
+                        os.fsync(out.fileno())
+                except OSError as exc:
+                    error = write_error(exc, f"download of {key}")
+                    if error is exc:
+                        raise
+                    raise error from exc
+        finally:
+            self._count(-1)
+        if received < size:  # the connection dropped mid-transfer: worth a retry
+            raise StoreError(
+                f"truncated download of {key}: {received} of {size} bytes", transient=True
+            )
+        return received
+
+    def remove_version(self, model: str, version: str) -> None:
+        """Delete one version's copy (refused by the server: it is never served)."""
+        with self.root() as root:
+            try:
+                model_dir = root.child(model)
+            except FileNotFoundError:
+                return
+            with model_dir:
+                if model_dir.kind(version) == "dir":
+                    model_dir.remove(version)
+                    log.info("removed refused %s:%s from the volume", model, version)
+
+    def prune(
+        self, model: str, keep: int, protect: Collection[str], refused: Collection[str] = ()
+    ) -> list[str]:
+        """Delete the ``refused`` versions; keep those in ``protect`` (the serving one,
+        the previous good one, those the server holds), then the newest others in the
+        contract's version order up to ``keep`` in all. Links are never followed nor
+        counted as versions."""
+        with self.root() as root:
+            try:
+                model_dir = root.child(model)
+            except FileNotFoundError:
+                return []
+            with model_dir:
+                entries = list(model_dir.entries())
+                for name, kind in entries:
+                    if kind == "link":
+                        log.warning(
+                            "not following the link %s in the volume", model_dir.path / name
+                        )
+                versions = sorted(
+                    (name for name, kind in entries if kind == "dir" and is_valid_name(name)),
+                    key=version_order,
+                    reverse=True,
+                )
+                kept = [v for v in versions if v in protect and v not in refused]
+                removed = []
+                for name in versions:
+                    if name in kept:
+                        continue
+                    if name not in refused and len(kept) < keep:
+                        kept.append(name)
+                        continue
+                    model_dir.remove(name)
+                    removed.append(name)
         if removed:
             log.info("pruned %s versions %s", model, removed)
         return removed

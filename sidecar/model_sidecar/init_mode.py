@@ -1,15 +1,23 @@
-"""Init-container mode: pre-pull the target (and previous) version before the server starts."""
+"""Init-container mode: pre-pull the target (and previous) version before the server starts.
+
+Leftovers of a killed download are swept first. Unless the target is already verified on
+the volume (a restarted pod), a random pause of up to ``start_jitter_s`` comes before the
+first store request, so a fleet created at once does not hit the store at once. The
+target and the previous version are fetched side by side, as many at once as the
+fetcher's download limit allows."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
+import random
 
-from model_rollout_contract.layout import CURRENT_FILE
 from model_rollout_contract.versions import predecessor as previous_in_order
 
-from .errors import StoreError, VerificationError
-from .fetcher import Fetcher
+from .current import write_current
+from .errors import SidecarError, StoreError
+from .fetcher import Fetcher, FetchResult
+from .retry import start_jitter
 from .store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -20,32 +28,53 @@ def predecessor(store: ModelStore, model: str, version: str) -> str | None:
     return previous_in_order(store.list_children(model), version)
 
 
-async def pre_pull(fetcher: Fetcher, model: str, target: str, previous: str | None) -> int:
+async def pre_pull(
+    fetcher: Fetcher,
+    model: str,
+    target: str,
+    previous: str | None,
+    start_jitter_s: float = 0.0,
+    rng: random.Random | None = None,
+) -> int:
     """Fetch ``target`` (required) and ``previous`` (best effort); returns an exit code."""
     try:
-        result = await fetcher.fetch(model, target)
-    except (VerificationError, StoreError) as exc:
-        log.error("cannot pre-pull %s:%s: %s", model, target, exc)
+        await asyncio.to_thread(fetcher.sweep_incoming)
+        present = await asyncio.to_thread(fetcher.verified_local, model, target)
+    except (SidecarError, OSError) as exc:
+        log.error("cannot use the volume %s: %s", fetcher.volume, exc)
         return 1
+    if present is None:
+        await start_jitter(start_jitter_s, rng or random.Random(), "the first store request")
+    if previous is None:
+        try:
+            previous = await asyncio.to_thread(predecessor, fetcher.store, model, target)
+        except StoreError as exc:
+            log.warning("cannot list %s versions: %s", model, exc)
+    fetches = [fetcher.fetch(model, target)]
+    if previous and previous != target:
+        fetches.append(fetcher.fetch(model, previous))
+    results = await asyncio.gather(*fetches, return_exceptions=True)
+    for version, result in zip((target, previous), results, strict=False):
+        if isinstance(result, BaseException) and not isinstance(result, SidecarError | OSError):
+            raise result
+        if isinstance(result, BaseException) and version != target:
+            log.warning("previous version %s:%s not pre-pulled: %s", model, version, result)
+    outcome = results[0]
+    if isinstance(outcome, BaseException):
+        code = getattr(outcome, "code", "volume_error")
+        log.error("cannot pre-pull %s:%s: %s: %s", model, target, code, outcome)
+        return 1
+    assert isinstance(outcome, FetchResult)
     log.info(
         "%s:%s ready at %s (%s)",
         model,
         target,
-        result.local.file,
-        "downloaded" if result.downloaded_bytes else "already present",
+        outcome.local.file,
+        "downloaded" if outcome.downloaded_bytes else "already present",
     )
-    if previous is None:
-        try:
-            previous = predecessor(fetcher.store, model, target)
-        except StoreError as exc:
-            log.warning("cannot list %s versions: %s", model, exc)
-    if previous and previous != target:
-        try:
-            await fetcher.fetch(model, previous)
-        except (VerificationError, StoreError) as exc:
-            log.warning("previous version %s:%s not pre-pulled: %s", model, previous, exc)
-    current = fetcher.volume / model / CURRENT_FILE
-    tmp = current.with_name(f".{CURRENT_FILE}.tmp")
-    tmp.write_text(target + "\n")
-    os.replace(tmp, current)
+    try:
+        await asyncio.to_thread(write_current, fetcher.volume, model, target)
+    except (SidecarError, OSError) as exc:
+        log.error("cannot write CURRENT for %s: %s", model, exc)
+        return 1
     return 0

@@ -24,6 +24,12 @@ class SidecarMetrics:
             ["model", "result"],
             registry=r,
         )
+        self.downloads = Gauge(
+            "sidecar_downloads_in_progress",
+            "Store transfers streaming now (bounded by --max-concurrent-downloads)",
+            ["model"],
+            registry=r,
+        )
         self.serving = Gauge(
             "sidecar_serving_version",
             "1 for the version the server serves",

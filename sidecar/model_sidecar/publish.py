@@ -1,4 +1,14 @@
-"""Publish a signed model version to a store (the release side of the pipeline)."""
+"""Publish a signed model version to a store (the release side of the pipeline).
+
+The signed manifest binds the store (:attr:`~model_rollout_contract.layout.StoreUrl.
+scope`), the model, the version and a publish sequence. A version already published is
+not overwritten unless ``force`` is given; its new sequence is then above the old one,
+so sidecars that accepted the old build take the new one and never go back.
+
+The sequence is ``max(now in nanoseconds, the store's current sequence + 1)``: it grows
+with every publish even when the version was deleted from the store in between (the
+clock), and even when this machine's clock is behind the last publisher's (the +1).
+"""
 
 from __future__ import annotations
 
@@ -12,15 +22,18 @@ import onnx
 from model_rollout_contract.layout import object_key
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     MODEL_FILE_NAMES,
     SIGNATURE_NAME,
     Manifest,
+    ManifestError,
     sha256_file,
 )
 from model_rollout_contract.names import check_name
 
+from .errors import ObjectMissing, PublishRefused
 from .signing import load_private_key, sign
-from .store import ModelStore
+from .store import ModelStore, read_object
 
 
 def onnx_shapes(path: Path) -> dict[str, list[int | str]]:
@@ -33,13 +46,39 @@ def onnx_shapes(path: Path) -> dict[str, list[int | str]]:
     return {k: v for k, v in shapes.items() if k not in initializers}
 
 
+def published_sequence(store: ModelStore, model: str, version: str) -> int | None:
+    """The publish sequence of the version in the store: ``None`` when it is not
+    published, 0 when its manifest names none (or is not a manifest at all)."""
+    try:
+        data = read_object(store, object_key(model, version, MANIFEST_NAME), MAX_MANIFEST_BYTES)
+    except ObjectMissing:
+        return None
+    try:
+        return Manifest.from_bytes(data).sequence or 0
+    except ManifestError:
+        return 0
+
+
 def publish(
-    store: ModelStore, model: str, version: str, file: Path, key_path: Path, precision: str = "fp32"
+    store: ModelStore,
+    model: str,
+    version: str,
+    file: Path,
+    key_path: Path,
+    precision: str = "fp32",
+    *,
+    force: bool = False,
 ) -> Manifest:
     check_name("model", model)
     check_name("version", version)
     name = "model.onnx" if file.suffix == ".onnx" else "model.engine"
     assert name in MODEL_FILE_NAMES
+    existing = published_sequence(store, model, version)
+    if existing is not None and not force:
+        raise PublishRefused(
+            f"{model}:{version} is published already in {store.description}; "
+            "pass --force to replace it (a version is normally never changed)"
+        )
     manifest = Manifest(
         model=model,
         version=version,
@@ -54,6 +93,8 @@ def publish(
             "user": getpass.getuser(),
             "tool": "model-sidecar publish",
         },
+        store=store.scope,
+        sequence=max(time.time_ns(), (existing or 0) + 1),
     )
     data = manifest.to_bytes()
     signature = sign(load_private_key(key_path), data)

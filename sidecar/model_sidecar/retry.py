@@ -1,8 +1,10 @@
-"""Retries with exponential backoff and full jitter, for transient failures only."""
+"""Retries with exponential backoff and full jitter, for transient failures only, and the
+random pause a process takes before its first store request or poll."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -19,10 +21,30 @@ class Backoff:
     base_s: float = 0.2
     max_s: float = 10.0
 
+    def cap(self, attempt: int) -> float:
+        """The longest pause after ``attempt`` (0-based) failures: min(max, base * 2**n)."""
+        return min(self.max_s, self.base_s * (2 ** min(attempt, 64)))
+
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
-        cap = min(self.max_s, self.base_s * (2**attempt))
-        return (rng or random).uniform(0, cap)
+        """Full jitter: uniform in [0, cap(attempt)]."""
+        return (rng or random).uniform(0, self.cap(attempt))
+
+
+async def start_jitter(
+    max_s: float, rng: random.Random, before: str, stop: asyncio.Event | None = None
+) -> float:
+    """Pause a random time of up to ``max_s`` (logged, so that it can be seen), or until
+    ``stop`` is set; returns the pause drawn."""
+    if max_s <= 0:
+        return 0.0
+    delay = rng.uniform(0, max_s)
+    log.info("start jitter: waiting %.3f s before %s", delay, before)
+    if stop is None:
+        await asyncio.sleep(delay)
+    else:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+    return delay
 
 
 async def retry_async(

@@ -1,18 +1,29 @@
 """What the sidecar reports: a JSON status file the operator (or a person) can read, and,
-in a cluster, the same JSON as an annotation on its own pod."""
+in a cluster, the same JSON as an annotation on its own pod.
+
+A report is written when it changes, and an unchanged one again once ``heartbeat_s``
+(:data:`~model_rollout_contract.report.HEARTBEAT_SECONDS`) has passed since the last
+write, so ``updated_at`` shows that the sidecar is alive; the watch loop calls
+:meth:`StatusReporter.heartbeat` between its cycles. The file is replaced atomically and
+never through a link (it lies in the shared volume). A failed write (a full volume) is
+logged and tried again on the next report; the pod annotation still carries it.
+Credentials in URLs are redacted from the reason.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from model_rollout_contract.annotations import SIDECAR_STATUS
-from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.report import HEARTBEAT_SECONDS, SidecarReport
 
+from .errors import SidecarError
 from .kube import PodApi
+from .redact import redact
+from .volume import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -22,26 +33,53 @@ class StatusReporter:
         self,
         path: Path | None,
         pod: PodApi | None = None,
+        heartbeat_s: float = HEARTBEAT_SECONDS,
     ) -> None:
         self.path = path
         self.pod = pod
+        self.heartbeat_s = heartbeat_s
         self.last: SidecarReport | None = None
+        self._written_at = 0.0  # monotonic time of the last complete write
+        self._dirty = False  # the last report did not reach every destination
 
     async def report(self, status: SidecarReport) -> None:
-        status = replace(status, updated_at=time.time())
-        same = status.same_as(self.last)
-        self.last = status
-        if same:
+        if status.reason is not None:
+            status = replace(status, reason=redact(status.reason))
+        due = time.monotonic() - self._written_at >= self.heartbeat_s
+        if status.same_as(self.last) and not self._dirty and not due:
             return
-        log.info("status: %s", status.to_json())
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text(status.to_json())
-            os.replace(tmp, self.path)
-        if self.pod is not None:
-            try:
-                await self.pod.annotate({SIDECAR_STATUS: status.to_json()})
-            except Exception as exc:  # the file and log still carry it; retried next change
-                log.warning("could not annotate pod with status: %s", exc)
-                self.last = None
+        status = replace(status, updated_at=time.time())
+        changed = not status.same_as(self.last)
+        self.last = status
+        if changed:
+            log.info("status: %s", status.to_json())
+        written = self._write_file(status)
+        annotated = await self._annotate(status)
+        self._dirty = not (written and annotated)  # tried again on the next heartbeat
+        self._written_at = time.monotonic()
+
+    async def heartbeat(self) -> None:
+        """Rewrite the last report if the heartbeat period has passed (or it failed)."""
+        if self.last is not None:
+            await self.report(self.last)
+
+    def _write_file(self, status: SidecarReport) -> bool:
+        if self.path is None:
+            return True
+        try:
+            with SafeDir.open(self.path.parent, create=True) as directory:
+                directory.write_atomic(self.path.name, status.to_json().encode())
+        except (SidecarError, OSError) as exc:
+            log.warning("could not write the status file %s: %s", self.path, exc)
+            return False
+        return True
+
+    async def _annotate(self, status: SidecarReport) -> bool:
+        if self.pod is None:
+            return True
+        try:
+            await self.pod.annotate({SIDECAR_STATUS: status.to_json()})
+        except Exception as exc:  # the file and log still carry it; retried next report
+            log.warning("could not annotate pod with status: %s", exc)
+            return False
+        return True

@@ -1,10 +1,19 @@
 """Model stores with one layout: ``<prefix>/<model>/<version>/{model file, manifest.json,
-manifest.sig}``. S3 (boto3) in clusters; a local directory as the embedded default."""
+manifest.sig}``. S3 (boto3) in clusters; a local directory as the embedded default.
+
+Reading is streamed and bounded: :meth:`ModelStore.open` gives the object's length and
+a ``read(n)`` that never asks for more than the caller wants, so a download can stop at
+the manifest's size plus one byte whatever the store sends. Store errors are told apart
+from the volume's: only the store's own failures become :class:`StoreError`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -15,16 +24,38 @@ from botocore.exceptions import BotoCoreError, ClientError
 from model_rollout_contract.layout import StoreUrl
 
 from .errors import ObjectMissing, StoreError
+from .redact import redact
+
+
+@dataclass
+class ObjectStream:
+    """One object being read: its length as the store states it, and its bytes."""
+
+    length: int
+    read: Callable[[int], bytes]  # at most n bytes; b"" at the end; raises StoreError
+    close: Callable[[], None]
+
+    def __enter__(self) -> ObjectStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ObjectTooLarge(StoreError):
+    def __init__(self, key: str, length: int, limit: int) -> None:
+        super().__init__(
+            f"{key} has {length} bytes, more than the {limit} allowed",
+            transient=False,
+            code="too_large",
+        )
 
 
 class ModelStore(Protocol):
     description: str
+    scope: str  # what a manifest published here binds (StoreUrl.scope)
 
-    def read(self, key: str) -> bytes: ...
-
-    def download(self, key: str, dest: Path) -> int:
-        """Stream an object to ``dest``; returns bytes written."""
-        ...
+    def open(self, key: str) -> ObjectStream: ...
 
     def upload(self, key: str, source: Path) -> None: ...
 
@@ -35,10 +66,22 @@ class ModelStore(Protocol):
         ...
 
 
+def read_object(store: ModelStore, key: str, limit: int) -> bytes:
+    """A small object whole (a manifest, a signature); refused unread beyond ``limit``."""
+    with store.open(key) as stream:
+        if stream.length > limit:
+            raise ObjectTooLarge(key, stream.length, limit)
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise ObjectTooLarge(key, len(data), limit)
+        return data
+
+
 class LocalStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.description = f"file://{self.root}"
+        self.scope = StoreUrl("file", "", str(self.root)).scope
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -46,18 +89,21 @@ class LocalStore:
             raise StoreError(f"key {key!r} escapes the store", transient=False)
         return path
 
-    def read(self, key: str) -> bytes:
+    def open(self, key: str) -> ObjectStream:
         try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
+            f = self._path(key).open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectMissing(key) from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}", transient=False) from exc
 
-    def download(self, key: str, dest: Path) -> int:
-        source = self._path(key)
-        if not source.is_file():
-            raise ObjectMissing(key)
-        shutil.copyfile(source, dest)
-        return dest.stat().st_size
+        def read(n: int) -> bytes:
+            try:
+                return f.read(n)
+            except OSError as exc:
+                raise StoreError(f"cannot read {key}: {exc}", transient=True) from exc
+
+        return ObjectStream(os.fstat(f.fileno()).st_size, read, f.close)
 
     def upload(self, key: str, source: Path) -> None:
         target = self._path(key)
@@ -82,21 +128,49 @@ class LocalStore:
 
 _TRANSIENT_CODES = {
     "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
     "InternalError",
     "ServiceUnavailable",
-    "RequestTimeout",
-    "503",
     "500",
+    "502",
+    "503",
+    "504",
+}
+_MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "InvalidToken",
+    "ExpiredToken",
+    "AuthorizationHeaderMalformed",
+    "403",
 }
 
 
 def _store_error(exc: Exception, key: str) -> StoreError:
+    """Missing and refused (credentials) are permanent; throttling, server errors and
+    the network are transient; any other error the store names is permanent."""
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
+        if code in _MISSING_CODES:
             return ObjectMissing(key)
-        return StoreError(f"S3 error on {key}: {code or exc}", transient=code in _TRANSIENT_CODES)
-    return StoreError(f"S3 unreachable on {key}: {exc}", transient=True)
+        if code in _CREDENTIAL_CODES:
+            return StoreError(
+                f"S3 refused the credentials on {key}: {code}",
+                transient=False,
+                code="bad_credentials",
+            )
+        return StoreError(
+            f"S3 error on {key}: {code or redact(str(exc))}", transient=code in _TRANSIENT_CODES
+        )
+    return StoreError(f"S3 unreachable on {key}: {redact(str(exc))}", transient=True)
+
+
+_S3_ERRORS = (ClientError, BotoCoreError, OSError)
 
 
 class S3Store:
@@ -111,7 +185,10 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.description = f"s3://{bucket}/{self.prefix}"
-        self.client = boto3.client(
+        self.scope = StoreUrl("s3", bucket, self.prefix).scope
+        # a session of its own: credentials are read from the environment now, not from
+        # boto3's process-wide default session (cached when first used)
+        self.client = boto3.session.Session().client(
             "s3",
             endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
             config=Config(
@@ -125,37 +202,35 @@ class S3Store:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def read(self, key: str) -> bytes:
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-            return bytes(body.read())
-        except (ClientError, BotoCoreError, OSError) as exc:
-            raise _store_error(exc, key) from exc
-
-    def download(self, key: str, dest: Path) -> int:
+    def open(self, key: str) -> ObjectStream:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            written = 0
-            with dest.open("wb") as f:
-                for chunk in response["Body"].iter_chunks(1 << 20):
-                    f.write(chunk)
-                    written += len(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            return written
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except _S3_ERRORS as exc:
             raise _store_error(exc, key) from exc
+        body = response["Body"]
+
+        def read(n: int) -> bytes:
+            try:
+                return bytes(body.read(n))
+            except _S3_ERRORS as exc:
+                raise _store_error(exc, key) from exc
+
+        def close() -> None:
+            with contextlib.suppress(*_S3_ERRORS):
+                body.close()
+
+        return ObjectStream(int(response.get("ContentLength", 0)), read, close)
 
     def upload(self, key: str, source: Path) -> None:
         try:
             self.client.upload_file(str(source), self.bucket, self._key(key))
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except _S3_ERRORS as exc:
             raise _store_error(exc, key) from exc
 
     def write(self, key: str, data: bytes) -> None:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except _S3_ERRORS as exc:
             raise _store_error(exc, key) from exc
 
     def list_children(self, prefix: str) -> list[str]:
@@ -171,7 +246,7 @@ class S3Store:
                 for common in page.get("CommonPrefixes", []):
                     names.add(common["Prefix"][len(full) :].strip("/"))
             return sorted(names)
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except _S3_ERRORS as exc:
             raise _store_error(exc, prefix) from exc
 
 

@@ -1,63 +1,80 @@
-"""Checks a version must pass before anything is handed to the server."""
+"""Checks a version must pass before anything is handed to the server.
+
+A manifest is accepted when any trusted key verifies its signature and it binds this
+store, this model and this version; a signed manifest from before the binding fields
+existed is refused (``unbound``): a signature that binds only model and version can be
+replayed into another team's prefix. The publish sequence is checked against what was
+accepted before by :mod:`.sequences`, which needs the volume."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import BinaryIO
 
-from model_rollout_contract.manifest import Manifest, ManifestError, sha256_file
+from model_rollout_contract.manifest import Manifest, ManifestError, sha256_stream
 
 from .errors import VerificationError
 from .signing import Ed25519PublicKey, is_valid
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verifier:
-    public_key: Ed25519PublicKey | None
-    trusted_dir: Path
+    keys: Sequence[Ed25519PublicKey]  # trusted keys; empty: unsigned accepted (development)
+    store_scope: str  # the store this sidecar reads (StoreUrl.scope)
     allowed_digests: frozenset[str] | None = None
 
     def manifest(self, model: str, version: str, data: bytes, signature: bytes | None) -> Manifest:
-        if self.public_key is not None:
+        where = f"{model}:{version}"
+        if self.keys:
             if not signature:
-                raise VerificationError("unsigned", f"{model}:{version} has no manifest signature")
-            if not is_valid(self.public_key, signature, data):
+                raise VerificationError("unsigned", f"{where} has no manifest signature")
+            if not is_valid(self.keys, signature, data):
                 raise VerificationError(
                     "bad_signature",
-                    f"{model}:{version}: manifest signature does not verify "
-                    "against the trusted public key",
+                    f"{where}: manifest signature does not verify against any of the "
+                    f"{len(self.keys)} trusted public key(s)",
                 )
         try:
             manifest = Manifest.from_bytes(data)
         except ManifestError as exc:
-            raise VerificationError("bad_manifest", f"{model}:{version}: {exc}") from exc
+            raise VerificationError("bad_manifest", f"{where}: {exc}") from exc
         if (manifest.model, manifest.version) != (model, version):
             raise VerificationError(
                 "bad_manifest",
-                f"manifest is for {manifest.model}:{manifest.version}, not {model}:{version}",
+                f"manifest is for {manifest.model}:{manifest.version}, not {where}",
+            )
+        if self.keys and manifest.unbound():
+            raise VerificationError(
+                "unbound",
+                f"{where}: the signed manifest lacks {', '.join(manifest.unbound())} "
+                "(published before manifests bound them); publish it again",
+            )
+        if manifest.store is not None and manifest.store != self.store_scope:
+            raise VerificationError(
+                "wrong_store",
+                f"{where} was published to {manifest.store}, not to {self.store_scope}",
             )
         if self.allowed_digests is not None and manifest.sha256 not in self.allowed_digests:
             raise VerificationError(
                 "not_allowed",
-                f"{model}:{version} digest {manifest.sha256} is not on the allow-list",
+                f"{where} digest {manifest.sha256} is not on the allow-list",
             )
         return manifest
 
-    def file(self, path: Path, manifest: Manifest) -> None:
-        if not path.resolve().is_relative_to(self.trusted_dir.resolve()):
-            raise VerificationError(
-                "untrusted_path", f"{path} is outside the trusted directory {self.trusted_dir}"
-            )
-        size = path.stat().st_size
+    def file(self, stream: BinaryIO, name: str, manifest: Manifest) -> None:
+        """Size and digest of an open model file (opened without following links)."""
+        size = os.fstat(stream.fileno()).st_size
         if size != manifest.size:
             raise VerificationError(
                 "size_mismatch",
-                f"{path.name} has {size} bytes, manifest says {manifest.size} "
-                "(truncated download?)",
+                f"{name} has {size} bytes, manifest says {manifest.size} (truncated download?)",
             )
-        digest = sha256_file(path)
+        stream.seek(0)
+        digest = sha256_stream(stream)
         if digest != manifest.sha256:
             raise VerificationError(
                 "digest_mismatch",
-                f"{path.name} sha256 {digest} does not match the manifest's {manifest.sha256}",
+                f"{name} sha256 {digest} does not match the manifest's {manifest.sha256}",
             )

@@ -1,10 +1,21 @@
 """Watch mode: keep the server on the pod's target version.
 
-Each poll (period + random jitter, so pods do not pull at once): read the target; if the
-server serves something else, fetch and verify it, ask the server to swap over the
-control socket, and report the outcome. Refused versions are not retried until the
-target changes or ``refused_retry_s`` passes; store or server outages are retried with
-backoff while the old version keeps serving.
+At start: sweep ``.incoming``, then a random pause of up to ``start_jitter_s`` before the
+first poll. Each cycle: read the target; if the server serves something else, fetch and
+verify it, ask the server to swap over the control socket, write ``CURRENT`` (so a
+restarted server serves what this one served last), and report the outcome.
+
+Every failure is reported with its code and reason — none leaves the report at
+``fetching`` or ``loading``. Refusals (verification, permanent store errors such as bad
+credentials or a missing object, the server's refusal) are ``refused`` and not retried
+until the target changes or ``refused_retry_s`` (the longest backoff) passes. Other
+failures are ``error`` and the next cycle waits longer each time (exponential backoff
+with full jitter between ``backoff.base_s`` and ``backoff.max_s``) while the old
+version keeps serving. Between cycles the report is refreshed as a heartbeat.
+
+Retention: after a swap the volume keeps the serving version, the previous good one and
+those the server still holds, then the newest others up to ``keep_versions``; a version
+the server refused is deleted at once.
 """
 
 from __future__ import annotations
@@ -14,20 +25,27 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from model_rollout_contract import defaults
 from model_rollout_contract.control import ErrorReply
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 
 from .control_client import ServerControl
-from .errors import ServerUnavailable, StoreError, VerificationError
+from .current import read_current, write_current
+from .errors import SidecarError, StoreError, VerificationError
 from .fetcher import Fetcher
 from .metrics import SidecarMetrics
+from .retry import Backoff, start_jitter
 from .status import StatusReporter
 from .target import TargetSource
 
 log = logging.getLogger(__name__)
+
+
+def _cycle_backoff() -> Backoff:
+    return Backoff(base_s=defaults.BACKOFF_BASE_SECONDS, max_s=defaults.BACKOFF_MAX_SECONDS)
 
 
 @dataclass
@@ -36,7 +54,14 @@ class WatchSettings:
     poll_s: float = 2.0
     jitter_s: float = 1.0
     keep_versions: int = 3
-    refused_retry_s: float = 300.0
+    start_jitter_s: float = 0.0  # before the first poll
+    backoff: Backoff = field(default_factory=_cycle_backoff)  # between failed cycles
+    refused_retry_s: float = defaults.BACKOFF_MAX_SECONDS  # a refused target, tried again
+
+
+def _refusal(exc: SidecarError) -> bool:
+    """Permanent for this version: retrying at once would only hammer the store."""
+    return isinstance(exc, VerificationError) or (isinstance(exc, StoreError) and not exc.transient)
 
 
 class Watcher:
@@ -61,25 +86,51 @@ class Watcher:
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.wake = wake or asyncio.Event()
+        self.failures = 0  # failed cycles in a row ("error"): how long the next wait is
         self._refused: dict[str, float] = {}  # version -> when it was refused
+        self._server_refused: set[str] = set()  # loaded and refused: deleted from disk
         self._last_target: str | None = None
         self._target_seen_at: float | None = None
+        self._serving: str | None = None  # as the server said last
+        self._previous_good: str | None = None  # served before the serving one
         self._retained: tuple[str, ...] = ()  # what the server holds beside the serving one
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.start(stop)
         while not stop.is_set():
             self.wake.clear()
-            try:
-                await self.step()
-            except Exception:  # never let one bad cycle end the sidecar
-                log.exception("watch cycle failed")
-            delay = self.settings.poll_s + self.rng.uniform(0, self.settings.jitter_s)
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+            await self.step()
+            deadline = time.monotonic() + self.next_delay()
+            while not (stop.is_set() or self.wake.is_set()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await self._wait(stop, min(remaining, self.reporter.heartbeat_s))
+                await self.reporter.heartbeat()
+
+    async def start(self, stop: asyncio.Event) -> None:
+        """Before the first poll: leftovers of killed downloads go, then the start jitter."""
+        try:
+            await asyncio.to_thread(self.fetcher.sweep_incoming)
+        except (SidecarError, OSError) as exc:
+            log.error("cannot sweep the volume's downloads: %s", exc)
+        await start_jitter(self.settings.start_jitter_s, self.rng, "the first poll", stop)
+
+    async def _wait(self, stop: asyncio.Event, seconds: float) -> None:
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def next_delay(self) -> float:
+        """The poll period (plus jitter) after a good cycle; after ``n`` failed ones in a
+        row, at least that and up to ``backoff.cap(n - 1)``."""
+        delay = self.settings.poll_s + self.rng.uniform(0, self.settings.jitter_s)
+        if self.failures:
+            delay = max(delay, self.settings.backoff.delay(self.failures - 1, self.rng))
+        return delay
 
     async def _report(
         self,
@@ -88,6 +139,7 @@ class Watcher:
         state: SidecarState,
         reason: str | None = None,
         sha256: str | None = None,
+        code: str | None = None,
     ) -> None:
         await self.reporter.report(
             SidecarReport(
@@ -95,10 +147,11 @@ class Watcher:
                 target,
                 serving,
                 state,
-                reason,
+                f"{code}: {reason}" if code and reason else reason,
                 sha256,
                 retained=self._retained,
                 target_seen_at=self._target_seen_at,
+                code=code,
             )
         )
 
@@ -106,7 +159,39 @@ class Watcher:
         self._retained = tuple(v for v in loaded if v != serving)
 
     async def step(self) -> str:
-        """One cycle; returns the resulting state (for tests and logs)."""
+        """One cycle; returns the resulting state (for tests and logs). Never raises:
+        whatever goes wrong is reported."""
+        try:
+            outcome = await self._step()
+        except SidecarError as exc:
+            outcome = await self._failed(exc)
+        except Exception as exc:
+            log.exception("watch cycle failed")
+            await self._report(
+                self._last_target,
+                self._serving,
+                SidecarState.ERROR,
+                f"{type(exc).__name__}: {exc}",
+                code="internal",
+            )
+            outcome = "error"
+        self.failures = self.failures + 1 if outcome == "error" else 0
+        return outcome
+
+    async def _failed(self, exc: SidecarError) -> str:
+        target, model = self._last_target, self.settings.model
+        if target is not None and _refusal(exc):
+            self._refused[target] = time.monotonic()
+            self.metrics.refusals.labels(model, exc.code).inc()
+            await self._report(
+                target, self._serving, SidecarState.REFUSED, exc.message, code=exc.code
+            )
+            return "refused"
+        log.warning("%s: %s: %s", model, exc.code, exc.message)
+        await self._report(target, self._serving, SidecarState.ERROR, exc.message, code=exc.code)
+        return "error"
+
+    async def _step(self) -> str:
         model = self.settings.model
         target = self.source.target()
         if target != self._last_target or self._target_seen_at is None:
@@ -116,12 +201,8 @@ class Watcher:
             self._target_seen_at = time.time()
         else:
             jitter_first = False
-        try:
-            status = await self.control.status(model)
-        except ServerUnavailable as exc:
-            await self._report(target, None, SidecarState.ERROR, f"server unavailable: {exc}")
-            return "error"
-        serving = status.version
+        status = await self.control.status(model)
+        serving = self._serving = status.version
         self._held(status.loaded, serving)
         if serving:
             self.metrics.serving.labels(model, serving).set(1)
@@ -131,9 +212,11 @@ class Watcher:
                 serving,
                 SidecarState.OK if serving else SidecarState.ERROR,
                 None if serving else "no target version set",
+                code=None if serving else "no_target",
             )
             return "no-target"
         if serving == target:
+            await self._keep_current(serving)
             await self._report(target, serving, SidecarState.OK, sha256=status.sha256)
             return "ok"  # versions only arrive through _switch, which prunes after a swap
         refused_at = self._refused.get(target)
@@ -145,15 +228,17 @@ class Watcher:
             await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))  # spread the pulls
         return await self._switch(target, serving)
 
+    async def _keep_current(self, serving: str) -> None:
+        """``CURRENT`` names the serving version (rewritten if anything else changed it)."""
+        volume, model = self.fetcher.volume, self.settings.model
+        if await asyncio.to_thread(read_current, volume, model) != serving:
+            await asyncio.to_thread(write_current, volume, model, serving)
+
     async def _swap_retained(self, target: str, serving: str | None) -> str:
         """Nothing to fetch or verify: the server verified this version when it loaded it.
         The critical path of a rollback is this one local call."""
         model = self.settings.model
-        try:
-            answer = await self.control.swap_to_retained(model, target)
-        except ServerUnavailable as exc:
-            await self._report(target, serving, SidecarState.ERROR, f"server unavailable: {exc}")
-            return "error"
+        answer = await self.control.swap_to_retained(model, target)
         if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
             return await self._switch(target, serving)
@@ -161,15 +246,18 @@ class Watcher:
         return "ok"
 
     async def _swapped(self, target: str, serving: str | None, sha256: str | None = None) -> None:
-        """After a swap: metrics, what the server holds now, and the report."""
+        """After a swap: metrics, what the server holds now, ``CURRENT``, the report."""
         model = self.settings.model
         self.metrics.swaps.labels(model, "ok").inc()
         if serving:
             self.metrics.serving.labels(model, serving).set(0)
+            self._previous_good = serving
         self.metrics.serving.labels(model, target).set(1)
-        with contextlib.suppress(ServerUnavailable):
+        self._serving = target
+        with contextlib.suppress(SidecarError):  # the swap is done; the next cycle asks again
             after = await self.control.status(model)
             self._held(after.loaded, after.version)
+        await asyncio.to_thread(write_current, self.fetcher.volume, model, target)
         await self._report(target, target, SidecarState.OK, sha256=sha256)
 
     async def _switch(self, target: str, serving: str | None) -> str:
@@ -177,18 +265,9 @@ class Watcher:
         await self._report(target, serving, SidecarState.FETCHING)
         try:
             fetched = await self.fetcher.fetch(model, target)
-        except VerificationError as exc:
-            self._refused[target] = time.monotonic()
-            self.metrics.refusals.labels(model, exc.reason).inc()
-            self.metrics.fetches.labels(model, "refused").inc()
-            await self._report(
-                target, serving, SidecarState.REFUSED, f"{exc.reason}: {exc.message}"
-            )
-            return "refused"
-        except StoreError as exc:
-            self.metrics.fetches.labels(model, "error").inc()
-            await self._report(target, serving, SidecarState.ERROR, f"model store: {exc}")
-            return "error"
+        except SidecarError as exc:
+            self.metrics.fetches.labels(model, "refused" if _refusal(exc) else "error").inc()
+            raise
         self.metrics.fetches.labels(model, "ok").inc()
         self.metrics.fetch_seconds.labels(model).observe(fetched.seconds)
         self.metrics.bytes.labels(model).inc(fetched.downloaded_bytes)
@@ -196,18 +275,23 @@ class Watcher:
         await self._report(target, serving, SidecarState.LOADING, sha256=sha256)
         try:
             answer = await self.control.load(model, target, fetched.local.file, sha256)
-        except ServerUnavailable as exc:
+        except SidecarError:
             self.metrics.swaps.labels(model, "error").inc()
-            await self._report(target, serving, SidecarState.ERROR, f"server unavailable: {exc}")
-            return "error"
+            raise
         if isinstance(answer, ErrorReply):
             self._refused[target] = time.monotonic()
+            self._server_refused.add(target)
             self.metrics.swaps.labels(model, "refused").inc()
             self.metrics.refusals.labels(model, "server_refused").inc()
+            await asyncio.to_thread(self.fetcher.remove_version, model, target)
             await self._report(
-                target, serving, SidecarState.REFUSED, f"server refused: {answer.error}"
+                target, serving, SidecarState.REFUSED, answer.error, code="server_refused"
             )
             return "refused"
+        self._server_refused.discard(target)
         await self._swapped(target, serving, sha256)
-        await asyncio.to_thread(self.fetcher.prune, model, self.settings.keep_versions, {target})
+        protect = {target, *self._retained, *([self._previous_good] if self._previous_good else [])}
+        await asyncio.to_thread(
+            self.fetcher.prune, model, self.settings.keep_versions, protect, self._server_refused
+        )
         return "ok"

@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine_cache import EngineCache
-from .base import Backend, BackendUnavailable, Engine, TensorSpec
+from .base import Backend, BackendUnavailable, Engine, ModelFile, TensorSpec
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendUnavailable", "Engine", "TensorSpec", "make_backend"]
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendUnavailable",
+    "Engine",
+    "ModelFile",
+    "TensorSpec",
+    "make_backend",
+]
 
 BACKEND_NAMES = ("onnxruntime", "tensorrt", "torch")
 

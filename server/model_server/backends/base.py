@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from model_rollout_contract.manifest import sha256_bytes
+
 
 class BackendUnavailable(RuntimeError):
     """The backend's runtime (TensorRT, CUDA, torch) is not installed or has no device."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file's bytes, read once, and their digest. Backends load ``data`` and never
+    reopen ``path``: what was hashed (and checked against the manifest) is what is loaded,
+    whatever happens to the file afterwards."""
+
+    path: Path  # where the bytes were read: for names, the suffix and messages only
+    data: bytes = field(repr=False)
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @classmethod
+    def read(cls, path: str | Path) -> ModelFile:
+        """Read a file that needs no trust checks (tools, benchmarks); the server reads
+        through :meth:`model_server.repository.ModelRepository.read_model`."""
+        data = Path(path).read_bytes()
+        return cls(Path(path), data, sha256_bytes(data))
 
 
 @dataclass(frozen=True)
@@ -49,8 +73,11 @@ class Engine(Protocol):
 class Backend(Protocol):
     name: str
 
-    def estimate_memory_bytes(self, path: Path) -> int:
-        """A conservative guess of what loading ``path`` will hold, checked before loading."""
+    def estimate_memory_bytes(self, model: ModelFile) -> int:
+        """A conservative guess of what loading ``model`` will hold, reserved in the memory
+        budget before the load starts."""
         ...
 
-    def load(self, path: Path) -> Engine: ...
+    def load(self, model: ModelFile) -> Engine:
+        """An engine built from ``model.data`` (never from the file at ``model.path``)."""
+        ...

@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model_rollout_contract.manifest import sha256_file
-
 from ..device_info import cpu_name
 from ..engine_cache import CacheKey, EngineCache
-from .base import TensorSpec
+from .base import ModelFile, TensorSpec
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -71,8 +69,8 @@ class OnnxRuntimeBackend:
         self.intra_op_threads = intra_op_threads
         self.last_cache_hit: bool | None = None
 
-    def estimate_memory_bytes(self, path: Path) -> int:
-        return int(path.stat().st_size * self.memory_factor)
+    def estimate_memory_bytes(self, model: ModelFile) -> int:
+        return int(model.size * self.memory_factor)
 
     def _options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()
@@ -80,31 +78,34 @@ class OnnxRuntimeBackend:
         options.inter_op_num_threads = 1
         return options
 
-    def cache_key(self, path: Path) -> CacheKey:
+    def cache_key(self, model: ModelFile) -> CacheKey:
         return CacheKey(
-            model_name=path.parent.parent.name or path.stem,
-            model_sha256=sha256_file(path),
+            model_name=model.path.parent.parent.name or model.path.stem,
+            model_sha256=model.sha256,
             runtime=f"ort{ort.__version__}",
             device=cpu_name(),
             precision="fp32",
             shape_profile="dynamic",
         )
 
-    def _optimize(self, source: Path, target: Path) -> None:
+    def _optimize(self, source: bytes, target: Path) -> None:
         options = self._options()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(target)
         # ORT warns that the result is specific to this CPU: the cache key says so already
         options.log_severity_level = 3
-        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
-    def load(self, path: Path) -> OnnxRuntimeEngine:
+    def load(self, model: ModelFile) -> OnnxRuntimeEngine:
+        """Build the session from the verified bytes; the cache entry is keyed by their
+        digest, so a cached optimised model always comes from these very bytes."""
         if self.cache is None:
             options = self._options()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
             return OnnxRuntimeEngine(session)
-        with self.cache.open(self.cache_key(path), lambda tmp: self._optimize(path, tmp)) as hit:
+        key = self.cache_key(model)
+        with self.cache.open(key, lambda tmp: self._optimize(model.data, tmp)) as hit:
             self.last_cache_hit = hit.hit
             options = self._options()
             # already optimised for this CPU: skip the expensive passes on every load

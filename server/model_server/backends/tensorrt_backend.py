@@ -1,34 +1,80 @@
-"""TensorRT: the production backend.
+"""TensorRT: the production backend, for TensorRT 10 (>= 10.8) and 11.
 
 ``tensorrt`` is imported lazily, on first use, so the server imports and runs on
 machines without it; asking for this backend there raises ``BackendUnavailable`` with a
-message saying what to install.
+message saying what is missing (TensorRT, cuda-python, a driver that matches it, a GPU).
 
-* ``.engine``/``.plan`` files are deserialized directly.
-* ``.onnx`` files are compiled once through the :class:`EngineCache` (key: model SHA-256,
-  TensorRT version, GPU name, precision, shape profile); other processes wait on the
-  cache's file lock and reuse the result.
-* Each concurrent request borrows an execution context from a pool; each context owns a
-  CUDA stream and device buffers, so requests never share mutable state.
-* Dynamic shapes are served through the engine's first optimization profile.
+* ``.engine``/``.plan`` files are deserialized directly; ``.onnx`` files are built once
+  through the :class:`EngineCache` (see ``tensorrt_build``) and reused by other processes.
+* Each concurrent request borrows an execution context from a pool. Every context owns a
+  non-blocking CUDA stream, its own optimization profile (required for concurrent use
+  with dynamic shapes), and device and pinned host buffers allocated once at that
+  profile's maximum shapes; a request is two async copies, one enqueue and one
+  synchronize.
+* ``device_memory_bytes`` counts what the engine really holds: weights, each context's
+  scratch memory and the I/O buffers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from model_rollout_contract.manifest import sha256_file
-
 from ..engine_cache import CacheKey, EngineCache
-from .base import BackendUnavailable, TensorSpec
-from .cuda_memory import CudaStream, DeviceBuffer, device_count, device_name
+from . import cuda_memory
+from .base import BackendUnavailable, ModelFile, TensorSpec
+from .tensorrt_build import BuildOptions, BuildRefused, DynamicBounds, ShapeProfile, build_engine
+
+__all__ = [
+    "BuildRefused",
+    "DynamicBounds",
+    "ShapeProfile",
+    "TensorRTBackend",
+    "TensorRTEngine",
+    "import_tensorrt",
+]
+
+log = logging.getLogger(__name__)
+
+MIN_VERSION = (10, 8)  # device_memory_size_v2, get_engine_stat and the 10.x runtime API
+MAX_MAJOR = 11  # the newest major this backend is checked against
+
+# TensorRT I/O types the server can hand to clients as numpy arrays. BF16, FP8, INT4, FP4
+# and E8M0 have no numpy type: engines must keep their I/O in one of these (ModelOpt's
+# keep_io_types) and may compute in anything inside.
+_NUMPY_TYPES = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT8": np.int8,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+}
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    parts = [*text.split("."), "0"]
+    return int(parts[0]), int(parts[1])
+
+
+def check_version(text: str) -> int:
+    """The TensorRT major version, or ``BackendUnavailable`` outside what is supported."""
+    version = version_tuple(text)
+    if version < MIN_VERSION or version[0] > MAX_MAJOR:
+        raise BackendUnavailable(
+            f"TensorRT {text} is not supported: this backend runs on TensorRT "
+            f">= {MIN_VERSION[0]}.{MIN_VERSION[1]} and < {MAX_MAJOR + 1}"
+        )
+    return version[0]
 
 
 def import_tensorrt() -> Any:
@@ -36,76 +82,193 @@ def import_tensorrt() -> Any:
         import tensorrt as trt
     except ImportError as exc:
         raise BackendUnavailable(
-            "the TensorRT backend needs NVIDIA TensorRT >= 10 and a CUDA GPU: "
+            "the TensorRT backend needs NVIDIA TensorRT >= 10.8 and a CUDA GPU: "
             "pip install 'model-rollout[tensorrt]' (or use --backend onnxruntime)"
         ) from exc
-    if device_count() == 0:
+    check_version(trt.__version__)
+    if cuda_memory.cuda_report().devices == 0:
         raise BackendUnavailable("the TensorRT backend needs a CUDA GPU; none is visible")
     return trt
 
 
-@dataclass(frozen=True)
-class ShapeProfile:
-    """min/opt/max shapes per input, for dynamic axes (TensorRT optimization profile)."""
-
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=dict
+def numpy_dtype(trt: Any, dtype: Any, tensor: str) -> np.dtype:
+    """The numpy type of a TensorRT I/O tensor, or a refusal that names the tensor."""
+    for name, numpy_type in _NUMPY_TYPES.items():
+        if dtype == getattr(trt.DataType, name):
+            return np.dtype(numpy_type)
+    raise ValueError(
+        f"tensor {tensor} is {getattr(dtype, 'name', dtype)}, which has no numpy type: keep "
+        f"the engine's inputs and outputs in {', '.join(_NUMPY_TYPES)} (e.g. ModelOpt "
+        "AutoCast with keep_io_types)"
     )
 
-    def key(self) -> str:
-        if not self.shapes:
-            return "static"
-        return "+".join(
-            f"{name}:" + "-".join("x".join(map(str, s)) for s in triple)
-            for name, triple in sorted(self.shapes.items())
-        )
+
+@dataclass(frozen=True)
+class ProfiledTensorSpec(TensorSpec):
+    """A TensorSpec whose dynamic axes have a profile: warm-up uses its opt shape, which
+    is valid even when the profile's minimum is above 1."""
+
+    min_shape: tuple[int, ...] = ()
+    opt_shape: tuple[int, ...] = ()
+    max_shape: tuple[int, ...] = ()
+
+    def example(self, dynamic_size: int = 1) -> np.ndarray:
+        if self.opt_shape:
+            return np.zeros(self.opt_shape, dtype=self.dtype)
+        return super().example(dynamic_size)
 
 
 @dataclass
 class _ExecutionSlot:
+    """One execution context and everything it alone uses."""
+
     context: Any
-    stream: CudaStream
-    buffers: dict[str, DeviceBuffer]
+    stream: Any
+    profile: int
+    device: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def io_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.device.values())
 
     def close(self) -> None:
-        for buffer in self.buffers.values():
+        self.context = None  # the context keeps the engine alive: drop it first
+        for buffer in (*self.device.values(), *self.host.values()):
             buffer.free()
-        self.stream.close()
+        self.device.clear()
+        self.host.clear()
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)
+
+
+def _volume(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
 
 
 class TensorRTEngine:
     platform = "tensorrt_plan"
 
-    def __init__(self, trt: Any, engine: Any, contexts: int) -> None:
+    def __init__(
+        self,
+        trt: Any,
+        engine: Any,
+        contexts: int,
+        plan_bytes: int = 0,
+        cuda: ModuleType = cuda_memory,
+    ) -> None:
+        """``plan_bytes``: the serialized engine's size, the weights' estimate where
+        ``get_engine_stat`` is missing (TensorRT < 10.14)."""
         self._trt = trt
         self._engine = engine
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        specs = {
-            n: TensorSpec(
-                n,
-                np.dtype(trt.nptype(engine.get_tensor_dtype(n))),
-                tuple(engine.get_tensor_shape(n)),
-            )
-            for n in names
-        }
-        is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
-        self.inputs = tuple(specs[n] for n in names if is_input[n])
-        self.outputs = tuple(specs[n] for n in names if not is_input[n])
+        self._plan_bytes = plan_bytes
+        self._cuda = cuda
         self._pool: queue.Queue[_ExecutionSlot] = queue.Queue()
         self._slots: list[_ExecutionSlot] = []
-        for _ in range(contexts):
-            context = engine.create_execution_context()
-            if context is None:
-                raise RuntimeError(
-                    "TensorRT could not create an execution context (out of memory?)"
+        try:
+            self._describe()
+            for index in range(self._context_count(contexts)):
+                self._add_slot(index)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up -------------------------------------------------------------------------
+    def _describe(self) -> None:
+        trt, engine = self._trt, self._engine
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self._names = names
+        is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        dtypes = {n: numpy_dtype(trt, engine.get_tensor_dtype(n), n) for n in names}
+        shapes = {n: tuple(engine.get_tensor_shape(n)) for n in names}
+        self._dynamic = any(-1 in shapes[n] for n in names if is_input[n])
+        inputs = []
+        for n in (n for n in names if is_input[n]):
+            lo, opt, hi = self._profile_shapes(n, 0) if -1 in shapes[n] else ((), (), ())
+            inputs.append(ProfiledTensorSpec(n, dtypes[n], shapes[n], lo, opt, hi))
+        self._profiled: tuple[ProfiledTensorSpec, ...] = tuple(inputs)
+        self.inputs: tuple[TensorSpec, ...] = self._profiled
+        self.outputs = tuple(TensorSpec(n, dtypes[n], shapes[n]) for n in names if not is_input[n])
+
+    def _profile_shapes(self, name: str, profile: int) -> tuple[tuple[int, ...], ...]:
+        lo, opt, hi = self._engine.get_tensor_profile_shape(name, profile)
+        return tuple(lo), tuple(opt), tuple(hi)
+
+    def _context_count(self, wanted: int) -> int:
+        if not self._dynamic:
+            return wanted  # static shapes: contexts may share profile 0
+        profiles = int(self._engine.num_optimization_profiles)
+        if profiles < wanted:
+            log.warning(
+                "engine has %d optimization profiles; serving with %d execution contexts "
+                "instead of %d (concurrent contexts need one profile each)",
+                profiles,
+                profiles,
+                wanted,
+            )
+        return max(1, min(wanted, profiles))
+
+    def _add_slot(self, index: int) -> None:
+        context = self._engine.create_execution_context()
+        if context is None:
+            raise RuntimeError("TensorRT could not create an execution context (out of memory?)")
+        slot = _ExecutionSlot(context, self._cuda.CudaStream(), index if self._dynamic else 0)
+        self._slots.append(slot)  # from here on, close() releases it
+        if self._dynamic and not context.set_optimization_profile_async(
+            slot.profile, slot.stream.address
+        ):
+            raise RuntimeError(f"TensorRT refused optimization profile {slot.profile}")
+        for spec in self._profiled:
+            shape = (
+                self._profile_shapes(spec.name, slot.profile)[2] if spec.max_shape else spec.shape
+            )
+            if not context.set_input_shape(spec.name, shape):
+                raise RuntimeError(f"TensorRT refused shape {shape} for input {spec.name}")
+            self._allocate(slot, spec.name, shape, spec.dtype)
+        for output in self.outputs:
+            shape = tuple(context.get_tensor_shape(output.name))
+            if any(dim < 0 for dim in shape):
+                raise ValueError(
+                    f"output {output.name} has a data-dependent shape {shape} (e.g. NonZero): "
+                    "not supported by this server"
                 )
-            slot = _ExecutionSlot(context, CudaStream(), {n: DeviceBuffer() for n in names})
-            self._slots.append(slot)
-            self._pool.put(slot)
+            self._allocate(slot, output.name, shape, output.dtype)
+        slot.stream.synchronize()  # the profile switch is asynchronous
+        self._pool.put(slot)
+
+    def _allocate(
+        self, slot: _ExecutionSlot, name: str, shape: tuple[int, ...], dtype: Any
+    ) -> None:
+        nbytes = _volume(shape) * np.dtype(dtype).itemsize
+        slot.device[name] = self._cuda.DeviceBuffer(nbytes)
+        slot.host[name] = self._cuda.PinnedBuffer(nbytes)
+        if not slot.context.set_tensor_address(name, slot.device[name].ptr):
+            raise RuntimeError(f"TensorRT refused the device address of tensor {name}")
+
+    # --- serving ------------------------------------------------------------------------
+    @property
+    def contexts(self) -> int:
+        return len(self._slots)
 
     @property
     def device_memory_bytes(self) -> int:
-        return int(self._engine.device_memory_size) * len(self._slots)
+        """Weights + each context's scratch memory (its profile's) + I/O buffers."""
+        engine, trt = self._engine, self._trt
+        if engine is None:
+            return 0
+        if hasattr(engine, "get_engine_stat"):  # TensorRT >= 10.14
+            weights = int(engine.get_engine_stat(trt.EngineStat.TOTAL_WEIGHTS_SIZE))
+        else:
+            weights = self._plan_bytes
+        scratch = sum(
+            int(engine.get_device_memory_size_for_profile_v2(slot.profile)) for slot in self._slots
+        )
+        return weights + scratch + sum(slot.io_bytes for slot in self._slots)
 
     @contextlib.contextmanager
     def _borrow(self) -> Iterator[_ExecutionSlot]:
@@ -115,32 +278,71 @@ class TensorRTEngine:
         finally:
             self._pool.put(slot)
 
+    def _check_shape(self, spec: ProfiledTensorSpec, shape: tuple[int, ...]) -> None:
+        inside = spec.accepts_shape(shape) and (
+            not spec.max_shape
+            or all(
+                lo <= d <= hi
+                for lo, d, hi in zip(spec.min_shape, shape, spec.max_shape, strict=True)
+            )
+        )
+        if not inside:
+            bounds = f" (profile {spec.min_shape} to {spec.max_shape})" if spec.max_shape else ""
+            raise ValueError(
+                f"shape {shape} outside what {spec.name} accepts: {spec.shape}{bounds}"
+            )
+
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = {
+            spec.name: np.asarray(feeds[spec.name], dtype=spec.dtype) for spec in self._profiled
+        }
+        for spec in self._profiled:
+            self._check_shape(spec, arrays[spec.name].shape)
         with self._borrow() as slot:
-            ctx = slot.context
-            for spec in self.inputs:
-                array = np.ascontiguousarray(feeds[spec.name], dtype=spec.dtype)
-                if not ctx.set_input_shape(spec.name, array.shape):
-                    raise ValueError(
-                        f"shape {array.shape} outside the engine's profile for {spec.name}"
-                    )
-                buffer = slot.buffers[spec.name]
-                buffer.copy_from_host(array, slot.stream)
-                ctx.set_tensor_address(spec.name, buffer.ptr)
-            results: dict[str, np.ndarray] = {}
-            for spec in self.outputs:
-                shape = tuple(ctx.get_tensor_shape(spec.name))
-                out = np.empty(shape, dtype=spec.dtype)
-                ctx.set_tensor_address(spec.name, slot.buffers[spec.name].ensure(out.nbytes))
-                results[spec.name] = out
-            if not ctx.execute_async_v3(int(slot.stream.handle)):
-                raise RuntimeError("TensorRT execution failed")
-            for name, out in results.items():
-                slot.buffers[name].copy_to_host(out, slot.stream)
-            slot.stream.synchronize()
-            return results
+            return self._run(slot, arrays)
+
+    def _run(self, slot: _ExecutionSlot, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        context, stream = slot.context, slot.stream
+        for name, array in arrays.items():
+            if not context.set_input_shape(name, array.shape):
+                raise ValueError(f"shape {array.shape} outside the engine's profile for {name}")
+            np.copyto(slot.host[name].view(array.dtype, array.shape), array)
+            slot.device[name].copy_from(slot.host[name], array.nbytes, stream)
+        shapes = {spec.name: tuple(context.get_tensor_shape(spec.name)) for spec in self.outputs}
+        if not context.execute_async_v3(stream.address):
+            raise RuntimeError("TensorRT execution failed")
+        for spec in self.outputs:
+            nbytes = _volume(shapes[spec.name]) * spec.dtype.itemsize
+            slot.device[spec.name].copy_to(slot.host[spec.name], nbytes, stream)
+        stream.synchronize()  # the one wait of a request
+        return {
+            spec.name: slot.host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
+            for spec in self.outputs
+        }
+
+    def warm_up(self) -> None:
+        """Run every context once at its own profile's opt shape, so that none is cold or
+        broken when traffic arrives (a profile's minimum may be above 1)."""
+        taken = [self._pool.get() for _ in self._slots]
+        try:
+            for slot in taken:
+                feeds = {}
+                for spec in self._profiled:
+                    opt = self._profile_shapes(spec.name, slot.profile)[1] if spec.max_shape else ()
+                    feeds[spec.name] = np.zeros(opt or spec.shape, dtype=spec.dtype)
+                self._run(slot, feeds)
+        finally:
+            for slot in taken:
+                self._pool.put(slot)
 
     def close(self) -> None:
+        """Release every context, buffer and stream, then the engine: GPU memory comes back
+        now, not at the next garbage collection."""
+        while True:
+            try:
+                self._pool.get_nowait()
+            except queue.Empty:
+                break
         for slot in self._slots:
             slot.close()
         self._slots.clear()
@@ -153,68 +355,87 @@ class TensorRTBackend:
     def __init__(
         self,
         cache: EngineCache | None = None,
-        precision: str = "fp16",
+        precision: str = "model",
         profile: ShapeProfile | None = None,
         contexts: int = 2,
         workspace_bytes: int = 1 << 30,
+        host_code_allowed: bool = False,
+        plugin_libraries: tuple[Path, ...] = (),
+        trt: Any = None,
     ) -> None:
-        self._trt = import_tensorrt()
+        """``host_code_allowed``: version-compatible plans carry host code that TensorRT
+        runs while deserializing; allow it only for a trusted (signed) repository."""
+        self._trt = trt if trt is not None else import_tensorrt()
+        self._major = check_version(self._trt.__version__)
         self._logger = self._trt.Logger(self._trt.Logger.WARNING)
+        if hasattr(self._trt, "init_libnvinfer_plugins"):  # the full library, not lean
+            self._trt.init_libnvinfer_plugins(self._logger, "")
         self._runtime = self._trt.Runtime(self._logger)
+        self._runtime.engine_host_code_allowed = host_code_allowed
+        registry = self._runtime.get_plugin_registry()
+        for library in plugin_libraries:
+            if registry.load_library(str(library)) is None:
+                raise BackendUnavailable(f"TensorRT could not load plugin library {library}")
         self.cache = cache
-        self.precision = precision
-        self.profile = profile or ShapeProfile()
-        self.contexts = contexts
-        self.workspace_bytes = workspace_bytes
-
-    def estimate_memory_bytes(self, path: Path) -> int:
-        # weights live in the plan; activations roughly scale with it, per context
-        return path.stat().st_size * (1 + self.contexts)
-
-    def cache_key(self, onnx_path: Path) -> CacheKey:
-        return CacheKey(
-            model_name=onnx_path.parent.parent.name or onnx_path.stem,
-            model_sha256=sha256_file(onnx_path),
-            runtime=f"trt{self._trt.__version__}",
-            device=device_name(),
-            precision=self.precision,
-            shape_profile=self.profile.key(),
+        self.options = BuildOptions(
+            precision=precision,
+            profile=profile or ShapeProfile(),
+            contexts=contexts,
+            workspace_bytes=workspace_bytes,
         )
 
-    def build(self, onnx_path: Path, out_path: Path) -> None:
-        trt = self._trt
-        builder = trt.Builder(self._logger)
-        network = builder.create_network(0)  # explicit batch is the only mode in TRT 10
-        parser = trt.OnnxParser(network, self._logger)
-        if not parser.parse(onnx_path.read_bytes()):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise ValueError(f"TensorRT could not parse {onnx_path.name}: {errors}")
-        config = builder.create_builder_config()
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
-        if self.precision == "fp16":
-            config.set_flag(trt.BuilderFlag.FP16)
-        elif self.precision == "int8":
-            config.set_flag(trt.BuilderFlag.INT8)
-        if self.profile.shapes:
-            opt_profile = builder.create_optimization_profile()
-            for name, (lo, opt, hi) in self.profile.shapes.items():
-                opt_profile.set_shape(name, lo, opt, hi)
-            config.add_optimization_profile(opt_profile)
-        serialized = builder.build_serialized_network(network, config)
-        if serialized is None:
-            raise RuntimeError(f"TensorRT failed to build an engine for {onnx_path.name}")
-        out_path.write_bytes(bytes(serialized))
+    @property
+    def precision(self) -> str:
+        return self.options.precision
+
+    @property
+    def runtime_tag(self) -> str:
+        return f"trt{self._trt.__version__}"
+
+    def estimate_memory_bytes(self, model: ModelFile) -> int:
+        # weights live in the plan; activations roughly scale with it, per context
+        return model.size * (1 + self.options.contexts)
+
+    def cache_key(self, model: ModelFile) -> CacheKey:
+        return CacheKey(
+            model_name=model.path.parent.parent.name or model.path.stem,
+            model_sha256=model.sha256,
+            runtime=self.runtime_tag,
+            device=cuda_memory.device_name(),
+            precision=self.options.precision,
+            shape_profile=f"{self.options.profile.key()}_p{self.options.contexts}",
+        )
+
+    def timing_cache_path(self) -> Path | None:
+        """One timing cache per TensorRT version and GPU, beside the engines."""
+        if self.cache is None:
+            return None
+        key = f"{self.runtime_tag}_{cuda_memory.device_name()}"
+        return self.cache.root / "timing" / f"{_slug(key)}.cache"
+
+    def build(self, model: ModelFile, out_path: Path) -> None:
+        options = BuildOptions(
+            precision=self.options.precision,
+            profile=self.options.profile,
+            contexts=self.options.contexts,
+            workspace_bytes=self.options.workspace_bytes,
+            timing_cache=self.timing_cache_path(),
+        )
+        onnx = (model.data, model.path)
+        build_engine(self._trt, self._logger, self._major, onnx, out_path, options)
 
     def _deserialize(self, data: bytes) -> TensorRTEngine:
         engine = self._runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise ValueError("not a valid TensorRT engine for this TensorRT version and GPU")
-        return TensorRTEngine(self._trt, engine, self.contexts)
+        return TensorRTEngine(self._trt, engine, self.options.contexts, plan_bytes=len(data))
 
-    def load(self, path: Path) -> TensorRTEngine:
-        if path.suffix == ".onnx":
+    def load(self, model: ModelFile) -> TensorRTEngine:
+        """``.onnx``: built once per cache key (other processes wait and reuse it);
+        ``.engine``/``.plan`` (e.g. from trtexec): the verified bytes, deserialized."""
+        if model.path.suffix == ".onnx":
             if self.cache is None:
                 raise ValueError("building from ONNX needs an engine cache directory")
-            with self.cache.open(self.cache_key(path), lambda tmp: self.build(path, tmp)) as hit:
+            with self.cache.open(self.cache_key(model), lambda tmp: self.build(model, tmp)) as hit:
                 return self._deserialize(hit.path.read_bytes())
-        return self._deserialize(path.read_bytes())
+        return self._deserialize(model.data)

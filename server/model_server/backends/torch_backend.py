@@ -9,14 +9,13 @@ operators are refused at load time with the list of what is missing.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .base import BackendUnavailable, TensorSpec
+from .base import BackendUnavailable, ModelFile, TensorSpec
 
 
 def import_torch() -> Any:
@@ -120,8 +119,8 @@ class TorchBackend:
         self._torch = import_torch()
         self.device = device or ("cuda" if self._torch.cuda.is_available() else "cpu")
 
-    def estimate_memory_bytes(self, path: Path) -> int:
-        return int(path.stat().st_size * 1.25)
+    def estimate_memory_bytes(self, model: ModelFile) -> int:
+        return int(model.size * 1.25)
 
-    def load(self, path: Path) -> TorchEngine:
-        return TorchEngine(self._torch, onnx.load(str(path)), self.device)
+    def load(self, model: ModelFile) -> TorchEngine:
+        return TorchEngine(self._torch, onnx.load_model_from_string(model.data), self.device)

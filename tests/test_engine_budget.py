@@ -1,0 +1,177 @@
+"""Memory budget, eviction and swaps around loads in progress (issue 13): the budget holds
+across models and loads in progress, a failed load leaves the rollback target loaded and
+the gauges count only what is loaded, unloaded versions lose their metric series, and a
+rollback never waits for a load."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
+
+from conftest import ADMIN
+from helpers import GatedBackend, Version, add_version, ask, infer_body, output_of
+from model_rollout_contract.manifest import Manifest, sha256_bytes
+from model_server.app import SERVER, ModelServer
+from model_server.audit import AuditLog
+from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.config import ModelSpec, ServerConfig
+from model_server.engine_manager import EngineManager
+from model_server.errors import LoadRefused, MemoryBudgetExceeded
+from model_server.metrics import ServerMetrics
+from model_server.model_slot import VersionState, VersionStatus
+from model_server.repository import ModelRepository
+
+X = np.ones((1, 8), np.float32)
+
+
+def per_version(version: Version) -> int:
+    return int(version.path.stat().st_size * OnnxRuntimeBackend.memory_factor)
+
+
+def manager_for(root: Path, models: list[str], retain: int, budget: int) -> EngineManager:
+    manager = EngineManager(
+        GatedBackend(), ModelRepository(root), ServerMetrics(), AuditLog(), retain=retain,
+        memory_budget_bytes=budget,
+    )  # fmt: skip
+    for model in models:
+        manager.register(model)
+    return manager
+
+
+def gauges(manager: EngineManager) -> list[str]:
+    text = generate_latest(manager.metrics.registry).decode()
+    names = ("current_model_version{", "model_versions_loaded{", "model_memory_bytes{")
+    return sorted(line for line in text.splitlines() if line.startswith(names))
+
+
+def corrupt_version(root: Path, model: str, version: str, size: int) -> None:
+    """A version whose manifest matches its bytes, which are not a model."""
+    data = b"\x08\x07not an onnx model" + b"\0" * size
+    path = root / model / version / "model.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data[:size])
+    manifest = Manifest(model, version, "model.onnx", sha256_bytes(data[:size]), size)
+    (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
+
+
+async def test_two_loads_at_once_never_hold_more_than_the_budget(tmp_path: Path) -> None:
+    a1 = add_version(tmp_path, "a", "v1", seed=1)
+    for model in ("a", "b"):
+        add_version(tmp_path, model, "v1", seed=1)
+        add_version(tmp_path, model, "v2", seed=2)
+    one = per_version(a1)
+    budget = 2 * one + one * 3 // 2  # both v1 and room for one more version, not two
+    manager = manager_for(tmp_path, ["a", "b"], retain=2, budget=budget)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    await manager.load("a", "v1")
+    await manager.load("b", "v1")
+    backend.gate.clear()  # both loads would now stay in their warm-up
+    loads = [asyncio.create_task(manager.load(m, "v2")) for m in ("a", "b")]
+    done, _ = await asyncio.wait(loads, return_when=asyncio.FIRST_COMPLETED)
+    [refused] = done  # at once: the other one's estimate is reserved
+    assert isinstance(refused.exception(), MemoryBudgetExceeded), refused
+    assert "reserved by loads in progress" in str(refused.exception())
+    assert manager.budget.reserved_bytes == one
+    backend.gate.set()
+    outcomes = await asyncio.gather(*loads, return_exceptions=True)
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1, outcomes
+    assert manager.total_memory_bytes() <= budget and manager.budget.reserved_bytes == 0
+    manager.close()
+
+
+async def test_a_failed_load_leaves_the_rollback_target_loaded(tmp_path: Path) -> None:
+    v1 = add_version(tmp_path, "mlp", "v1", seed=1)
+    v2 = add_version(tmp_path, "mlp", "v2", seed=2)
+    corrupt_version(tmp_path, "mlp", "v3", v1.path.stat().st_size)
+    # the double buffer and a little: v3 fits only if the retained v1 leaves memory
+    manager = manager_for(tmp_path, ["mlp"], retain=2, budget=per_version(v1) * 5 // 2)
+    await manager.load("mlp", "v1")
+    await manager.load("mlp", "v2")
+    before = gauges(manager)
+    with pytest.raises(LoadRefused, match="failed to load"):
+        await manager.load("mlp", "v3")
+    slot = manager.slot("mlp")
+    assert [v.version for v in slot.loaded()] == ["v1", "v2"]
+    assert slot.states()["v1"] == VersionStatus(VersionState.READY, "retained for rollback")
+    assert slot.states()["v3"].state is VersionState.UNAVAILABLE
+    assert gauges(manager) == before  # v3 never counted, v1 counted again
+    result = await manager.rollback("mlp")  # to v1, instantly: it is held
+    assert (result.to_version, result.instant) == ("v1", True)
+    served, out = await manager.infer("mlp", {"input": X})
+    np.testing.assert_allclose(out["output"], v1.expected(X), atol=1e-5)
+    assert served.sha256 == v1.sha256
+    assert manager.total_memory_bytes() <= manager.budget.limit_bytes  # type: ignore[operator]
+    assert v2.sha256 in {v.sha256 for v in slot.loaded()}
+    manager.close()
+
+
+async def test_unloaded_versions_lose_their_metric_series(tmp_path: Path) -> None:
+    for i in (1, 2, 3):
+        add_version(tmp_path, "mlp", f"v{i}", seed=i)
+    manager = manager_for(tmp_path, ["mlp"], retain=2, budget=10**9)
+    for version in ("v1", "v2", "v3"):
+        await manager.load("mlp", version)
+    corrupt_version(tmp_path, "mlp", "v4", 100)
+    with pytest.raises(LoadRefused):
+        await manager.load("mlp", "v4")
+    held = sum(v.memory_bytes for v in manager.slot("mlp").loaded())
+    assert gauges(manager) == [
+        'current_model_version{model="mlp",version="v2"} 0.0',
+        'current_model_version{model="mlp",version="v3"} 1.0',
+        f'model_memory_bytes{{model="mlp"}} {float(held)}',
+        'model_versions_loaded{model="mlp"} 2.0',
+    ]
+    manager.close()
+
+
+@pytest.fixture
+async def gated_client(tmp_path: Path, repo) -> TestClient:  # type: ignore[no-untyped-def]
+    token = tmp_path / "admin-token"
+    token.write_text(ADMIN["Authorization"].removeprefix("Bearer "))
+    config = ServerConfig(
+        repository=repo[0], models=[ModelSpec("mlp", "v1")], admin_token_file=token,
+        control_socket=tmp_path / "control.sock", retain=2,
+    )  # fmt: skip
+    async with TestClient(TestServer(ModelServer(config, GatedBackend()).make_app())) as client:
+        yield client
+
+
+async def test_a_rollback_never_waits_for_a_load_in_progress(
+    gated_client: TestClient, repo
+) -> None:
+    client, versions = gated_client, repo[1]
+    server = client.app[SERVER]
+    sock = server.config.control_socket
+    backend = server.manager.backend
+    assert (await client.post("/v1/reload?target_version=v2", headers=ADMIN)).status == 200
+    backend.gate.clear()  # v3's warm-up now waits for the gate
+    v3 = versions["v3"]
+    load = asyncio.create_task(
+        ask(sock, {"op": "load", "model": "mlp", "version": "v3", "path": str(v3.path),
+                   "sha256": v3.sha256})
+    )  # fmt: skip
+    while server.manager.slot("mlp").states().get("v3") is None:
+        await asyncio.sleep(0.01)  # the load has begun
+    over_socket = asyncio.create_task(ask(sock, {"op": "rollback", "model": "mlp"}))
+    done, _ = await asyncio.wait([load, over_socket], return_when=asyncio.FIRST_COMPLETED)
+    assert done == {over_socket}, "the rollback waited for the load"
+    assert over_socket.result()["ok"] and over_socket.result()["to"] == "v1"
+    over_http = asyncio.create_task(client.post("/v1/rollback", headers=ADMIN))
+    done, _ = await asyncio.wait([load, over_http], return_when=asyncio.FIRST_COMPLETED)
+    assert done == {over_http}, "the rollback waited for the load"
+    assert (await over_http.result().json())["to"] == "v2"
+    backend.gate.set()
+    answer = await load  # overtaken: loaded, but not swapped in over the rollback
+    assert (answer["ok"], answer["code"]) == (False, "conflict"), answer
+    assert "not swapped in" in answer["error"]
+    response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
+    np.testing.assert_allclose(
+        output_of(await response.json()), versions["v2"].expected(X), atol=1e-4
+    )
+    assert [v.version for v in server.manager.slot("mlp").loaded()] == ["v1", "v2"]
