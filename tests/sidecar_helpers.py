@@ -25,6 +25,7 @@ from model_sidecar.control_client import ServerControl
 from model_sidecar.fetcher import Fetcher
 from model_sidecar.metrics import SidecarMetrics
 from model_sidecar.publish import publish
+from model_sidecar.publish_window import PUBLISH_WINDOW_S
 from model_sidecar.retry import Backoff
 from model_sidecar.signing import generate_keypair, load_public_key
 from model_sidecar.status import StatusReporter
@@ -72,9 +73,13 @@ def make_fetcher(
     volume: Path,
     allowed: frozenset[str] | None = None,
     max_concurrent_downloads: int = 1,
+    publish_window_s: float = PUBLISH_WINDOW_S,
 ) -> Fetcher:
+    """``publish_window_s=0``: for tests that tamper with a version they just published,
+    standing for a tamper long after its publish (within the window a mismatch may be a
+    publish under way, and is retried instead of refused)."""
     verifier = Verifier((load_public_key(keys.public.read_bytes()),), store.scope, allowed)
-    return Fetcher(store, verifier, volume, FAST, max_concurrent_downloads)
+    return Fetcher(store, verifier, volume, FAST, max_concurrent_downloads, publish_window_s)
 
 
 def set_target(annotations_file: Path, version: str) -> None:

@@ -450,3 +450,34 @@ def test_tenant_model_keys_cross_the_control_socket() -> None:
     for key in ("a/b/c", "/m", "m/", "acme/../m"):
         with pytest.raises(ProtocolError):
             parse_request(json.dumps({"op": "status", "model": key}).encode())
+
+
+def test_traffic_policies_round_trip_and_refuse_what_is_malformed() -> None:
+    from model_rollout_contract.canary import InvalidPolicy, TrafficPolicy
+    from model_rollout_contract.control import (
+        ProtocolError,
+        TrafficRequest,
+        encode,
+        parse_request,
+    )
+
+    policy = TrafficPolicy("v1", "v2", traffic_percent=10, shadow_percent=20)
+    assert TrafficPolicy.from_annotation(policy.to_annotation()) == policy
+    for request in (TrafficRequest("m", policy), TrafficRequest("m", None)):
+        assert parse_request(encode(request)) == request
+    for bad in (
+        '{"stable": "v1"}',
+        '{"stable": "v1", "candidate": "v2", "trafficPercent": 101}',
+        '{"stable": "v1", "candidate": "v2", "shadowPercent": true}',
+        '{"stable": "v1", "candidate": "../v2"}',
+        "[1]",
+        "not json",
+    ):
+        with pytest.raises(InvalidPolicy):
+            TrafficPolicy.from_annotation(bad)
+    line = (
+        b'{"op": "traffic", "model": "m", "stable": "v1", "candidate": "v2",'
+        b' "traffic_percent": -1}\n'
+    )
+    with pytest.raises(ProtocolError):
+        parse_request(line)

@@ -175,3 +175,57 @@ async def test_a_rollback_never_waits_for_a_load_in_progress(
         output_of(await response.json()), versions["v2"].expected(X), atol=1e-4
     )
     assert [v.version for v in server.manager.slot("mlp").loaded()] == ["v1", "v2"]
+
+
+# --- versions still running requests hold memory (issue 13 follow-up) ----------------
+
+
+def open_versions(manager: EngineManager, model: str) -> list[str]:
+    """The versions whose engines are open: loaded, or dropped and still running."""
+    slot = manager.slot(model)
+    return sorted(v.version for v in [*slot.loaded(), *slot.draining()])
+
+
+async def test_dropped_versions_still_running_requests_count_in_the_budget(
+    tmp_path: Path,
+) -> None:
+    """The reviewer's reproduction: with --retain 1, v1 and v2 are dropped from the slot
+    while a request pins each, so both stay open; loading v3 beside them would hold three
+    engines against a budget of two and a half."""
+    versions = [add_version(tmp_path, "m", f"v{i}", seed=i) for i in (1, 2, 3)]
+    one = per_version(versions[0])
+    manager = manager_for(tmp_path, ["m"], retain=1, budget=one * 5 // 2)
+    slot = manager.slot("m")
+    await manager.load("m", "v1")
+    with slot.pin():  # a long request on v1
+        await manager.load("m", "v2")  # v1 dropped, open for its request
+        with slot.pin():  # a long request on v2
+            with pytest.raises(MemoryBudgetExceeded, match="still running requests"):
+                await manager.load("m", "v3")
+            assert manager.total_memory_bytes() == 2 * one
+            assert slot.current is not None and slot.current.version == "v2"
+            assert open_versions(manager, "m") == ["v1", "v2"]
+    assert open_versions(manager, "m") == ["v2"]  # v1's request ended
+    assert manager.total_memory_bytes() == one
+    await manager.load("m", "v3")  # room now
+    assert open_versions(manager, "m") == ["v3"]
+    manager.close()
+
+
+async def test_a_retained_version_running_requests_is_not_room(tmp_path: Path) -> None:
+    """Evicting a retained version that a request pins frees nothing until the request
+    ends: the budget must not count it as room (two open engines plus the new one)."""
+    versions = [add_version(tmp_path, "m", f"v{i}", seed=i) for i in (1, 2, 3)]
+    one = per_version(versions[0])
+    manager = manager_for(tmp_path, ["m"], retain=2, budget=one * 5 // 2)
+    slot = manager.slot("m")
+    await manager.load("m", "v1")
+    with slot.pin():  # v1 serves a long request, then is retained beside v2
+        await manager.load("m", "v2")
+        with pytest.raises(MemoryBudgetExceeded):
+            await manager.load("m", "v3")
+        assert [v.version for v in slot.loaded()] == ["v1", "v2"]  # nothing evicted
+    await manager.load("m", "v3")  # v1 unpinned: evicted to make room, and freed
+    assert open_versions(manager, "m") == ["v2", "v3"]
+    assert manager.total_memory_bytes() <= one * 5 // 2
+    manager.close()

@@ -5,6 +5,7 @@ answering, and non-finite numbers travel as "NaN"/"Infinity"/"-Infinity", never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from conftest import ADMIN
 from helpers import infer_body, output_of, worker_processes
-from model_server.app import ModelServer
+from model_rollout_e2e.onnx_models import write_mlp
+from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig
 from model_server.v2_codec import encode_response
 
@@ -103,3 +106,101 @@ async def test_bare_nan_in_a_request_is_refused(client: TestClient) -> None:
     response = await client.post(INFER, data=text, headers=JSON)
     assert response.status == 400, await response.text()
     assert "NaN" in (await response.json())["error"]
+
+
+# --- waiting for a worker (issue 13 follow-up) ---------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def stopped_worker(client: TestClient, body: bytes) -> AsyncIterator[None]:
+    """The server's one JSON worker, started by a first large body, then stopped: large
+    bodies wait for it until the block ends."""
+    before = set(worker_processes(os.getpid()))
+    warm = await client.post(INFER, data=body, headers=JSON)
+    assert warm.status == 200, await warm.text()
+    [worker] = set(worker_processes(os.getpid())) - before
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
+async def until_in_flight(client: TestClient, count: int) -> None:
+    while await in_flight(client) < count:  # bodies read, handed to the codec
+        await asyncio.sleep(0.01)
+
+
+async def test_a_body_waiting_for_a_worker_pins_no_version(
+    server_config: ServerConfig, repo
+) -> None:
+    """With --retain 1, a swap drops v1: it must close at once, not stay open (with its
+    memory) for a request whose body is still waiting to be decoded; the request is then
+    answered by the version serving when its body is ready."""
+    versions = repo[1]
+    config = replace(server_config, json_workers=1, retain=1)
+    x = np.random.default_rng(3).standard_normal((40_000, 8)).astype(np.float32)
+    body = json.dumps(infer_body(x)).encode()
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        slot = client.app[SERVER].manager.slot("mlp")
+        async with stopped_worker(client, body):
+            big = asyncio.create_task(client.post(INFER, data=body, headers=JSON))
+            await until_in_flight(client, 1)
+            swap = await client.post("/v1/reload?target_version=v2", headers=ADMIN)
+            assert swap.status == 200, await swap.text()
+            assert "v1" in slot.closed_versions  # nothing pinned it
+            assert not big.done()
+        response = await big
+        assert response.status == 200, await response.text()
+        answer = strict_json(await response.text())
+        assert isinstance(answer, dict) and answer["model_version"] == "v2"
+        np.testing.assert_allclose(output_of(answer), versions["v2"].expected(x), atol=1e-4)
+
+
+async def test_a_full_queue_of_large_bodies_is_answered_503_with_retry_after(
+    server_config: ServerConfig,
+) -> None:
+    config = replace(server_config, json_workers=1, json_max_pending=2)
+    x = np.random.default_rng(4).standard_normal((40_000, 8)).astype(np.float32)
+    body = json.dumps(infer_body(x)).encode()
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        async with stopped_worker(client, body):
+            waiting = [
+                asyncio.create_task(client.post(INFER, data=body, headers=JSON)) for _ in range(2)
+            ]
+            await until_in_flight(client, 2)
+            # a hang guard, not a timing: the answer comes at once or never
+            refused = await asyncio.wait_for(client.post(INFER, data=body, headers=JSON), 60)
+            assert refused.status == 503, await refused.text()
+            assert refused.headers["Retry-After"] == "1"
+            assert (await refused.json())["code"] == "unavailable"
+            small = await client.post(INFER, json=infer_body(np.ones((1, 8), np.float32)))
+            assert small.status == 200  # small bodies never wait for the worker
+            assert not any(task.done() for task in waiting)
+        for task in waiting:
+            assert (await task).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert 'inference_requests_total{code="503",model="mlp"} 1.0' in metrics
+
+
+async def test_a_body_decoded_for_inputs_that_changed_meanwhile_is_checked_again(
+    server_config: ServerConfig, repo
+) -> None:
+    """The body is decoded against the serving version's inputs before any pin; if a
+    swap changed them meanwhile (here: 16 features instead of 8), it is checked against
+    the version that will answer, never run on inputs it was not checked for."""
+    root = repo[0]
+    wide = root / "mlp" / "wide" / "model.onnx"
+    write_mlp(wide, 7, in_dim=16)
+    x = np.random.default_rng(6).standard_normal((40_000, 8)).astype(np.float32)
+    body = json.dumps(infer_body(x)).encode()
+    config = replace(server_config, json_workers=1)
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        async with stopped_worker(client, body):
+            big = asyncio.create_task(client.post(INFER, data=body, headers=JSON))
+            await until_in_flight(client, 1)
+            swap = await client.post("/v1/reload?target_version=wide", headers=ADMIN)
+            assert swap.status == 200, await swap.text()
+        response = await big
+        assert response.status == 400, await response.text()
+        assert "shape" in (await response.json())["error"]

@@ -184,6 +184,15 @@ BAD_SPECS = {
     "no download at all": {"sidecar": {"maxConcurrentDownloads": 0}},
     "drain for ever": {"server": {"drainSeconds": 86400}},
     "sidecar settings not an object": {"sidecar": "fast"},
+    # issue 13 follow-up: credentials in the endpoint would be in the Deployment's env
+    "credentials in the endpoint": {
+        "store": {"url": "s3://models-prod/vision", "endpoint": "http://ops:hunter2@minio:9000"}
+    },
+    "a user in the endpoint": {
+        "store": {"url": "s3://models-prod/vision", "endpoint": "https://ops@s3.example.com/"}
+    },
+    "endpoint not a URL": {"store": {"url": "s3://models-prod/vision", "endpoint": "minio:9000"}},
+    "model storage not a quantity": {"resources": {"modelStorage": "2 GB"}},
 }
 
 
@@ -217,13 +226,38 @@ def test_a_malformed_signing_key_is_reported_not_dropped() -> None:
         assert spec_module.NO_SIGNING_KEY not in caught.value.problems  # one reason, the right one
 
 
+def test_credentials_in_the_endpoint_are_refused_and_not_repeated() -> None:
+    [doc] = load_all(EXAMPLES[0])
+    doc["spec"]["store"] = {"url": "s3://models-prod/v", "endpoint": "http://ops:hunter2@m:9000"}
+    assert problems(doc)  # refused by the API server (which answers its sender only)
+    with pytest.raises(SpecError) as caught:  # what the operator writes into conditions
+        parse_spec(doc["spec"])
+    [problem] = caught.value.problems
+    assert problem.startswith("spec.store.endpoint must be an http(s) URL with no credentials")
+    assert "hunter2" not in problem and "http://***@m:9000" in problem
+
+
+def test_the_model_volume_gets_the_size_limit_asked_for() -> None:
+    [doc] = load_all(EXAMPLES[0])
+    for limit, expected in (("2Gi", {"sizeLimit": "2Gi"}), (None, {})):
+        doc["spec"]["resources"]["modelStorage"] = limit
+        spec = parse_spec({k: v for k, v in doc["spec"].items()})
+        objects = children("x", "ns", spec, spec.version)
+        [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        [models] = [v for v in volumes if v["name"] == "models"]
+        assert models == {"name": "models", "emptyDir": expected}
+
+
 def test_the_crd_patterns_are_the_operators() -> None:
     schema = spec_schema()
     resources = schema["properties"]["resources"]["properties"]
-    for field in ("cpu", "memory"):
+    for field in ("cpu", "memory", "modelStorage"):
         assert resources[field]["pattern"] == f"^{spec_module.QUANTITY.pattern}$"
     url = schema["properties"]["store"]["properties"]["url"]["pattern"]
     assert url == f"^{spec_module.S3_URL.pattern}$"
+    endpoint = schema["properties"]["store"]["properties"]["endpoint"]["pattern"]
+    assert endpoint == f"^{spec_module.ENDPOINT_URL.pattern}$"
     names = [
         schema["properties"]["signingPublicKeySecret"],
         schema["properties"]["store"]["properties"]["credentialsSecret"],
@@ -351,6 +385,11 @@ QUANTITIES = _field(
     *["-1", "1GB", "abc", "", "1.5.2", "2 Gi", "1Gi\n", "+1", -1, 1.5, True, []],
 )
 STRINGS = _field(st.sampled_from(["img:1", "registry.example/x:0.1"]), "", 5, ["img"])
+ENDPOINTS = _field(
+    st.sampled_from(["http://seaweed:8333", "https://s3.example.com", "http://10.0.0.1:9000/x"]),
+    *["http://ops:pw@h:9000", "https://ops@h/", "http://h/a@b", "minio:9000", "ftp://h"],
+    *["http://", "http://h x", "", 5],
+)
 BOOLEANS = _field(st.booleans(), "true", 1)
 NOT_AN_OBJECT = st.sampled_from([{}, 5, "x", [], True, None])
 
@@ -368,11 +407,16 @@ SPEC_FIELDS: dict[str, Any] = {
             st.sampled_from(["s3://bucket/p", "s3://models-prod"]),
             *["http://x", "s3://B/p", "s3://b", "s3://bucket/p\n", "", 5],
         ),
-        "endpoint": STRINGS,
+        "endpoint": ENDPOINTS,
         "credentialsSecret": OBJECT_NAMES,
         "pvc": OBJECT_NAMES,
     },
-    "resources": {"gpu": _integer(0, 16), "cpu": QUANTITIES, "memory": QUANTITIES},
+    "resources": {
+        "gpu": _integer(0, 16),
+        "cpu": QUANTITIES,
+        "memory": QUANTITIES,
+        "modelStorage": QUANTITIES,
+    },
     "canary": {
         "percent": _integer(0, 100),
         "pauseSeconds": _number(0, 4000),

@@ -17,6 +17,8 @@ from model_operator.config import OperatorConfig
 from model_operator.errors import ApiError
 from model_operator.handlers import follow_rollouts
 from model_operator.kube_client import ApiEndpoint, KubeClient
+from model_operator.spec import parse_spec
+from model_operator.store_check import VersionCheck, check_version
 from model_rollout_e2e.processes import free_port
 
 BODY = {
@@ -97,3 +99,23 @@ async def test_a_refusal_is_not_retried_as_temporary(answering: dict[str, int]) 
     with pytest.raises(ApiError, match="HTTP 403") as caught:
         await run_reconcile(f"http://127.0.0.1:{answering['port']}")
     assert not isinstance(caught.value, kopf.TemporaryError)
+
+
+# --- the store check's messages (issue 13 follow-up) --------------------------------
+
+
+async def test_store_check_messages_never_carry_credentials_of_a_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's own endpoint (its environment, e.g. from the chart's credentials
+    Secret) may carry user:password@; boto3's error quotes it, and the message becomes a
+    condition anyone who can read the resource sees."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://ops:hunter2@127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    spec = parse_spec({**BODY["spec"], "store": {"url": "s3://models/team"}})
+    result, message = await check_version(spec)
+    assert result is VersionCheck.UNREACHABLE
+    assert "hunter2" not in message and "ops:" not in message
+    assert "http://***@127.0.0.1" in message  # the endpoint is still named

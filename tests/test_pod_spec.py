@@ -5,12 +5,20 @@ opts out. Command lines are read back with the programs' own parsers."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import datetime
 import ipaddress
+import json
+import shutil
+import signal
 import ssl
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import numpy as np
 import pytest
 import yaml
 from aiohttp import web
@@ -20,9 +28,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio.config import incluster_config
 
+from helm_chart import render_chart
+from helpers import add_version, ask, infer_body, output_of
 from model_operator.manifests import (
     API_ACCESS_DIR,
     API_ACCESS_VOLUME,
+    RUN_AS,
     TOKEN_SECONDS,
     children,
     deployment,
@@ -30,13 +41,16 @@ from model_operator.manifests import (
 )
 from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_rollout_contract import argv, defaults
-from model_rollout_e2e.processes import free_port
+from model_rollout_e2e.processes import ChildProcess, free_port, http_ok, wait_until
 from model_server.config import parse_args as server_args
 from model_sidecar.config import FetchConfig, InitConfig, WatchConfig
 from model_sidecar.config import parse_args as sidecar_args
 from model_sidecar.kube import PodApi
+from pod_security import violations
+from sidecar_helpers import snapshot
 
 ROOT = Path(__file__).parent.parent
+CHART = ROOT / "deploy" / "helm" / "model-rollout"
 CALLS_THE_API = {"prefetch", "sidecar"}  # init reads its pod; watch follows and annotates it
 
 
@@ -106,7 +120,9 @@ def test_the_server_drains_before_the_kubelet_kills_it(drain: float | None) -> N
     assert config.drain_seconds == expected
     grace = pod["terminationGracePeriodSeconds"]
     assert isinstance(grace, int)
-    assert grace >= defaults.PRESTOP_SLEEP_SECONDS + expected + defaults.INFLIGHT_GRACE_SECONDS
+    # the server gives requests in flight what the grace leaves after the drain, no more
+    assert config.inflight_grace_seconds == defaults.INFLIGHT_GRACE_SECONDS
+    assert grace >= defaults.PRESTOP_SLEEP_SECONDS + expected + config.inflight_grace_seconds
     if drain is None:
         assert grace == defaults.TERMINATION_GRACE_SECONDS
     assert termination_grace_seconds(defaults.DRAIN_SECONDS) == defaults.TERMINATION_GRACE_SECONDS
@@ -236,3 +252,198 @@ async def test_the_sidecars_client_reads_the_rotated_projected_token(
         await api.close()
         await runner.cleanup()
     assert seen == ["Bearer token-1", "Bearer token-2"]
+
+
+# --- pod security (issue 13 follow-up) ----------------------------------------------
+
+
+def _every_pod() -> list[dict[str, Any]]:
+    """The generated pod for each example, signed and unsigned."""
+    pods = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                pods.append(pod_of(parse_spec(doc["spec"])))
+    pods.append(pod_of(example_spec(signingPublicKeySecret=None, allowUnsigned=True)))
+    return pods
+
+
+def test_the_pod_meets_pod_security_restricted() -> None:
+    for pod in _every_pod():
+        assert violations(pod) == []
+        assert pod["securityContext"]["runAsUser"] == RUN_AS
+        assert pod["securityContext"]["fsGroup"] == RUN_AS  # the volumes are the user's
+        for name, container in containers(pod).items():
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+    dockerfile = (ROOT / "Dockerfile.server").read_text()
+    assert f"useradd --uid {RUN_AS} " in dockerfile and f"USER {RUN_AS}" in dockerfile
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["a"]}], ids=["default", "namespaced"])
+def test_the_operators_pod_meets_pod_security_restricted(values: dict[str, Any]) -> None:
+    [operator] = [d for d in render_chart(CHART, values) if d["kind"] == "Deployment"]
+    assert violations(operator["spec"]["template"]["spec"]) == []
+
+
+def _server(pod: dict[str, Any]) -> dict[str, Any]:
+    return containers(pod)["server"]
+
+
+# each breaks one control of the standard: the check must see every one
+BREAKS_RESTRICTED: dict[str, Any] = {
+    "root user": lambda pod: pod["securityContext"].update(runAsUser=0),
+    "root allowed": lambda pod: pod["securityContext"].pop("runAsNonRoot"),
+    "a container as root": lambda pod: _server(pod)["securityContext"].update(runAsNonRoot=False),
+    "privilege escalation": lambda pod: _server(pod)["securityContext"].update(
+        allowPrivilegeEscalation=True
+    ),
+    "capabilities kept": lambda pod: _server(pod)["securityContext"].update(capabilities={}),
+    "a capability added": lambda pod: _server(pod)["securityContext"]["capabilities"].update(
+        add=["SYS_ADMIN"]
+    ),
+    "NET_RAW added": lambda pod: _server(pod)["securityContext"]["capabilities"].update(
+        add=["NET_RAW"]
+    ),
+    "no seccomp profile": lambda pod: pod["securityContext"].pop("seccompProfile"),
+    "seccomp unconfined": lambda pod: _server(pod)["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}
+    ),
+    "privileged": lambda pod: _server(pod)["securityContext"].update(privileged=True),
+    "host network": lambda pod: pod.update(hostNetwork=True),
+    "host PID": lambda pod: pod.update(hostPID=True),
+    "a hostPath volume": lambda pod: pod["volumes"].append(
+        {"name": "h", "hostPath": {"path": "/"}}
+    ),
+    "a host port": lambda pod: _server(pod)["ports"][0].update(hostPort=8000),
+    "an unmasked /proc": lambda pod: _server(pod)["securityContext"].update(procMount="Unmasked"),
+    "an SELinux user": lambda pod: pod["securityContext"].update(seLinuxOptions={"user": "root"}),
+    "an unsafe sysctl": lambda pod: pod["securityContext"].update(
+        sysctls=[{"name": "kernel.msgmax", "value": "1"}]
+    ),
+    "AppArmor unconfined": lambda pod: _server(pod)["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}
+    ),
+}
+
+
+@pytest.mark.parametrize("mutate", BREAKS_RESTRICTED.values(), ids=BREAKS_RESTRICTED.keys())
+def test_the_pod_security_check_sees_each_broken_control(mutate: Any) -> None:
+    pod = copy.deepcopy(pod_of(example_spec()))
+    mutate(pod)
+    assert violations(pod)
+
+
+def _mount_of(container: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """The mount that holds ``path`` in ``container`` (the longest mount path above it)."""
+    holders = [
+        m
+        for m in container["volumeMounts"]
+        if Path(path) == Path(m["mountPath"]) or Path(path).is_relative_to(m["mountPath"])
+    ]
+    assert holders, f"{path} is on no volume of {container['name']}"
+    return max(holders, key=lambda m: len(m["mountPath"]))
+
+
+def test_the_server_keeps_its_state_off_the_shared_volume_and_only_reads_it() -> None:
+    """The engine cache and the audit log are on volumes only the server mounts (a writer
+    of the shared volume planted cache entries the server loaded); the model volume is
+    read-only in the server; everything the server writes is on a volume of its own
+    (its root filesystem is read-only)."""
+    pod = pod_of(example_spec())
+    server = _server(pod)
+    config = server_args(server["args"][1:])
+    assert config.cache_dir is not None and config.audit_log is not None
+    holders: dict[str, set[str]] = {}
+    for name, container in containers(pod).items():
+        for mount in container["volumeMounts"]:
+            holders.setdefault(mount["name"], set()).add(name)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in (config.cache_dir, config.audit_log, Path("/tmp/x")):
+        mount = _mount_of(server, path)
+        assert holders[mount["name"]] == {"server"}, (path, mount)
+        assert "emptyDir" in volumes[mount["name"]] and not mount.get("readOnly"), path
+    assert config.control_socket is not None
+    assert not _mount_of(server, config.control_socket).get("readOnly")  # shared: the socket
+    assert _mount_of(server, config.repository) == {
+        "name": "models",
+        "mountPath": argv.MODELS_DIR,
+        "readOnly": True,
+    }
+    for name in ("prefetch", "sidecar"):  # they write the versions
+        assert not _mount_of(containers(pod)[name], argv.MODELS_DIR).get("readOnly"), name
+
+
+def _local_args(container: dict[str, Any], root: Path, port: int) -> list[str]:
+    """The container's command line with every mount path under ``root/<volume>`` (as
+    the e2e kubelet stand-in maps them) and the port given."""
+    mounts = sorted(container["volumeMounts"], key=lambda m: len(m["mountPath"]), reverse=True)
+    out = []
+    args = container["args"][1:]
+    for i, arg in enumerate(args):
+        flag = args[i - 1] if i else ""
+        if flag == "--port":
+            arg = str(port)
+        elif flag == "--host":
+            arg = "127.0.0.1"
+        for mount in mounts:
+            path = mount["mountPath"]
+            if arg == path or arg.startswith(path + "/"):
+                arg = str(root / mount["name"]) + arg[len(path) :]
+                break
+        out.append(arg)
+    return out
+
+
+async def test_the_server_writes_nothing_on_the_shared_volume(tmp_path: Path) -> None:
+    """The real server, from the pod's own command line: start, serve, load a version and
+    roll back over the control socket, SIGTERM. The model volume (the sidecar's to write)
+    is byte for byte as it was; the cache and the audit log are in the server's own."""
+    spec = example_spec(backend="onnxruntime", precision="model")
+    server = _server(pod_of(spec))
+    root = Path(tempfile.mkdtemp(prefix="pod-", dir="/tmp"))  # a short socket path
+    try:
+        models = root / "models"
+        v1 = add_version(models, spec.model, "v1", seed=1)
+        v2 = add_version(models, spec.model, "v2", seed=2)
+        (models / spec.model / "CURRENT").write_text("v1\n")
+        for mount in server["volumeMounts"]:
+            (root / mount["name"]).mkdir(exist_ok=True)
+        before = snapshot(models)
+        port = free_port()
+        process = ChildProcess(
+            "model_server", _local_args(server, root, port), tmp_path / "server.log"
+        ).start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(
+                wait_until, lambda: http_ok(f"{url}/v2/health/ready"), 60, what="the server"
+            )
+            socket = root / "control" / Path(argv.CONTROL_SOCKET).name
+            load = {"op": "load", "model": spec.model, "version": "v2",
+                    "path": str(v2.path), "sha256": v2.sha256}  # fmt: skip
+            assert (await ask(socket, load))["ok"] is True
+            answer = await ask(socket, {"op": "rollback", "model": spec.model, "version": "v1"})
+            assert answer["ok"] is True, answer
+            infer = f"{url}/v2/models/{spec.model}/infer"
+            x = np.ones((2, 8), np.float32)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(infer, json=infer_body(x)) as response,
+            ):
+                assert response.status == 200
+                np.testing.assert_allclose(
+                    output_of(await response.json()), v1.expected(x), atol=1e-5
+                )
+            assert process.proc is not None
+            process.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(process.run_to_end, 120) == 0, process.log_tail()
+        finally:
+            process.kill()
+        assert snapshot(models) == before
+        cache = root / _mount_of(server, argv.ENGINE_CACHE)["name"]
+        assert any(p.suffix == ".onnx" for p in cache.iterdir())  # both versions optimised
+        audit = root / _mount_of(server, argv.AUDIT_LOG)["name"] / Path(argv.AUDIT_LOG).name
+        actions = [json.loads(line)["action"] for line in audit.read_text().splitlines()]
+        assert actions == ["load", "load", "rollback"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -18,18 +18,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
-from model_rollout_contract.control import StatusReply, encode
+from model_rollout_contract import server_codes
+from model_rollout_contract.control import BUSY, StatusReply, encode
+from model_rollout_contract.redact import redact
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_e2e.processes import free_port
 from model_rollout_e2e.seaweed import SeaweedFS
+from model_server.app import SERVER, ModelServer
+from model_server.config import ModelSpec, ServerConfig
+from model_server.errors import LoadRefused, ServingError
 from model_sidecar.config import parse_args
 from model_sidecar.control_client import ServerControl
 from model_sidecar.current import read_current
 from model_sidecar.init_mode import pre_pull
 from model_sidecar.publish import publish
-from model_sidecar.redact import install_log_redaction, redact
+from model_sidecar.redact import install_log_redaction
 from model_sidecar.retry import Backoff
 from model_sidecar.status import StatusReporter
 from model_sidecar.store import LocalStore, S3Store
@@ -442,6 +448,69 @@ async def test_retention_keeps_the_previous_good_version_and_deletes_refused_one
         assert outcomes == ["ok", "ok", "refused", "ok"]
         on_disk = sorted(p.name for p in (volume / "mlp").iterdir() if p.is_dir())
         assert on_disk == ["v2", "v3"]  # keep 2: the serving one and the previous good one
+    finally:
+        await server.close()
+
+
+# --- the server's transient answers (issue 13 follow-up) ---------------------------
+
+
+def _server_error_classes() -> list[type[ServingError]]:
+    found, todo = [], [ServingError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def test_every_server_error_code_is_judged_permanent_or_transient() -> None:
+    codes = {cls.code for cls in _server_error_classes()} | {BUSY}
+    assert codes == server_codes.PERMANENT | server_codes.TRANSIENT
+    assert not server_codes.PERMANENT & server_codes.TRANSIENT
+    assert LoadRefused.code == server_codes.REFUSED_BYTES
+    for transient in ("conflict", "unavailable", "memory_budget_exceeded"):
+        assert not server_codes.is_permanent(transient)
+
+
+async def test_a_transient_answer_to_a_load_keeps_the_download_and_is_retried(
+    tmp_path: Path,
+) -> None:
+    """With --retain 1 and a budget of two and a half versions, v1 and v2 are each still
+    running a request when v3 is announced: the real server answers
+    memory_budget_exceeded, which passes when the requests end. The verified download
+    stays and the next cycle loads it (it used to be deleted and refused)."""
+    store, keys = local_versions(tmp_path, {"v1": 1, "v2": 2, "v3": 3})
+    volume, podinfo, socket = tmp_path / "volume", tmp_path / "annotations", tmp_path / "c.sock"
+    fetcher = make_fetcher(store, keys, volume)
+    assert await pre_pull(fetcher, "mlp", "v1", "v1") == 0
+    one = (volume / "mlp" / "v1" / "model.onnx").stat().st_size * 2  # ONNX Runtime's estimate
+    config = ServerConfig(
+        repository=volume, models=[ModelSpec("mlp")], control_socket=socket, retain=1,
+        memory_budget_mb=one * 2.5 / 2**20,
+    )  # fmt: skip
+    server = TestClient(TestServer(ModelServer(config).make_app()))
+    await server.start_server()
+    try:
+        slot = server.app[SERVER].manager.slot("mlp")
+        watcher = make_watcher(fetcher, socket, podinfo, tmp_path / "s")
+        with slot.pin():  # a long request on v1
+            set_target(podinfo, "v2")
+            assert await watcher.step() == "ok"
+            with slot.pin():  # and one on v2
+                set_target(podinfo, "v3")
+                assert await watcher.step() == "error"
+                status = read_status(tmp_path / "s")
+                assert (status["state"], status["code"]) == (
+                    "error",
+                    "server_memory_budget_exceeded",
+                )
+                assert status["serving"] == "v2"
+                assert fetcher.verified_local("mlp", "v3") is not None  # kept, verified
+        received = fetcher.received_bytes
+        assert await watcher.step() == "ok"  # the requests ended: the retry loads it
+        assert read_status(tmp_path / "s")["serving"] == "v3"
+        assert fetcher.received_bytes == received  # from the volume, not downloaded again
     finally:
         await server.close()
 

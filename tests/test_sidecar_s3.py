@@ -147,7 +147,7 @@ async def test_tampered_wrong_key_and_unsigned_are_refused(bucket: S3Store, tmp_
     bucket.client.delete_object(Bucket=bucket.bucket, Key=f"{bucket.prefix}/mlp/v4/manifest.sig")
     volume, podinfo = tmp_path / "volume", tmp_path / "annotations"
     set_target(podinfo, "v1")
-    fetcher = make_fetcher(bucket, keys, volume)
+    fetcher = make_fetcher(bucket, keys, volume, publish_window_s=0)  # tampered long after
     assert (await fetcher.fetch("mlp", "v1")).downloaded_bytes > 0
     client = await start_server(volume, tmp_path / "ctl.sock")
     try:

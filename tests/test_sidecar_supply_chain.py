@@ -4,9 +4,11 @@ manifest's size, a full volume and permanent store errors told apart from outage
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,9 +18,10 @@ import pytest
 from model_rollout_contract.manifest import Manifest, ManifestError, sha256_file
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.seaweed import SeaweedFS
-from model_sidecar.errors import PublishRefused, VerificationError
+from model_sidecar.errors import PublishRefused, StoreError, VerificationError
 from model_sidecar.init_mode import pre_pull
 from model_sidecar.publish import publish
+from model_sidecar.publish_window import PUBLISH_WINDOW_S
 from model_sidecar.signing import load_private_key, load_trusted_keys, sign
 from model_sidecar.store import LocalStore, ModelStore, S3Store, read_object
 from model_sidecar.verify import Verifier
@@ -250,7 +253,7 @@ async def test_an_object_larger_or_smaller_than_its_manifest_is_refused_unread(
     bucket.write("mlp/v3/model.onnx", b"short")
     volume, podinfo = tmp_path / "volume", tmp_path / "annotations"
     set_target(podinfo, "v1")
-    fetcher = make_fetcher(bucket, keys, volume)
+    fetcher = make_fetcher(bucket, keys, volume, publish_window_s=0)  # tampered long after
     await fetcher.fetch("mlp", "v1")
     read_before = fetcher.received_bytes
     client = await start_server(volume, tmp_path / "ctl.sock")
@@ -296,7 +299,7 @@ async def test_a_full_volume_is_its_own_reason_and_leaves_nothing_behind(
     with small_filesystem(tmp_path / "volume", 3) as volume:
         podinfo = tmp_path / "annotations"
         set_target(podinfo, "v1")
-        fetcher = make_fetcher(store, keys, volume)
+        fetcher = make_fetcher(store, keys, volume, publish_window_s=0)  # tampered long after
         await fetcher.fetch("mlp", "v1")
         client = await start_server(volume, tmp_path / "ctl.sock")
         try:
@@ -390,3 +393,101 @@ def test_publisher_and_sidecar_name_a_store_alike(tmp_path: Path) -> None:
         StoreUrl.parse("s3://models/team-a").scope
     )
     assert LocalStore(tmp_path).scope == StoreUrl.parse("file:///store").scope == "file:"
+
+
+# --- publish --force while sidecars fetch (issue 13 follow-up) ----------------------
+
+
+class PausedPublish(LocalStore):
+    """A directory store whose writer stops before its n-th object write until told to
+    go on: the state a fetch finds between the writes of one publish."""
+
+    def __init__(self, root: Path, pause_before: int) -> None:
+        super().__init__(root)
+        self.pause_before = pause_before
+        self.writes = 0
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def _next(self) -> None:
+        self.writes += 1
+        if self.writes == self.pause_before:
+            self.paused.set()
+            assert self.resume.wait(120), "the test never let the publish go on"
+
+    def upload(self, key: str, source: Path) -> None:
+        self._next()
+        super().upload(key, source)
+
+    def write(self, key: str, data: bytes) -> None:
+        self._next()
+        super().write(key, data)
+
+
+@pytest.mark.parametrize("pause_before", [2, 3], ids=["after one write", "after two writes"])
+async def test_a_fetch_during_publish_force_is_tried_again_not_refused(
+    tmp_path: Path, pause_before: int
+) -> None:
+    """``publish --force`` replaces three objects one at a time. A sidecar fetching in
+    between used to refuse the version (digest or signature mismatch) for a backoff
+    period; now it finds a manifest written moments ago that does not match yet, says
+    publish_in_progress (transient), and the fetch after the publish takes the new build."""
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    first, second = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
+    write_mlp(first, 1, in_dim=8)
+    write_mlp(second, 2, in_dim=8, hidden=24)  # another size too
+    publish(store, "mlp", "v1", first, keys.private)
+    writer = PausedPublish(tmp_path / "store", pause_before)
+    publishing = threading.Thread(
+        target=publish, args=(writer, "mlp", "v1", second, keys.private), kwargs={"force": True}
+    )
+    publishing.start()
+    try:
+        assert await asyncio.to_thread(writer.paused.wait, 60)
+        volume = tmp_path / "volume"
+        fetcher = make_fetcher(store, keys, volume)  # a pod starting now
+        with pytest.raises(StoreError) as caught:
+            await fetcher.fetch("mlp", "v1")
+        assert (caught.value.transient, caught.value.code) == (True, "publish_in_progress")
+        assert not (volume / "mlp" / "v1").exists()  # nothing unverified, nothing refused
+    finally:
+        writer.resume.set()
+        await asyncio.to_thread(publishing.join, 60)
+    fetched = await fetcher.fetch("mlp", "v1")
+    assert fetched.local.manifest.sha256 == sha256_file(second)
+
+
+def _sign_as_published(
+    store: LocalStore, keys_private: Path, file: Path, seconds_ago: float
+) -> None:
+    """Publish ``file`` as mlp:v1 with a manifest that says it was written that long ago."""
+    created = time.gmtime(time.time() - seconds_ago)
+    manifest = Manifest(
+        "mlp", "v1", "model.onnx", sha256_file(file), file.stat().st_size,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", created),
+        store=store.scope, sequence=time.time_ns(),
+    )  # fmt: skip
+    data = manifest.to_bytes()
+    store.upload("mlp/v1/model.onnx", file)
+    store.write("mlp/v1/manifest.sig", sign(load_private_key(keys_private), data))
+    store.write("mlp/v1/manifest.json", data)
+
+
+async def test_a_mismatch_under_an_old_unchanged_manifest_is_still_refused(
+    tmp_path: Path,
+) -> None:
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    model, other = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
+    write_mlp(model, 1, in_dim=8)
+    write_mlp(other, 2, in_dim=8)  # the same size, other bytes
+    _sign_as_published(store, keys.private, model, seconds_ago=3 * PUBLISH_WINDOW_S)
+    store.upload("mlp/v1/model.onnx", other)  # tampered long after its publish
+    with pytest.raises(VerificationError) as caught:
+        await make_fetcher(store, keys, tmp_path / "volume").fetch("mlp", "v1")
+    assert caught.value.reason == "digest_mismatch"
+    _sign_as_published(store, keys.private, model, seconds_ago=60)  # published a minute ago
+    store.upload("mlp/v1/model.onnx", other)
+    with pytest.raises(StoreError) as transient:
+        await make_fetcher(store, keys, tmp_path / "volume").fetch("mlp", "v1")
+    assert transient.value.code == "publish_in_progress" and "s ago" in transient.value.message

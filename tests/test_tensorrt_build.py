@@ -248,3 +248,180 @@ def test_bad_tensorrt_flags_are_refused(
     with pytest.raises(SystemExit):
         parse_args(["--repository", "/r", *args])
     assert "error" in capsys.readouterr().err
+
+
+# --- the build itself, against a TensorRT stand-in that records what it is asked --------
+class Recorded:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+
+def fake_tensorrt(major: int, record: Recorded, inputs: list[Any]) -> Any:
+    """TensorRT's builder API as documented for ``major`` (10 has the weak-typing flags
+    and NetworkDefinitionCreationFlag; 11 has neither), recording every call."""
+    flags = {"TF32": "TF32"} | ({"FP16": "FP16"} if major == 10 else {})
+
+    class Network(Recorder):
+        pass
+
+    class Config:
+        def set_memory_pool_limit(self, pool: str, size: int) -> None:
+            record.calls.append(("workspace", size))
+
+        def set_flag(self, flag: str) -> None:
+            record.calls.append(("set_flag", flag))
+
+        def clear_flag(self, flag: str) -> None:
+            record.calls.append(("clear_flag", flag))
+
+        def add_optimization_profile(self, profile: Any) -> int:
+            record.calls.append(("profile", dict(profile.shapes)))
+            return 0
+
+        def create_timing_cache(self, data: bytes) -> TimingCache:
+            return TimingCache(set(filter(None, data.decode().split(","))) | {"new"})
+
+        def set_timing_cache(self, cache: TimingCache, ignore_mismatch: bool) -> bool:
+            record.calls.append(("timing_cache", ignore_mismatch))
+            return True
+
+    class Builder:
+        def __init__(self, logger: Any) -> None:
+            pass
+
+        def create_network(self, flags: int) -> Network:
+            record.calls.append(("network", flags))
+            return Network(inputs)
+
+        def create_builder_config(self) -> Config:
+            return Config()
+
+        def create_optimization_profile(self) -> Any:
+            shapes: dict[str, tuple[Any, ...]] = {}
+            return SimpleNamespace(shapes=shapes, set_shape=lambda n, *s: shapes.update({n: s}))
+
+        def build_serialized_network(self, network: Any, config: Any) -> bytes:
+            return b"plan"
+
+    class OnnxParser:
+        num_errors = 0
+
+        def __init__(self, network: Any, logger: Any) -> None:
+            pass
+
+        def parse(self, data: bytes, path: str) -> bool:
+            record.calls.append(("parse", len(data), path))
+            return True
+
+    module = SimpleNamespace(
+        Builder=Builder,
+        OnnxParser=OnnxParser,
+        BuilderFlag=SimpleNamespace(**flags),
+        MemoryPoolType=SimpleNamespace(WORKSPACE="workspace"),
+    )
+    if major == 10:
+        module.NetworkDefinitionCreationFlag = SimpleNamespace(STRONGLY_TYPED=5)
+    return module
+
+
+@pytest.mark.parametrize("major", [10, 11])
+def test_a_build_asks_tensorrt_what_its_version_documents(major: int, tmp_path: Path) -> None:
+    from model_server.backends.tensorrt_build import BuildOptions, build_engine
+
+    record = Recorded()
+    trt = fake_tensorrt(major, record, [tensor("input", (-1, 8))])
+    data, path = fp32_mlp(), tmp_path / "m" / "v1" / "model.onnx"
+    timing = tmp_path / "timing" / "t.cache"
+    options = BuildOptions(precision="model", contexts=3, timing_cache=timing)
+    build_engine(trt, None, major, (data, path), tmp_path / "out.engine", options)
+    calls = record.calls
+    assert ("network", (1 << 5) if major == 10 else 0) in calls  # strongly typed
+    assert ("parse", len(data), str(path)) in calls  # the verified bytes, with their path
+    assert ("clear_flag", "TF32") in calls and not [c for c in calls if c[0] == "set_flag"]
+    assert [c for c in calls if c[0] == "profile"] == [
+        ("profile", {"input": ((1, 8), (8, 8), (64, 8))})
+    ] * 3
+    assert ("timing_cache", False) in calls
+    assert (tmp_path / "out.engine").read_bytes() == b"plan"
+    assert timing.read_bytes() == b"new"  # this build's timings were saved
+
+
+def test_fp16_on_10_is_the_weak_typing_flag(tmp_path: Path) -> None:
+    from model_server.backends.tensorrt_build import BuildOptions, build_engine
+
+    record = Recorded()
+    trt = fake_tensorrt(10, record, [tensor("input", (-1, 8))])
+    options = BuildOptions(precision="fp16")
+    build_engine(trt, None, 10, (fp32_mlp(), tmp_path / "model.onnx"), tmp_path / "e", options)
+    assert ("network", 0) in record.calls and ("set_flag", "FP16") in record.calls
+
+
+def test_fp16_on_11_is_refused_before_building(tmp_path: Path) -> None:
+    from model_server.backends.tensorrt_build import BuildOptions, build_engine
+
+    record = Recorded()
+    trt = fake_tensorrt(11, record, [tensor("input", (-1, 8))])
+    with pytest.raises(BuildRefused, match="TensorRT 11"):
+        build_engine(
+            trt, None, 11, (fp32_mlp(), tmp_path / "model.onnx"), tmp_path / "e",
+            BuildOptions(precision="fp16"),
+        )  # fmt: skip
+    assert record.calls == []
+
+
+@pytest.mark.parametrize("location", ["../other/weights.bin", "/etc/weights.bin", "a/b.bin"])
+def test_external_weights_must_sit_beside_the_model(location: str) -> None:
+    from model_server.backends.tensorrt_build import check_external_data
+
+    model = onnx.load_model_from_string(fp32_mlp())
+    weight = model.graph.initializer[0]
+    weight.data_location = TensorProto.EXTERNAL
+    del weight.external_data[:]
+    weight.external_data.add(key="location", value=location)
+    weight.ClearField("raw_data")
+    with pytest.raises(BuildRefused, match="beside the model"):
+        check_external_data(model.SerializeToString())
+    weight.external_data[0].value = "weights.bin"
+    check_external_data(model.SerializeToString())
+
+
+# --- CUDA diagnosis, each branch, on a cudart stand-in ---------------------------------
+class CudaError:
+    cudaSuccess = 0
+    cudaErrorInsufficientDriver = 35
+    cudaErrorNoDevice = 100
+
+
+def fake_cudart(driver: int, runtime: int, count_err: int, count: int = 0) -> Any:
+    return SimpleNamespace(
+        cudaError_t=CudaError,
+        cudaDriverGetVersion=lambda: (0, driver),
+        cudaRuntimeGetVersion=lambda: (0, runtime),
+        cudaGetDeviceCount=lambda: (count_err, count),
+        cudaGetErrorName=lambda err: (0, b"cudaErrorUnknown"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("driver", "runtime", "err", "expected"),
+    [
+        (13000, 13030, CudaError.cudaSuccess, 2),  # an older driver minor is fine
+        (13000, 13030, CudaError.cudaErrorNoDevice, 0),  # no GPU given: not a driver issue
+        (0, 13030, CudaError.cudaErrorInsufficientDriver, "no NVIDIA driver"),
+        (12020, 13000, CudaError.cudaErrorInsufficientDriver, "install cuda-python 12.x"),
+        (12020, 13000, 999, "install cuda-python 12.x"),  # another major
+        (13000, 13000, 999, "cannot count devices"),
+    ],
+)
+def test_cuda_report_names_the_real_cause(
+    driver: int, runtime: int, err: int, expected: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model_server.backends import cuda_memory
+    from model_server.backends.base import BackendUnavailable
+
+    monkeypatch.setattr(cuda_memory, "_runtime", lambda: fake_cudart(driver, runtime, err, 2))
+    if isinstance(expected, int):
+        assert cuda_memory.cuda_report().devices == expected
+    else:
+        with pytest.raises(BackendUnavailable, match=str(expected)):
+            cuda_memory.cuda_report()

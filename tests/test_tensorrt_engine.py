@@ -27,6 +27,7 @@ from model_server.backends.tensorrt_backend import (
     TensorRTEngine,
     check_version,
 )
+from model_server.errors import BadRequest
 from model_server.load_pipeline import warm_up
 
 
@@ -187,8 +188,10 @@ class FakeEngine:
         fail_context_at: int | None = None,
         data_dependent: bool = False,
         refuse_addresses: bool = False,
+        shape_tensor: str | None = None,
     ) -> None:
         self.memory = memory
+        self.shape_tensor = shape_tensor
         self.profiles = profiles if profiles is not None else [(1, 8, 64)]
         self.dynamic = bool(profiles is None or profiles)
         self.input_type = input_type
@@ -224,8 +227,10 @@ class FakeEngine:
             return None
         return FakeContext(self)
 
-    def get_device_memory_size_for_profile_v2(self, profile: int) -> int:
-        return 1000 * (profile + 1)
+    def is_shape_inference_io(self, name: str) -> bool:
+        return self.shape_tensor == name
+
+    device_memory_size_v2 = 1500  # per context: the maximum over profiles (STATIC)
 
     def get_engine_stat(self, stat: EngineStat) -> int:
         assert stat is EngineStat.TOTAL_WEIGHTS_SIZE
@@ -274,7 +279,7 @@ def test_warm_up_runs_every_context_at_its_opt_shape_even_when_min_is_above_one(
 def test_memory_counts_weights_scratch_per_profile_and_io_buffers() -> None:
     pool, _ = make(Memory(), contexts=2, profiles=[(1, 8, 64)] * 2)
     io_per_context = 64 * IN * 4 + 64 * OUT * 4  # buffers at the profile's maximum
-    assert pool.device_memory_bytes == W.nbytes + (1000 + 2000) + 2 * io_per_context
+    assert pool.device_memory_bytes == W.nbytes + 2 * 1500 + 2 * io_per_context
 
 
 def test_memory_falls_back_to_the_plan_size_before_get_engine_stat() -> None:
@@ -289,7 +294,7 @@ def test_memory_falls_back_to_the_plan_size_before_get_engine_stat() -> None:
 
     memory = Memory()
     pool = TensorRTEngine(TRT, Old(FakeEngine(memory)), 1, plan_bytes=123, cuda=memory.module())
-    assert pool.device_memory_bytes == 123 + 1000 + 64 * IN * 4 + 64 * OUT * 4
+    assert pool.device_memory_bytes == 123 + 1500 + 64 * IN * 4 + 64 * OUT * 4
 
 
 def test_one_synchronize_per_request_and_answers_match_the_reference() -> None:
@@ -326,10 +331,36 @@ def test_threads_with_mixed_batch_sizes_get_their_own_answers() -> None:
 
 
 @pytest.mark.parametrize("shape", [(65, IN), (0, IN), (3, IN + 1), (IN,)])
-def test_shapes_outside_the_profile_are_a_value_error(shape: tuple[int, ...]) -> None:
+def test_shapes_outside_the_profile_are_a_bad_request(shape: tuple[int, ...]) -> None:
+    """A client error, answered 400 (a ValueError would be a 500)."""
     pool, _ = make(Memory())
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(BadRequest, match="outside"):
         pool.infer({"input": np.zeros(shape, dtype=np.float32)})
+
+
+def test_only_profiles_like_profile_zero_are_pooled() -> None:
+    """A plan with other profiles (trtexec can build those) serves only on the profiles
+    whose bounds the engine's metadata promises, so no request depends on which context
+    it borrows."""
+    pool, engine = make(Memory(), contexts=3, profiles=[(1, 8, 64), (1, 2, 4), (1, 8, 64)])
+    assert pool.contexts == 2 and engine.profiles_in_use == {0, 2}
+    x = np.ones((40, IN), dtype=np.float32)
+    for _ in range(6):  # any context takes a batch of 40
+        np.testing.assert_allclose(pool.infer({"input": x})["output"], reference(x), rtol=1e-6)
+
+
+def test_a_closed_engine_refuses_instead_of_hanging() -> None:
+    pool, _ = make(Memory())
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.infer({"input": np.ones((1, IN), dtype=np.float32)})
+
+
+def test_shape_tensors_are_refused() -> None:
+    memory = Memory()
+    with pytest.raises(ValueError, match="shape tensor"):
+        make(memory, shape_tensor="input")
+    assert memory.live == 0
 
 
 def test_close_frees_buffers_streams_and_lets_the_engine_go() -> None:
@@ -412,12 +443,15 @@ def fake_trt_module() -> Any:
 def test_host_code_and_plugin_libraries_are_opt_in(tmp_path: Path) -> None:
     backend = TensorRTBackend(trt=fake_trt_module())
     assert backend._runtime.engine_host_code_allowed is False
+    assert backend._plan_runtime.engine_host_code_allowed is False
     library = tmp_path / "libplugin.so"
     library.write_bytes(b"")
     trusted = TensorRTBackend(
         trt=fake_trt_module(), host_code_allowed=True, plugin_libraries=(library,)
     )
-    assert trusted._runtime.engine_host_code_allowed is True
+    # host code only for verified repository plans, never for engine-cache entries
+    assert trusted._plan_runtime.engine_host_code_allowed is True
+    assert trusted._runtime.engine_host_code_allowed is False
     assert trusted._runtime.loaded == [str(library)]
     with pytest.raises(BackendUnavailable, match="plugin library"):
         TensorRTBackend(trt=fake_trt_module(), plugin_libraries=(tmp_path / "missing.so",))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from . import defaults
 
 # paths inside a pod: mount points (the operator's volumeMounts) and the files in them
-MODELS_DIR = "/models"  # the shared volume: the server's repository
+MODELS_DIR = "/models"  # the shared volume: the sidecar writes it, the server reads it only
 CONTROL_DIR = "/run/model-rollout"  # shared by server and sidecar
 CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
 PODINFO_DIR = "/etc/podinfo"  # Downward API volume
@@ -24,8 +24,13 @@ TENANTS_DIR = "/etc/model-rollout/tenants"  # the tenants Secret
 TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
 STORE_DIR = "/store"  # a volume (PVC) store
 STATUS_FILE = f"{MODELS_DIR}/.sidecar-status.json"
-AUDIT_LOG = f"{MODELS_DIR}/.audit.jsonl"
-ENGINE_CACHE = f"{MODELS_DIR}/.engine-cache"
+# the server's own state, on volumes only the server mounts: what the server loads from
+# its engine cache, and what it records, must not be writable by the sidecar (or by
+# anything that can write the shared volume)
+ENGINE_CACHE = "/var/cache/model-server"  # engines (optimised models) it built
+AUDIT_DIR = "/var/log/model-server"
+AUDIT_LOG = f"{AUDIT_DIR}/audit.jsonl"
+TMP_DIR = "/tmp"  # the server's scratch space (the root filesystem is read-only)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class ServerArgs:
     retain: int = defaults.RETAIN_VERSIONS
     tenants: bool = False  # mount and pass TENANTS_FILE
     drain_seconds: float = defaults.DRAIN_SECONDS  # after SIGTERM, before the listener closes
+    # after the drain: how long requests in flight may still take (the pod's grace period
+    # leaves exactly this after the preStop pause and the drain)
+    inflight_grace_seconds: float = defaults.INFLIGHT_GRACE_SECONDS
     precision: str = defaults.PRECISION  # what the TensorRT backend builds
 
 
@@ -51,6 +59,7 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--cache-dir", ENGINE_CACHE,
         "--audit-log", AUDIT_LOG,
         "--drain-seconds", str(a.drain_seconds),
+        "--inflight-grace-seconds", str(a.inflight_grace_seconds),
         "--precision", a.precision,
     ]  # fmt: skip
     if a.tenants:

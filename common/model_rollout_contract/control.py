@@ -7,6 +7,8 @@ Requests::
      "sha256": "<hex>"}
     {"op": "rollback", "model": "m", "version": "v1"}     (version optional)
     {"op": "status", "model": "m"}
+    {"op": "traffic", "model": "m", "stable": "v1", "candidate": "v2",
+     "traffic_percent": 10, "shadow_percent": 20}    (candidate null: no policy)
 
 Replies::
 
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .canary import InvalidPolicy, TrafficPolicy
 from .names import InvalidName, check_model_key, check_name
 
 MAX_LINE = 64 * 1024  # bytes in one message, newline included
@@ -74,7 +77,28 @@ class StatusRequest:
         return {"op": self.op, "model": self.model}
 
 
-Request = LoadRequest | RollbackRequest | StatusRequest
+@dataclass(frozen=True)
+class TrafficRequest:
+    """Set the model's traffic policy (``canary.TrafficPolicy``); ``policy`` None clears
+    it. Answered with a StatusReply."""
+
+    model: str
+    policy: TrafficPolicy | None
+    op = "traffic"
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.policy
+        return {
+            "op": self.op,
+            "model": self.model,
+            "stable": p.stable if p else None,
+            "candidate": p.candidate if p else None,
+            "traffic_percent": p.traffic_percent if p else 0,
+            "shadow_percent": p.shadow_percent if p else 0,
+        }
+
+
+Request = LoadRequest | RollbackRequest | StatusRequest | TrafficRequest
 
 
 @dataclass(frozen=True)
@@ -167,9 +191,26 @@ def parse_request(line: bytes) -> Request:
             return RollbackRequest(
                 model, None if version is None else check_name("version", version)
             )
-    except InvalidName as exc:
+        if op == "traffic":
+            return TrafficRequest(model, _policy(raw))
+    except (InvalidName, InvalidPolicy) as exc:
         raise ProtocolError(_shown(str(exc))) from exc
-    raise ProtocolError(f"unknown op {_shown(repr(op))}; expected load, rollback or status")
+    raise ProtocolError(
+        f"unknown op {_shown(repr(op))}; expected load, rollback, status or traffic"
+    )
+
+
+def _policy(raw: dict[str, Any]) -> TrafficPolicy | None:
+    if raw.get("candidate") is None:
+        return None
+    return TrafficPolicy.from_json(
+        {
+            "stable": raw.get("stable"),
+            "candidate": raw.get("candidate"),
+            "trafficPercent": raw.get("traffic_percent", 0),
+            "shadowPercent": raw.get("shadow_percent", 0),
+        }
+    )
 
 
 def _typed(raw: dict[str, Any], key: str, kinds: tuple[type, ...]) -> Any:

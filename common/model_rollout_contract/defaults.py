@@ -41,7 +41,8 @@ DRAIN_SECONDS = 5.0
 # the server container's preStop pause (the kubelet's native sleep action), before SIGTERM:
 # endpoints and kube-proxy stop routing to the pod while it still serves at full width
 PRESTOP_SLEEP_SECONDS = 5
-# after the drain, what the last in-flight requests get before the kubelet's SIGKILL
+# after the drain, what the last in-flight requests get before the kubelet's SIGKILL (the
+# server's --inflight-grace-seconds: it cancels what still runs then, and exits)
 INFLIGHT_GRACE_SECONDS = 20
 # the pod's terminationGracePeriodSeconds: room for the preStop pause, the drain and the
 # last in-flight requests (a longer spec.server.drainSeconds lengthens it to match)

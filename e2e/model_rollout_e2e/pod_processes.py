@@ -42,6 +42,7 @@ class RunningPod:
     containers: dict[str, ChildProcess] = field(default_factory=dict)
     annotations_text: str = ""
     next_volume_sync: float = 0.0  # monotonic time of this pod's next volume refresh
+    mounts: dict[str, str] = field(default_factory=dict)  # container path -> host path
 
     @property
     def url(self) -> str:
@@ -134,7 +135,7 @@ class ProcessPods:
         running.root.mkdir(parents=True)
         self.pods[name] = running
         spec = pod["spec"]
-        mapping = self._mount_map(running, spec)
+        mapping = running.mounts = self._mount_map(running, spec)
         for host in mapping.values():
             Path(host).mkdir(parents=True, exist_ok=True)
         await self._project(running, pod)  # at start, before any container runs

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from model_rollout_contract.annotations import TARGET_VERSION, parse_downward_annotations
+from model_rollout_contract.argv import AUDIT_DIR, AUDIT_LOG
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.publish import publish
@@ -213,7 +214,7 @@ class Scenario:
         assert self.pods is not None
         events = {}
         for name, pod in self.pods.pods.items():
-            log = pod.volume / ".audit.jsonl"
+            log = Path(pod.mounts[AUDIT_DIR]) / Path(AUDIT_LOG).name  # the server's own volume
             lines = log.read_text().splitlines() if log.exists() else []
             events[name] = [json.loads(line) for line in lines]
         return events

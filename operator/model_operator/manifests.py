@@ -31,6 +31,15 @@ API_ACCESS_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # the projected token's lifetime: the kubelet renews it at 80% of this, and the sidecar's
 # client reads the file again at most a minute after (kubernetes_asyncio's in-cluster config)
 TOKEN_SECONDS = 3600
+# every container runs as the images' unprivileged user (``serving``, Dockerfile.server)
+RUN_AS = 10001
+# the server's own volumes (never mounted by the sidecar): what it loads from its engine
+# cache and what it records cannot be written by whoever can write the shared volume
+SERVER_ONLY_VOLUMES = {
+    "engine-cache": argv.ENGINE_CACHE,
+    "audit-log": argv.AUDIT_DIR,
+    "server-tmp": argv.TMP_DIR,  # JSON worker processes, TensorRT builds without a cache
+}
 
 
 def labels(name: str, spec: ModelDeploymentSpec) -> dict[str, str]:
@@ -66,6 +75,28 @@ def termination_grace_seconds(drain_seconds: float) -> int:
     return (
         defaults.PRESTOP_SLEEP_SECONDS + math.ceil(drain_seconds) + defaults.INFLIGHT_GRACE_SECONDS
     )
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod Security "restricted": not root, and the container runtime's seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,  # the volumes are the group's: every container can use them
+        "fsGroupChangePolicy": "OnRootMismatch",  # a large store volume is not chowned each time
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """No privilege escalation, no capabilities, and nothing written outside the pod's
+    volumes (the root filesystem is read-only)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
 
 
 def api_access_volume() -> dict[str, Any]:
@@ -142,8 +173,9 @@ def _credentials_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
 def _volumes(
     name: str, spec: ModelDeploymentSpec
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    models_dir = {"sizeLimit": spec.model_storage} if spec.model_storage is not None else {}
     volumes: list[dict[str, Any]] = [
-        {"name": "models", "emptyDir": {}},
+        {"name": "models", "emptyDir": models_dir},
         {"name": "control", "emptyDir": {}},
         {
             "name": "podinfo",
@@ -209,12 +241,19 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             retain=spec.retain_versions,
             tenants=bool(spec.tenants_secret),
             drain_seconds=spec.server.drain_seconds,
+            inflight_grace_seconds=defaults.INFLIGHT_GRACE_SECONDS,
             precision=spec.precision,
         )
     )
     sidecar_args = _sidecar_args(spec)
-    # the server parses untrusted input: it gets the model volume and the socket, no token
-    server_mounts = [m for m in mounts if m["name"] == "models"] + [control_mount]
+    # the server parses untrusted input: it reads the model volume (never writes it), has
+    # the socket and volumes of its own, and no token
+    server_mounts = [
+        {"name": "models", "mountPath": argv.MODELS_DIR, "readOnly": True},
+        control_mount,
+        *({"name": n, "mountPath": path} for n, path in SERVER_ONLY_VOLUMES.items()),
+    ]
+    volumes += [{"name": n, "emptyDir": {}} for n in SERVER_ONLY_VOLUMES]
     if spec.tenants_secret:
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenants_secret}})
         server_mounts.append({"name": "tenants", "mountPath": argv.TENANTS_DIR, "readOnly": True})
@@ -235,6 +274,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                 "spec": {
                     "serviceAccountName": sidecar_service_account(name),
                     "automountServiceAccountToken": False,  # mounted where needed only
+                    "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": termination_grace_seconds(
                         spec.server.drain_seconds
                     ),
@@ -244,6 +284,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "image": sidecar_image,
                             "args": argv.sidecar_argv("init", sidecar_args),
                             "env": _sidecar_env(spec),
+                            "securityContext": container_security_context(),
                             "volumeMounts": [*mounts, api_mount],
                         }
                     ],
@@ -252,6 +293,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "name": "server",
                             "image": spec.image,
                             "args": server_args,
+                            "securityContext": container_security_context(),
                             "ports": [{"name": "http", "containerPort": SERVER_PORT}],
                             "readinessProbe": {
                                 "httpGet": {"path": "/v2/health/ready", "port": "http"},
@@ -273,6 +315,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "image": sidecar_image,
                             "args": argv.sidecar_argv("watch", sidecar_args),
                             "env": _sidecar_env(spec),
+                            "securityContext": container_security_context(),
                             "ports": [
                                 {"name": "sidecar-metrics", "containerPort": SIDECAR_METRICS_PORT}
                             ],

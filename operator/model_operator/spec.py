@@ -12,6 +12,7 @@ from typing import Any
 from model_rollout_contract import defaults
 from model_rollout_contract.argv import STORE_DIR
 from model_rollout_contract.names import NAME_RULE, is_valid_name
+from model_rollout_contract.redact import redact
 
 from .errors import SpecError
 
@@ -24,6 +25,10 @@ QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-
 OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 OBJECT_NAME_MAX = 253
 S3_URL = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,62}(/.*)?")  # bucket, then any prefix
+# an S3 endpoint, http(s)://host[:port][/path], with no "@" anywhere: credentials written
+# into it (user:password@) would be shown to anyone who can read the Deployment, and
+# quoted by errors; they belong in credentialsSecret (the CRD's pattern: a test compares)
+ENDPOINT_URL = re.compile(r"https?://[^/?#@\s]+([/?#][^@\s]*)?")
 # limits the CRD repeats as its maximum:s (the property test checks that both agree)
 MAX_DRAIN_SECONDS = 300
 MAX_START_JITTER_SECONDS = 600
@@ -99,6 +104,7 @@ class ModelDeploymentSpec:
     gpus: int = defaults.GPUS
     cpu: str | int | None = None  # a quantity
     memory: str | int | None = None
+    model_storage: str | int | None = None  # a quantity: the model volume's size limit
     canary: CanarySpec = field(default_factory=CanarySpec)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     retain_versions: int = defaults.RETAIN_VERSIONS
@@ -164,6 +170,22 @@ def _object_name(raw: dict[str, Any], key: str, problems: list[str], where: str)
     return value
 
 
+def _endpoint(raw: dict[str, Any], problems: list[str]) -> str | None:
+    """The store's endpoint URL, or ``None``; one with credentials in it is refused, and
+    the refusal does not repeat them."""
+    value = raw.get("endpoint")
+    if value is None:
+        return None
+    if isinstance(value, str) and ENDPOINT_URL.fullmatch(value):
+        return value
+    shown = redact(value) if isinstance(value, str) else value
+    problems.append(
+        "spec.store.endpoint must be an http(s) URL with no credentials in it (no"
+        f" user:password@: put them in spec.store.credentialsSecret), not {shown!r}"
+    )
+    return None
+
+
 def _quantity(raw: dict[str, Any], key: str, problems: list[str], where: str) -> str | int | None:
     """A resource quantity: a string such as ``500m`` or ``16Gi``, or a whole number."""
     value = raw.get(key)
@@ -217,7 +239,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         problems.append(f"spec.store.url must be s3://bucket/prefix (got {url!r})")
     store = StoreSpec(
         url,
-        _get(store_raw, "endpoint", str, problems, "spec.store."),
+        _endpoint(store_raw, problems),
         _object_name(store_raw, "credentialsSecret", problems, "spec.store."),
         pvc,
     )
@@ -308,6 +330,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
 
     cpu = _quantity(resources, "cpu", problems, "spec.resources.")
     memory = _quantity(resources, "memory", problems, "spec.resources.")
+    model_storage = _quantity(resources, "modelStorage", problems, "spec.resources.")
 
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})
     tenants_secret = _object_name(tenants, "secretName", problems, "spec.tenants.")
@@ -334,6 +357,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         gpus=gpus,
         cpu=cpu,
         memory=memory,
+        model_storage=model_storage,
         canary=canary,
         rollout=rollout,
         retain_versions=retain,

@@ -1,5 +1,8 @@
 """Does a version exist in the model store? Checked before a rollout starts, by reading
-the version's manifest key (the store layout of :mod:`model_rollout_contract.layout`)."""
+the version's manifest key (the store layout of :mod:`model_rollout_contract.layout`).
+The messages become conditions and events that anyone who can read the resource sees:
+credentials written into a URL (the operator's own ``AWS_ENDPOINT_URL``, say) are cut
+out of them."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from model_rollout_contract.layout import StoreUrl, object_key
 from model_rollout_contract.manifest import MANIFEST_NAME
+from model_rollout_contract.redact import redact
 
 from .spec import ModelDeploymentSpec
 
@@ -30,7 +34,9 @@ def _manifest_exists(
     url: StoreUrl, endpoint: str | None, key: str, credentials: dict[str, str] | None
 ) -> bool:
     given = credentials or {}
-    client = boto3.client(
+    # a session of its own per check: boto3's default session caches the credentials it
+    # first resolved (from the environment), so a rotated key would never be seen
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint or None,
         aws_access_key_id=given.get("aws_access_key_id"),
@@ -71,7 +77,14 @@ async def check_version(
     spec: ModelDeploymentSpec, credentials: dict[str, str] | None = None
 ) -> tuple[VersionCheck, str]:
     """``credentials``: the resource's own (from ``spec.store.credentialsSecret``);
-    without them the operator's environment is used."""
+    without them the operator's environment is used. The message is redacted."""
+    result, message = await _check_version(spec, credentials)
+    return result, redact(message)
+
+
+async def _check_version(
+    spec: ModelDeploymentSpec, credentials: dict[str, str] | None
+) -> tuple[VersionCheck, str]:
     if not spec.store.url:
         return VersionCheck.SKIPPED, "store is a volume; not checked by the operator"
     key = object_key(spec.model, spec.version, MANIFEST_NAME)

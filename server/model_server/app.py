@@ -20,6 +20,7 @@ from .data_plane import DataPlane
 from .engine_manager import EngineManager
 from .errors import ServingError
 from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
+from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
 from .repository import ModelRepository
 from .trusted_files import UntrustedPath
@@ -45,8 +46,9 @@ class ModelServer:
             memory_budget_bytes=int(budget * 2**20) if budget else None,
             executor=self.executor,
         )
-        self.codec = JsonCodec(config.json_workers)
+        self.codec = JsonCodec(config.json_workers, max_pending_decodes=config.json_max_pending)
         self.plane = DataPlane(self.manager, self.metrics, self.codec)
+        self.in_flight = InFlightRequests()
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)
             if config.control_socket
@@ -103,7 +105,9 @@ class ModelServer:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
+        app = web.Application(
+            middlewares=[self.in_flight.middleware, json_errors], client_max_size=64 * 2**20
+        )
         app[PLANE] = self.plane
         app[POLICY] = self.policy
         app[METRICS] = self.metrics

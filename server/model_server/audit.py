@@ -1,9 +1,14 @@
-"""Structured JSON audit log: one line per load, swap, rollback or refusal."""
+"""Structured JSON audit log: one line per load, swap, rollback or refusal.
+
+The file lives on a volume only the server mounts, and is opened without following a
+link in its place (``O_NOFOLLOW``), so nothing else can point the server's writes at
+another file. A line that cannot be written is logged, and the action goes on."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -11,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("model_server.audit")
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -41,7 +47,16 @@ class AuditLog:
             self.events.append(entry)
             del self.events[: -self.max_kept]
             if self.path is not None:
-                with self.path.open("a", encoding="utf-8") as f:
-                    f.write(line + "\n")
+                self._append(self.path, line)
         log.info(line)
         return entry
+
+    @staticmethod
+    def _append(path: Path, line: str) -> None:
+        try:
+            fd = os.open(path, _APPEND, 0o600)
+        except OSError as exc:  # ELOOP: a link in the file's place
+            log.error("audit log %s not written (%s): %s", path, exc.strerror, line)
+            return
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(line + "\n")

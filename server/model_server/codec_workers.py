@@ -5,7 +5,12 @@ thread would not free the event loop: a 50 MB body measured zero loop turns in t
 second its parse took on a thread. A worker process parses, checks the element counts
 and builds the arrays; only the arrays come back (pickled as raw buffers), so the
 server's own memory never holds the millions of Python floats a large body becomes.
-Small bodies stay on the loop, where a parse costs less than the trip to a worker."""
+Small bodies stay on the loop, where a parse costs less than the trip to a worker.
+
+Large bodies waiting for a worker are bounded (``max_pending_decodes``, counting those
+being decoded): past it a request is answered 503 ``unavailable`` with Retry-After at
+once, before its body is read when its length is announced, instead of queueing
+64 MiB bodies without limit. Encodes are not bounded: their outputs exist already."""
 
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ T = TypeVar("T")
 
 INLINE_BODY_BYTES = 256 * 1024  # bodies up to this size are decoded on the event loop
 INLINE_OUTPUT_ELEMENTS = 32 * 1024  # responses up to this many values are encoded there
+PENDING_DECODES_PER_PROCESS = 2  # large bodies being decoded or waiting, per worker
+RETRY_AFTER_S = 1  # what a client refused for a full queue is told to wait
 
 
 class JsonCodec:
@@ -36,18 +43,42 @@ class JsonCodec:
         processes: int = 2,
         inline_body_bytes: int = INLINE_BODY_BYTES,
         inline_output_elements: int = INLINE_OUTPUT_ELEMENTS,
+        max_pending_decodes: int | None = None,
     ) -> None:
         self.processes = processes
         self.inline_body_bytes = inline_body_bytes
         self.inline_output_elements = inline_output_elements
+        self.max_pending_decodes = (
+            max_pending_decodes
+            if max_pending_decodes is not None
+            else PENDING_DECODES_PER_PROCESS * processes
+        )
+        self.pending_decodes = 0  # large bodies being decoded or waiting for a worker
         self._pool: ProcessPoolExecutor | None = None  # started with the first large body
+
+    def check_room(self, body_bytes: int | None) -> None:
+        """Raise ``Unavailable`` (with Retry-After) if a body of this size would have to
+        wait behind a full queue of large bodies; ``None``: size not known yet."""
+        if body_bytes is None or body_bytes <= self.inline_body_bytes:
+            return
+        if self.pending_decodes >= self.max_pending_decodes:
+            raise Unavailable(
+                f"{self.pending_decodes} large request bodies are being decoded or waiting "
+                f"for the {self.processes} JSON worker process(es); retry later",
+                retry_after_s=RETRY_AFTER_S,
+            )
 
     async def decode(
         self, raw: bytes, charset: str, specs: tuple[TensorSpec, ...]
     ) -> InferenceRequest:
         if len(raw) <= self.inline_body_bytes:
             return decode_request(raw, charset, specs)
-        return await self._in_worker(decode_request, raw, charset, specs)
+        self.check_room(len(raw))  # on the event loop, like the count: no race
+        self.pending_decodes += 1
+        try:
+            return await self._in_worker(decode_request, raw, charset, specs)
+        finally:
+            self.pending_decodes -= 1
 
     async def encode(
         self, name: str, version: str, request_id: str, outputs: dict[str, np.ndarray]
@@ -73,6 +104,14 @@ class JsonCodec:
             raise Unavailable("the JSON worker process died; the request was not run") from exc
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Stop the workers now: at shutdown nothing they hold is worth waiting for, and
+        one stuck in a parse would otherwise keep the server from exiting (the
+        interpreter joins them at exit) until the kubelet's SIGKILL."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # the pool's own list (Python 3.14 has ProcessPoolExecutor.kill_workers for this)
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.kill()

@@ -71,7 +71,7 @@ class ServerConfig:
     host: str = defaults.SERVER_HOST
     port: int = defaults.SERVER_PORT
     backend: str = defaults.SERVER_BACKEND
-    cache_dir: Path | None = None  # engine cache, shared by the pods of a node
+    cache_dir: Path | None = None  # engine cache: the server's own, never a shared volume
     retain: int = defaults.RETAIN_VERSIONS  # versions kept loaded per model, serving included
     memory_budget_mb: float | None = None  # refuse loads that would hold more in total
     control_socket: Path | None = None  # where the sidecar announces new versions
@@ -80,7 +80,10 @@ class ServerConfig:
     audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
     workers: int = defaults.INFERENCE_WORKERS  # inference threads
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve this long unready
+    # then: how long requests in flight may still take (what the pod's grace leaves)
+    inflight_grace_seconds: float = defaults.INFLIGHT_GRACE_SECONDS
     json_workers: int = 2  # processes that decode and encode large JSON bodies
+    json_max_pending: int | None = None  # large bodies decoding or queued (None: 2/worker)
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
 
     def backend_options(self) -> dict[str, object]:
@@ -108,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=ServerConfig.host)
     p.add_argument("--port", type=int, default=ServerConfig.port)
     p.add_argument("--backend", choices=BACKEND_NAMES, default=ServerConfig.backend)
-    p.add_argument("--cache-dir", help="engine cache directory (shared by the pods of a node)")
+    p.add_argument(
+        "--cache-dir",
+        help="engine cache directory: the server's own (what is loaded from it must not be "
+        "writable by others)",
+    )
     p.add_argument(
         "--retain",
         type=int,
@@ -134,10 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="after SIGTERM: readiness 503 at once, keep serving this long, then finish",
     )
     p.add_argument(
+        "--inflight-grace-seconds",
+        type=float,
+        default=ServerConfig.inflight_grace_seconds,
+        help="after the drain: how long requests in flight may still take before they are "
+        "cancelled (the pod's grace period leaves this much)",
+    )
+    p.add_argument(
         "--json-workers",
         type=int,
         default=ServerConfig.json_workers,
         help="processes that decode and encode large JSON bodies, off the event loop",
+    )
+    p.add_argument(
+        "--json-max-pending",
+        type=int,
+        help="large bodies being decoded or waiting for a JSON worker; past it 503 with "
+        "Retry-After (default: 2 per worker)",
     )
     trt = p.add_argument_group("TensorRT backend")
     trt.add_argument(
@@ -184,8 +204,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--retain must be at least 1")
     if a.drain_seconds < 0:
         p.error("--drain-seconds must not be negative")
+    if a.inflight_grace_seconds < 0:
+        p.error("--inflight-grace-seconds must not be negative")
     if a.json_workers < 1:
         p.error("--json-workers must be at least 1")
+    if a.json_max_pending is not None and a.json_max_pending < 1:
+        p.error("--json-max-pending must be at least 1")
     if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
         p.error(f"--precision {a.precision} needs --backend tensorrt")
     if a.trt_contexts < 1:
@@ -209,7 +233,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         audit_log=optional_path(a.audit_log),
         workers=a.workers,
         drain_seconds=a.drain_seconds,
+        inflight_grace_seconds=a.inflight_grace_seconds,
         json_workers=a.json_workers,
+        json_max_pending=a.json_max_pending,
         tensorrt=TensorRTConfig(
             precision=a.precision,
             contexts=a.trt_contexts,

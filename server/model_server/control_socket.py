@@ -26,10 +26,11 @@ from model_rollout_contract.control import (
     LoadRequest,
     ProtocolError,
     Reply,
-    RollbackRequest,
+    Request,
     StatusReply,
     StatusRequest,
     SwapReply,
+    TrafficRequest,
     encode,
     parse_request,
 )
@@ -149,10 +150,10 @@ class ControlSocketServer:
         except ServingError as exc:
             return ErrorReply(exc.message, exc.code)
 
-    async def _dispatch(
-        self, request: LoadRequest | RollbackRequest | StatusRequest, who: str
-    ) -> SwapReply | StatusReply:
+    async def _dispatch(self, request: Request, who: str) -> SwapReply | StatusReply:
         caller = Caller(who, "socket")
+        if isinstance(request, TrafficRequest):  # issue 11: being built
+            raise BadRequest("traffic policies are not supported by this server yet")
         if isinstance(request, StatusRequest):
             return self.plane.status(request.model)
         if isinstance(request, LoadRequest):

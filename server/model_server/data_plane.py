@@ -12,13 +12,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from model_rollout_contract.control import StatusReply, SwapReply
 
 from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
-from .errors import ModelNotFound, ServingError
+from .errors import ModelNotFound, NotReady, ServingError, Unavailable
 from .metrics import ServerMetrics
+from .model_slot import LoadedVersion, ModelSlot
 from .tensors import select_outputs, spec_to_json
+from .v2_codec import InferenceRequest
+
+# decodes of one request when swaps keep changing the model's inputs meanwhile
+DECODE_ATTEMPTS = 3
 
 
 def _iso(ts: float) -> str:
@@ -133,6 +140,32 @@ class DataPlane:
         self.metrics.requests.labels(key, str(status)).inc()
         self.metrics.request_latency.labels(key).observe(seconds)
 
+    def check_body_room(self, body_bytes: int | None) -> None:
+        """Refuse (503, Retry-After) a body that would wait behind a full decode queue."""
+        self.codec.check_room(body_bytes)
+
+    async def _decode_and_run(
+        self, slot: ModelSlot, body: bytes, charset: str
+    ) -> tuple[LoadedVersion, InferenceRequest, dict[str, np.ndarray]]:
+        """Decode against the serving version's input specs *without* pinning it (a large
+        body can wait for a JSON worker: a pin would keep a dropped version's engine, and
+        its memory, open meanwhile), then pin the serving version and run it if its
+        inputs are still the ones decoded for; else decode again for the new ones."""
+        for _attempt in range(DECODE_ATTEMPTS):
+            current = slot.current
+            if current is None:
+                raise NotReady(f"model {slot.key!r} has no version loaded yet")
+            specs = current.engine.inputs
+            request = await self.codec.decode(body, charset, specs)
+            with slot.pin() as pinned:
+                if pinned.engine.inputs == specs:
+                    return pinned, request, await self.manager.run(pinned, request.feeds)
+        raise Unavailable(
+            f"model {slot.key!r} changed its inputs {DECODE_ATTEMPTS} times while this request "
+            "was decoded; retry",
+            retry_after_s=1,
+        )
+
     async def infer(self, key: str, name: str, body: bytes, charset: str | None) -> bytes:
         """A KServe v2 inference on a JSON body: validated against, and answered by, the
         one version pinned for this request. Returns the JSON response's bytes."""
@@ -140,9 +173,8 @@ class DataPlane:
         code = "500"
         self.metrics.in_flight.labels(key).inc()
         try:
-            with self.manager.slot(key).pin() as pinned:
-                request = await self.codec.decode(body, charset or "utf-8", pinned.engine.inputs)
-                results = await self.manager.run(pinned, request.feeds)
+            slot = self.manager.slot(key)
+            pinned, request, results = await self._decode_and_run(slot, body, charset or "utf-8")
             outputs = select_outputs(results, request.outputs)
             response = await self.codec.encode(
                 name, pinned.version, request.id or str(uuid.uuid4()), outputs

@@ -14,7 +14,9 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     │   │                                       the serving one is untouched
     │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
     ├── NotReady (503 not_ready)                no version loaded yet
-    └── Unavailable (503 unavailable)           a JSON worker process was lost
+    └── Unavailable (503 unavailable)           a JSON worker process was lost, or the
+                                                queue of large bodies is full (with
+                                                Retry-After)
 
 A name that breaks the contract's rule (``model_rollout_contract.names.InvalidName``,
 a ``ValueError``) is answered as ``BadRequest``.
@@ -28,6 +30,7 @@ class ServingError(Exception):
 
     status = 500
     code = "internal_error"
+    retry_after_s: int | None = None  # when set, HTTP answers carry Retry-After
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -87,7 +90,12 @@ class NotReady(ServingError):
 
 
 class Unavailable(ServingError):
-    """The request could not be served now, through no fault of its own; retry."""
+    """The request could not be served now, through no fault of its own; retry (after
+    ``retry_after_s`` seconds, when given)."""
 
     status = 503
     code = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -40,6 +40,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         response = await handler(request)
     except ServingError as exc:
         response = error_response(exc.status, exc.code, exc.message)
+        if exc.retry_after_s is not None:
+            response.headers["Retry-After"] = str(exc.retry_after_s)
     except InvalidName as exc:  # a name that breaks the contract's rule
         response = error_response(BadRequest.status, BadRequest.code, str(exc))
     except web.HTTPException as exc:
@@ -99,6 +101,7 @@ async def infer(request: web.Request) -> web.Response:
     started, key = time.perf_counter(), name
     try:
         key = _tenant_model(request)
+        plane.check_body_room(request.content_length)  # a full queue: 503 before reading
         body = await request.read()  # over client_max_size: aiohttp's 413
     except (ServingError, InvalidName, web.HTTPException) as exc:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400

@@ -4,7 +4,8 @@ swap. Its lifecycle follows Triton's ``model_lifecycle.h``: every version the sl
 seen has a :class:`VersionState` and the reason it is in it.
 
 Requests pin the version they started on, so a version dropped from memory is closed only
-when its last in-flight request finishes, never by a timer.
+when its last in-flight request finishes, never by a timer. Until then it still holds its
+memory, and :meth:`ModelSlot.memory_bytes` counts it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class ModelSlot:
         self._lock = threading.Lock()  # guards the reference and the counts; held briefly
         self._loaded: OrderedDict[str, LoadedVersion] = OrderedDict()  # oldest first
         self._current: LoadedVersion | None = None
+        # dropped from the slot, still open: pinned by requests in flight
+        self._draining: set[LoadedVersion] = set()
         self._states: dict[str, VersionStatus] = {}
         # one full load per model at a time; swaps to retained versions never wait for it
         self.load_lock = asyncio.Lock()
@@ -89,7 +92,16 @@ class ModelSlot:
             return [v for v in self._loaded.values() if v is not self._current]
 
     def memory_bytes(self) -> int:
-        return sum(v.memory_bytes for v in self.loaded())
+        """What this model's engines hold: the loaded versions and those dropped but still
+        open for their requests in flight."""
+        with self._lock:
+            held = [*self._loaded.values(), *self._draining]
+        return sum(v.memory_bytes for v in held)
+
+    def draining(self) -> list[LoadedVersion]:
+        """Versions dropped from the slot whose requests in flight keep them open."""
+        with self._lock:
+            return list(self._draining)
 
     def states(self) -> dict[str, VersionStatus]:
         with self._lock:
@@ -136,6 +148,7 @@ class ModelSlot:
             drained = version.retired and version.in_flight == 0 and not version.closed
             if drained:
                 version.closed = True
+                self._draining.discard(version)
         if drained:
             self._close(version)
 
@@ -188,6 +201,9 @@ class ModelSlot:
             drained = version.in_flight == 0 and not version.closed
             if drained:
                 version.closed = True
+                self._draining.discard(version)
+            elif not version.closed:
+                self._draining.add(version)
             if version.version not in self._loaded:  # not when another copy serves it
                 self._set_state(version.version, VersionState.UNLOADING, reason)
         if drained:

@@ -3,8 +3,10 @@
 A pod's endpoints learn of its termination only after the kubelet has sent SIGTERM, so
 the server keeps serving for ``drain_seconds`` with readiness at 503 (every answer now
 closes its connection, so clients with kept-alive connections move on), then stops
-listening, lets the requests in flight finish, and exits with status 0. A second signal
-ends the drain at once.
+listening, lets the requests in flight finish for up to ``inflight_grace_seconds`` (what
+the pod's grace period leaves after the preStop pause and the drain:
+``model_rollout_contract.defaults.INFLIGHT_GRACE_SECONDS``), cancels any still running,
+and exits with status 0. A second signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from .config import ServerConfig
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT_GRACE_S = 60.0  # after the drain: how long requests in flight may still take
+# once the grace is over, what a request still running gets to unwind after its cancel
+CANCEL_SECONDS = 0.1
 
 
 async def serve(config: ServerConfig) -> None:
@@ -33,7 +36,7 @@ async def serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, signalled.set)
     app = create_app(config)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           shutdown_timeout=IN_FLIGHT_GRACE_S)  # fmt: skip
+                           shutdown_timeout=CANCEL_SECONDS)  # fmt: skip
     await runner.setup()  # loads the models (on_startup)
     try:
         await web.TCPSite(runner, config.host, config.port).start()
@@ -44,10 +47,25 @@ async def serve(config: ServerConfig) -> None:
         log.info("draining: unready, serving for %.1f s more", config.drain_seconds)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(signalled.wait(), config.drain_seconds)
-        log.info("drained: no new connections; finishing the requests in flight")
+        await _finish_in_flight(runner, app, config.inflight_grace_seconds)
     finally:
-        await runner.cleanup()  # stops listening, waits for in-flight requests, on_cleanup
+        await runner.cleanup()  # stops listening, cancels what is left, on_cleanup
     log.info("stopped")
+
+
+async def _finish_in_flight(runner: web.AppRunner, app: web.Application, grace_s: float) -> None:
+    """Stop listening, close idle kept-alive connections, and give the requests in flight
+    up to ``grace_s`` to finish."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # no new request on a kept-alive connection
+    log.info("drained: no new connections; finishing the requests in flight")
+    left = await app[SERVER].in_flight.wait(grace_s)
+    if left:
+        log.warning(
+            "%d request(s) still in flight after the %g s grace: cancelling them", left, grace_s
+        )
 
 
 def run(config: ServerConfig) -> None:

@@ -10,6 +10,8 @@ import sys
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from model_rollout_contract.redact import redact
+
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
 from .control_client import ServerControl
 from .errors import KubeError, SidecarError
@@ -19,7 +21,7 @@ from .kube import PodApi
 from .metrics import SidecarMetrics
 from .pod_watch import PodWatch
 from .publish import publish
-from .redact import install_log_redaction, redact
+from .redact import install_log_redaction
 from .retry import Backoff
 from .signing import Ed25519PublicKey, generate_keypair, load_trusted_keys
 from .status import StatusReporter

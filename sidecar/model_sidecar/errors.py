@@ -11,6 +11,8 @@ SidecarReport`)::
     │   └── UnsafeVolume       a symbolic link (or another odd entry) where the sidecar
     │                          writes, reads or deletes: never followed
     ├── ServerUnavailable      the server's control socket does not answer: retried
+    ├── LoadNotDone            the server did not load a version, for a reason that
+    │                          passes (``model_rollout_contract.server_codes.TRANSIENT``)
     ├── ControlFailure         the control socket answered, but not usefully: denied,
     │                          timed out, or outside the protocol (not retried at once)
     ├── PublishRefused         ``publish`` would overwrite a published version
@@ -76,6 +78,17 @@ class ServerUnavailable(SidecarError):
     """The server's control socket is not answering."""
 
     code = "server_unavailable"
+
+
+class LoadNotDone(SidecarError):
+    """The server answered a load with a transient code (a rollback overtook it, its
+    memory is still held by versions finishing requests, ...): retried with backoff, and
+    the verified download is kept. ``code`` is ``server_<the server's code>``."""
+
+    def __init__(self, server_code: str, message: str) -> None:
+        super().__init__(message)
+        self.server_code = server_code
+        self.code = f"server_{server_code}"
 
 
 class ControlFailure(SidecarError):

@@ -7,6 +7,9 @@ file. The download stops at the manifest's size plus one byte: a larger object i
 refused, never written out whole. Every step goes through :class:`~.volume.SafeDir`, so
 a link planted in the volume is refused, never followed.
 
+A signature, size or digest mismatch met while the version is being published again
+(:mod:`.publish_window`) is reported ``publish_in_progress`` and tried again, not refused.
+
 At most ``max_concurrent_downloads`` transfers run at once, and a transfer keeps its slot
 until its worker thread has really stopped (a cancelled fetch included), so the limit
 holds for what reaches the store, not only for what is awaited.
@@ -39,6 +42,7 @@ from model_rollout_contract.versions import version_order
 
 from . import sequences
 from .errors import ObjectMissing, StoreError, UnsafeVolume, VerificationError, VolumeError
+from .publish_window import MIXED_STATE_REASONS, PUBLISH_WINDOW_S, mid_publish
 from .retry import Backoff, retry_async
 from .store import ModelStore, ObjectTooLarge, read_object
 from .verify import Verifier
@@ -84,6 +88,7 @@ class Fetcher:
         volume: Path,
         backoff: Backoff | None = None,
         max_concurrent_downloads: int = 1,
+        publish_window_s: float = PUBLISH_WINDOW_S,
     ) -> None:
         if max_concurrent_downloads < 1:
             raise ValueError("max_concurrent_downloads must be at least 1")
@@ -91,6 +96,7 @@ class Fetcher:
         self.verifier = verifier
         self.volume = volume
         self.backoff = backoff or Backoff()
+        self.publish_window_s = publish_window_s
         self._slots = asyncio.Semaphore(max_concurrent_downloads)
         self._lock = threading.Lock()
         self.downloading = 0  # transfers streaming now (worker threads)
@@ -179,27 +185,55 @@ class Fetcher:
             except ObjectTooLarge as exc:
                 raise VerificationError("bad_manifest", exc.message) from exc
             try:
-                signature: bytes | None = await self._read(
-                    object_key(model, version, SIGNATURE_NAME), MAX_SIGNATURE_BYTES
-                )
-            except ObjectMissing:
-                signature = None
-            except ObjectTooLarge as exc:
-                raise VerificationError("bad_signature", exc.message) from exc
-            manifest = self.verifier.manifest(model, version, data, signature)
-            attempt = functools.partial(self._install, model, version, manifest, data, signature)
-            size = await retry_async(
-                lambda: self._in_thread(attempt),
-                _is_transient,
-                self.backoff,
-                f"download {model}:{version}",
-            )
+                size, manifest = await self._download_verified(model, version, data)
+            except VerificationError as exc:
+                transient = await self._mid_publish(exc, model, version, data)
+                if transient is None:
+                    raise
+                raise transient from exc
         log.info("fetched %s:%s (%d bytes) from %s", model, version, size, self.store.description)
         return FetchResult(
             LocalVersion(model, version, self.version_dir(model, version), manifest),
             size,
             time.monotonic() - started,
         )
+
+    async def _mid_publish(
+        self, exc: VerificationError, model: str, version: str, data: bytes
+    ) -> StoreError | None:
+        """After a mismatch: the manifest read again, to tell a publish under way (a
+        transient error, returned) from a version that does not verify (``None``)."""
+        if exc.reason not in MIXED_STATE_REASONS:
+            return None
+        try:
+            current: bytes | None = await self._read(
+                object_key(model, version, MANIFEST_NAME), MAX_MANIFEST_BYTES
+            )
+        except (ObjectMissing, ObjectTooLarge):
+            current = None
+        return mid_publish(exc, data, current, self.publish_window_s)
+
+    async def _download_verified(
+        self, model: str, version: str, data: bytes
+    ) -> tuple[int, Manifest]:
+        """The signature, then the model (downloaded, checked, renamed into place)."""
+        try:
+            signature: bytes | None = await self._read(
+                object_key(model, version, SIGNATURE_NAME), MAX_SIGNATURE_BYTES
+            )
+        except ObjectMissing:
+            signature = None
+        except ObjectTooLarge as exc:
+            raise VerificationError("bad_signature", exc.message) from exc
+        manifest = self.verifier.manifest(model, version, data, signature)
+        attempt = functools.partial(self._install, model, version, manifest, data, signature)
+        size = await retry_async(
+            lambda: self._in_thread(attempt),
+            _is_transient,
+            self.backoff,
+            f"download {model}:{version}",
+        )
+        return size, manifest
 
     def _install(
         self,

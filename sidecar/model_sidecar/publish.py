@@ -8,6 +8,13 @@ so sidecars that accepted the old build take the new one and never go back.
 The sequence is ``max(now in nanoseconds, the store's current sequence + 1)``: it grows
 with every publish even when the version was deleted from the store in between (the
 clock), and even when this machine's clock is behind the last publisher's (the +1).
+
+A store writes one object at a time. A new version's manifest goes last: its presence
+marks the version complete. A replaced version's manifest and signature go *first*, so
+that a fetch between the writes meets a manifest written moments ago that does not match
+the old model yet — which the fetcher knows to try again (``publish_in_progress``,
+:mod:`.publish_window`) — never the old manifest beside the new model, which it would
+have to refuse.
 """
 
 from __future__ import annotations
@@ -98,8 +105,15 @@ def publish(
     )
     data = manifest.to_bytes()
     signature = sign(load_private_key(key_path), data)
-    # the manifest goes last: its presence marks the version as complete
-    store.upload(object_key(model, version, name), file)
-    store.write(object_key(model, version, SIGNATURE_NAME), signature)
-    store.write(object_key(model, version, MANIFEST_NAME), data)
+    manifest_key = object_key(model, version, MANIFEST_NAME)
+    signature_key = object_key(model, version, SIGNATURE_NAME)
+    model_key = object_key(model, version, name)
+    if existing is None:  # new: the manifest last, its presence marks the version complete
+        store.upload(model_key, file)
+        store.write(signature_key, signature)
+        store.write(manifest_key, data)
+    else:  # replaced: the new manifest first (see above), the new model last
+        store.write(manifest_key, data)
+        store.write(signature_key, signature)
+        store.upload(model_key, file)
     return manifest

@@ -1,21 +1,13 @@
-"""Credentials written into a URL (``https://user:secret@host/``) never reach a log line
-or the status: the store's endpoint can carry them, and both boto3's errors and ours
-quote the endpoint."""
+"""Credentials written into a URL never reach a log line: a filter on the log handlers
+applies the contract's :func:`~model_rollout_contract.redact.redact` to every record
+(the status is redacted where it is written, :mod:`.status`)."""
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 
-# scheme://userinfo@ — userinfo is anything up to the first "@" before the host that has
-# no "/", whitespace or quote in it (RFC 3986 forbids "/" there)
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@\"'<>]+@")
-
-
-def redact(text: str) -> str:
-    """``https://user:secret@host/`` -> ``https://***@host/``, wherever it appears."""
-    return _USERINFO.sub(r"\g<scheme>***@", text)
+from model_rollout_contract.redact import redact
 
 
 class RedactingFilter(logging.Filter):

@@ -18,11 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from model_rollout_contract.annotations import SIDECAR_STATUS
+from model_rollout_contract.redact import redact
 from model_rollout_contract.report import HEARTBEAT_SECONDS, SidecarReport
 
 from .errors import SidecarError
 from .kube import PodApi
-from .redact import redact
 from .volume import SafeDir
 
 log = logging.getLogger(__name__)

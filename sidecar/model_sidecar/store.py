@@ -22,9 +22,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from model_rollout_contract.layout import StoreUrl
+from model_rollout_contract.redact import redact
 
 from .errors import ObjectMissing, StoreError
-from .redact import redact
 
 
 @dataclass

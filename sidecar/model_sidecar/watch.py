@@ -7,15 +7,18 @@ restarted server serves what this one served last), and report the outcome.
 
 Every failure is reported with its code and reason — none leaves the report at
 ``fetching`` or ``loading``. Refusals (verification, permanent store errors such as bad
-credentials or a missing object, the server's refusal) are ``refused`` and not retried
-until the target changes or ``refused_retry_s`` (the longest backoff) passes. Other
-failures are ``error`` and the next cycle waits longer each time (exponential backoff
-with full jitter between ``backoff.base_s`` and ``backoff.max_s``) while the old
-version keeps serving. Between cycles the report is refreshed as a heartbeat.
+credentials or a missing object, the server's permanent answers:
+``model_rollout_contract.server_codes``) are ``refused`` and not retried until the
+target changes or ``refused_retry_s`` (the longest backoff) passes. Other failures — the
+server's transient answers included (a load overtaken by a rollback, room held by
+versions finishing requests) — are ``error`` and the next cycle waits longer each time
+(exponential backoff with full jitter between ``backoff.base_s`` and ``backoff.max_s``)
+while the old version keeps serving. Between cycles the report is refreshed as a
+heartbeat.
 
 Retention: after a swap the volume keeps the serving version, the previous good one and
 those the server still holds, then the newest others up to ``keep_versions``; a version
-the server refused is deleted at once.
+whose bytes the server refused (``load_refused``) is deleted at once.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from dataclasses import dataclass, field
 from model_rollout_contract import defaults
 from model_rollout_contract.control import ErrorReply
 from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.server_codes import REFUSED_BYTES, is_permanent
 from model_rollout_contract.states import SidecarState
 
 from .control_client import ServerControl
 from .current import read_current, write_current
-from .errors import SidecarError, StoreError, VerificationError
+from .errors import LoadNotDone, SidecarError, StoreError, VerificationError
 from .fetcher import Fetcher
 from .metrics import SidecarMetrics
 from .retry import Backoff, start_jitter
@@ -279,15 +283,7 @@ class Watcher:
             self.metrics.swaps.labels(model, "error").inc()
             raise
         if isinstance(answer, ErrorReply):
-            self._refused[target] = time.monotonic()
-            self._server_refused.add(target)
-            self.metrics.swaps.labels(model, "refused").inc()
-            self.metrics.refusals.labels(model, "server_refused").inc()
-            await asyncio.to_thread(self.fetcher.remove_version, model, target)
-            await self._report(
-                target, serving, SidecarState.REFUSED, answer.error, code="server_refused"
-            )
-            return "refused"
+            return await self._load_failed(target, serving, answer)
         self._server_refused.discard(target)
         await self._swapped(target, serving, sha256)
         protect = {target, *self._retained, *([self._previous_good] if self._previous_good else [])}
@@ -295,3 +291,21 @@ class Watcher:
             self.fetcher.prune, model, self.settings.keep_versions, protect, self._server_refused
         )
         return "ok"
+
+    async def _load_failed(self, target: str, serving: str | None, answer: ErrorReply) -> str:
+        """The server answered the load with an error: retried later if it passes, else
+        the version is refused (and deleted if its bytes were what the server refused)."""
+        model = self.settings.model
+        if not is_permanent(answer.code):
+            self.metrics.swaps.labels(model, "error").inc()
+            raise LoadNotDone(answer.code, f"server did not load {target}: {answer.error}")
+        self._refused[target] = time.monotonic()
+        self.metrics.swaps.labels(model, "refused").inc()
+        self.metrics.refusals.labels(model, "server_refused").inc()
+        if answer.code == REFUSED_BYTES:
+            self._server_refused.add(target)
+            await asyncio.to_thread(self.fetcher.remove_version, model, target)
+        await self._report(
+            target, serving, SidecarState.REFUSED, answer.error, code="server_refused"
+        )
+        return "refused"

@@ -76,17 +76,18 @@ def cuda_report() -> CudaReport:
     err, count = cudart.cudaGetDeviceCount()
     if err == cudart.cudaError_t.cudaSuccess:
         return CudaReport(int(count), driver, runtime)
+    if err == cudart.cudaError_t.cudaErrorNoDevice:  # e.g. CUDA_VISIBLE_DEVICES is empty
+        return CudaReport(0, driver, runtime)
     if driver == 0:
         raise BackendUnavailable("no NVIDIA driver is loaded (cudaDriverGetVersion gives 0)")
-    if err == cudart.cudaError_t.cudaErrorInsufficientDriver or driver < runtime:
+    # an older driver minor is fine (CUDA minor-version compatibility); another major is not
+    if err == cudart.cudaError_t.cudaErrorInsufficientDriver or driver // 1000 < runtime // 1000:
         raise BackendUnavailable(
             f"cuda-python is built for CUDA {_version_text(runtime)} but the NVIDIA driver "
             f"supports CUDA {_version_text(driver)}: install cuda-python "
             f"{driver // 1000}.x (pip install 'cuda-python>={driver // 1000},"
             f"<{driver // 1000 + 1}') or upgrade the driver"
         )
-    if err == cudart.cudaError_t.cudaErrorNoDevice:
-        return CudaReport(0, driver, runtime)
     raise BackendUnavailable(f"CUDA cannot count devices: {_error_name(err)}")
 
 

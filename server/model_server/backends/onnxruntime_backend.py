@@ -98,7 +98,8 @@ class OnnxRuntimeBackend:
 
     def load(self, model: ModelFile) -> OnnxRuntimeEngine:
         """Build the session from the verified bytes; the cache entry is keyed by their
-        digest, so a cached optimised model always comes from these very bytes."""
+        digest, and the session is made from the entry's bytes as the cache checked them
+        (never from its file, which could change after the check)."""
         if self.cache is None:
             options = self._options()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -110,7 +111,5 @@ class OnnxRuntimeBackend:
             options = self._options()
             # already optimised for this CPU: skip the expensive passes on every load
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            session = ort.InferenceSession(
-                str(hit.path), options, providers=["CPUExecutionProvider"]
-            )
+            session = ort.InferenceSession(hit.data, options, providers=["CPUExecutionProvider"])
         return OnnxRuntimeEngine(session)

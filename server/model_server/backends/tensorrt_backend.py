@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..engine_cache import CacheKey, EngineCache
+from ..errors import BadRequest
 from . import cuda_memory
 from .base import BackendUnavailable, ModelFile, TensorSpec
 from .tensorrt_build import BuildOptions, BuildRefused, DynamicBounds, ShapeProfile, build_engine
@@ -44,8 +46,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MIN_VERSION = (10, 8)  # device_memory_size_v2, get_engine_stat and the 10.x runtime API
-MAX_MAJOR = 11  # the newest major this backend is checked against
+MIN_VERSION = (10, 8)  # the oldest runtime API checked (tests/test_tensorrt_api.py)
+MAX_VERSION = (11, 4)  # the newest checked: later releases are refused until checked
+MAX_MAJOR = MAX_VERSION[0]
 
 # TensorRT I/O types the server can hand to clients as numpy arrays. BF16, FP8, INT4, FP4
 # and E8M0 have no numpy type: engines must keep their I/O in one of these (ModelOpt's
@@ -69,10 +72,10 @@ def version_tuple(text: str) -> tuple[int, int]:
 def check_version(text: str) -> int:
     """The TensorRT major version, or ``BackendUnavailable`` outside what is supported."""
     version = version_tuple(text)
-    if version < MIN_VERSION or version[0] > MAX_MAJOR:
+    if not MIN_VERSION <= version <= MAX_VERSION:
         raise BackendUnavailable(
-            f"TensorRT {text} is not supported: this backend runs on TensorRT "
-            f">= {MIN_VERSION[0]}.{MIN_VERSION[1]} and < {MAX_MAJOR + 1}"
+            f"TensorRT {text} is not supported: this backend is checked against TensorRT "
+            f"{MIN_VERSION[0]}.{MIN_VERSION[1]} to {MAX_VERSION[0]}.{MAX_VERSION[1]}"
         )
     return version[0]
 
@@ -170,9 +173,10 @@ class TensorRTEngine:
         self._cuda = cuda
         self._pool: queue.Queue[_ExecutionSlot] = queue.Queue()
         self._slots: list[_ExecutionSlot] = []
+        self._closed = False
         try:
             self._describe()
-            for index in range(self._context_count(contexts)):
+            for index in self._profiles_to_use(contexts):
                 self._add_slot(index)
         except BaseException:
             self.close()
@@ -182,6 +186,12 @@ class TensorRTEngine:
     def _describe(self) -> None:
         trt, engine = self._trt, self._engine
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        for name in names:
+            if engine.is_shape_inference_io(name):
+                raise ValueError(
+                    f"tensor {name} is a shape tensor (host memory): the server feeds data "
+                    "tensors only"
+                )
         self._names = names
         is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         dtypes = {n: numpy_dtype(trt, engine.get_tensor_dtype(n), n) for n in names}
@@ -199,25 +209,35 @@ class TensorRTEngine:
         lo, opt, hi = self._engine.get_tensor_profile_shape(name, profile)
         return tuple(lo), tuple(opt), tuple(hi)
 
-    def _context_count(self, wanted: int) -> int:
+    def _profiles_to_use(self, wanted: int) -> list[int]:
+        """The profile of each pooled context. Static shapes: contexts share profile 0.
+        Dynamic: one profile each (concurrent contexts need distinct ones), and only
+        profiles with profile 0's bounds, so that every context accepts exactly what the
+        engine's metadata promises (a trtexec plan may carry other profiles)."""
         if not self._dynamic:
-            return wanted  # static shapes: contexts may share profile 0
-        profiles = int(self._engine.num_optimization_profiles)
-        if profiles < wanted:
+            return [0] * wanted
+        dynamic = [spec.name for spec in self._profiled if spec.max_shape]
+        first = [self._profile_shapes(name, 0) for name in dynamic]
+        alike = [
+            p
+            for p in range(int(self._engine.num_optimization_profiles))
+            if [self._profile_shapes(name, p) for name in dynamic] == first
+        ]
+        if len(alike) < wanted:
             log.warning(
-                "engine has %d optimization profiles; serving with %d execution contexts "
-                "instead of %d (concurrent contexts need one profile each)",
-                profiles,
-                profiles,
+                "engine has %d optimization profiles like profile 0; serving with %d "
+                "execution contexts instead of %d (concurrent contexts need one each)",
+                len(alike),
+                len(alike[:wanted]),
                 wanted,
             )
-        return max(1, min(wanted, profiles))
+        return alike[:wanted]
 
     def _add_slot(self, index: int) -> None:
         context = self._engine.create_execution_context()
         if context is None:
             raise RuntimeError("TensorRT could not create an execution context (out of memory?)")
-        slot = _ExecutionSlot(context, self._cuda.CudaStream(), index if self._dynamic else 0)
+        slot = _ExecutionSlot(context, self._cuda.CudaStream(), index)
         self._slots.append(slot)  # from here on, close() releases it
         if self._dynamic and not context.set_optimization_profile_async(
             slot.profile, slot.stream.address
@@ -257,7 +277,9 @@ class TensorRTEngine:
 
     @property
     def device_memory_bytes(self) -> int:
-        """Weights + each context's scratch memory (its profile's) + I/O buffers."""
+        """Weights + each context's scratch memory + I/O buffers. Contexts are created
+        with the default (STATIC) allocation strategy, which allocates the maximum over
+        all profiles: ``device_memory_size_v2`` per context."""
         engine, trt = self._engine, self._trt
         if engine is None:
             return 0
@@ -265,13 +287,13 @@ class TensorRTEngine:
             weights = int(engine.get_engine_stat(trt.EngineStat.TOTAL_WEIGHTS_SIZE))
         else:
             weights = self._plan_bytes
-        scratch = sum(
-            int(engine.get_device_memory_size_for_profile_v2(slot.profile)) for slot in self._slots
-        )
+        scratch = int(engine.device_memory_size_v2) * len(self._slots)
         return weights + scratch + sum(slot.io_bytes for slot in self._slots)
 
     @contextlib.contextmanager
     def _borrow(self) -> Iterator[_ExecutionSlot]:
+        if self._closed:
+            raise RuntimeError("this TensorRT engine is closed")
         slot = self._pool.get()
         try:
             yield slot
@@ -288,7 +310,7 @@ class TensorRTEngine:
         )
         if not inside:
             bounds = f" (profile {spec.min_shape} to {spec.max_shape})" if spec.max_shape else ""
-            raise ValueError(
+            raise BadRequest(
                 f"shape {shape} outside what {spec.name} accepts: {spec.shape}{bounds}"
             )
 
@@ -305,7 +327,7 @@ class TensorRTEngine:
         context, stream = slot.context, slot.stream
         for name, array in arrays.items():
             if not context.set_input_shape(name, array.shape):
-                raise ValueError(f"shape {array.shape} outside the engine's profile for {name}")
+                raise BadRequest(f"shape {array.shape} outside the engine's profile for {name}")
             np.copyto(slot.host[name].view(array.dtype, array.shape), array)
             slot.device[name].copy_from(slot.host[name], array.nbytes, stream)
         shapes = {spec.name: tuple(context.get_tensor_shape(spec.name)) for spec in self.outputs}
@@ -337,7 +359,9 @@ class TensorRTEngine:
 
     def close(self) -> None:
         """Release every context, buffer and stream, then the engine: GPU memory comes back
-        now, not at the next garbage collection."""
+        now, not at the next garbage collection. The engine manager closes a version only
+        after its last request, so no slot is out of the pool here."""
+        self._closed = True
         while True:
             try:
                 self._pool.get_nowait()
@@ -364,14 +388,20 @@ class TensorRTBackend:
         trt: Any = None,
     ) -> None:
         """``host_code_allowed``: version-compatible plans carry host code that TensorRT
-        runs while deserializing; allow it only for a trusted (signed) repository."""
+        runs while deserializing; it is allowed only for plans from the (signed, verified)
+        repository, never for engine-cache entries, which this backend builds itself and
+        which never need it."""
         self._trt = trt if trt is not None else import_tensorrt()
         self._major = check_version(self._trt.__version__)
         self._logger = self._trt.Logger(self._trt.Logger.WARNING)
         if hasattr(self._trt, "init_libnvinfer_plugins"):  # the full library, not lean
             self._trt.init_libnvinfer_plugins(self._logger, "")
-        self._runtime = self._trt.Runtime(self._logger)
-        self._runtime.engine_host_code_allowed = host_code_allowed
+        self._runtime = self._trt.Runtime(self._logger)  # cache entries: no host code
+        self._runtime.engine_host_code_allowed = False
+        self._plan_runtime = self._runtime  # verified repository plans
+        if host_code_allowed:
+            self._plan_runtime = self._trt.Runtime(self._logger)
+            self._plan_runtime.engine_host_code_allowed = True
         registry = self._runtime.get_plugin_registry()
         for library in plugin_libraries:
             if registry.load_library(str(library)) is None:
@@ -393,8 +423,15 @@ class TensorRTBackend:
         return f"trt{self._trt.__version__}"
 
     def estimate_memory_bytes(self, model: ModelFile) -> int:
-        # weights live in the plan; activations roughly scale with it, per context
-        return model.size * (1 + self.options.contexts)
+        """Weights live in the plan and activations roughly scale with it, per context;
+        a build that is not cached yet also holds the builder's workspace."""
+        estimate = model.size * (1 + self.options.contexts)
+        if model.path.suffix == ".onnx" and not self._cached(model):
+            estimate += self.options.workspace_bytes
+        return estimate
+
+    def _cached(self, model: ModelFile) -> bool:
+        return self.cache is not None and self.cache.path_for(self.cache_key(model)).exists()
 
     def cache_key(self, model: ModelFile) -> CacheKey:
         return CacheKey(
@@ -424,8 +461,8 @@ class TensorRTBackend:
         onnx = (model.data, model.path)
         build_engine(self._trt, self._logger, self._major, onnx, out_path, options)
 
-    def _deserialize(self, data: bytes) -> TensorRTEngine:
-        engine = self._runtime.deserialize_cuda_engine(data)
+    def _deserialize(self, data: bytes, runtime: Any) -> TensorRTEngine:
+        engine = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise ValueError("not a valid TensorRT engine for this TensorRT version and GPU")
         return TensorRTEngine(self._trt, engine, self.options.contexts, plan_bytes=len(data))
@@ -433,9 +470,12 @@ class TensorRTBackend:
     def load(self, model: ModelFile) -> TensorRTEngine:
         """``.onnx``: built once per cache key (other processes wait and reuse it);
         ``.engine``/``.plan`` (e.g. from trtexec): the verified bytes, deserialized."""
-        if model.path.suffix == ".onnx":
-            if self.cache is None:
-                raise ValueError("building from ONNX needs an engine cache directory")
-            with self.cache.open(self.cache_key(model), lambda tmp: self.build(model, tmp)) as hit:
-                return self._deserialize(hit.path.read_bytes())
-        return self._deserialize(model.data)
+        if model.path.suffix != ".onnx":
+            return self._deserialize(model.data, self._plan_runtime)
+        if self.cache is None:  # no cache configured: build for this process only
+            with tempfile.TemporaryDirectory(prefix="trt-build-") as tmp:
+                plan = Path(tmp) / "model.engine"
+                self.build(model, plan)
+                return self._deserialize(plan.read_bytes(), self._runtime)
+        with self.cache.open(self.cache_key(model), lambda tmp: self.build(model, tmp)) as hit:
+            return self._deserialize(hit.data, self._runtime)

@@ -111,6 +111,26 @@ def graph_precision(onnx_bytes: bytes) -> str:
     return "fp32"
 
 
+def check_external_data(onnx_bytes: bytes) -> None:
+    """Refuse external weight files that are not plain names beside the model: TensorRT
+    would read them from disk (they are not covered by the model's digest, so they must at
+    least stay inside the version's directory)."""
+    import onnx
+
+    model = onnx.load_model_from_string(onnx_bytes)
+    for initializer in model.graph.initializer:
+        if initializer.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entries = initializer.external_data
+        location = next((e.value for e in entries if e.key == "location"), "")
+        parts = Path(location).parts
+        if not location or Path(location).is_absolute() or ".." in parts or len(parts) != 1:
+            raise BuildRefused(
+                f"initializer {initializer.name} has its weights at {location!r}: external data "
+                "must be a file name beside the model"
+            )
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """How to build for one TensorRT major version: typing mode and builder flags."""
@@ -244,6 +264,7 @@ def build_engine(
     """Build the ONNX ``(bytes, path)`` into a serialized engine at ``out_path``, or raise
     BuildRefused. ``path`` only locates external weights."""
     onnx_bytes, onnx_path = onnx
+    check_external_data(onnx_bytes)
     plan = plan_build(trt_major, options.precision, graph_precision(onnx_bytes))
     builder = trt.Builder(logger)
     network = builder.create_network(_network_flags(trt, trt_major, plan))
