@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
-from model_rollout_contract.manifest import Manifest, sha256_file
+from model_rollout_contract.canary import GOLDEN_FILE
+from model_rollout_contract.manifest import MANIFEST_NAME, Manifest, sha256_bytes, sha256_file
 from model_rollout_e2e.loadgen import v2_body
 from model_rollout_e2e.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
 from model_server.backends.base import ModelFile
@@ -47,6 +51,65 @@ def add_version(
         )
         (path.parent / "manifest.json").write_bytes(m.to_bytes())
     return Version(version, path, weights, digest)
+
+
+def golden_npz(
+    inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], **tolerance: float
+) -> bytes:
+    """The bytes of a ``golden.npz`` (the contract's format), built in memory."""
+    arrays = {f"input/{k}": v for k, v in inputs.items()}
+    arrays |= {f"output/{k}": v for k, v in outputs.items()}
+    arrays |= {k: np.float64(v) for k, v in tolerance.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def add_golden(version: Version, data: bytes, named: bytes | None = None) -> None:
+    """Put ``data`` beside ``version`` as its golden set and name it in its manifest
+    (with the digest and size of ``named``, default ``data``: pass other bytes to make
+    the digest wrong)."""
+    directory = version.path.parent
+    (directory / GOLDEN_FILE).write_bytes(data)
+    described = data if named is None else named
+    raw = json.loads((directory / MANIFEST_NAME).read_bytes())
+    raw["golden"] = {"file": GOLDEN_FILE, "sha256": sha256_bytes(described), "size": len(described)}
+    (directory / MANIFEST_NAME).write_bytes(
+        Manifest.from_bytes(json.dumps(raw).encode()).to_bytes()
+    )
+
+
+def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text exposition, parsed by prometheus_client's own
+    parser: {(sample name, labels): value}."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def sample(
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    """One sample's value (0 when the series does not exist)."""
+    return found.get((name, frozenset(labels.items())), 0.0)
+
+
+def binomial_bounds(n: int, p: float, tail: float = 1e-9) -> tuple[int, int]:
+    """The smallest [low, high] holding a Binomial(n, p) count with probability at
+    least 1 - 2 * tail: a bound generous enough that a fair split essentially never
+    fails it, computed from the distribution itself."""
+    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+    low, below = 0, 0.0
+    while below + pmf[low] < tail:
+        below += pmf[low]
+        low += 1
+    high, above = n, 0.0
+    while above + pmf[high] < tail:
+        above += pmf[high]
+        high -= 1
+    return low, high
 
 
 def infer_body(x: np.ndarray) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
+from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.app import ModelServer
 from model_server.config import ModelSpec, ServerConfig
@@ -29,7 +31,7 @@ from model_sidecar.publish_window import PUBLISH_WINDOW_S
 from model_sidecar.retry import Backoff
 from model_sidecar.signing import generate_keypair, load_public_key
 from model_sidecar.status import StatusReporter
-from model_sidecar.store import ModelStore
+from model_sidecar.store import LocalStore, ModelStore
 from model_sidecar.target import TargetSource
 from model_sidecar.verify import Verifier
 from model_sidecar.watch import Watcher, WatchSettings
@@ -82,10 +84,15 @@ def make_fetcher(
     return Fetcher(store, verifier, volume, FAST, max_concurrent_downloads, publish_window_s)
 
 
-def set_target(annotations_file: Path, version: str) -> None:
-    annotations_file.write_text(
-        format_downward_annotations({TARGET_VERSION: version, "other": "x"})
-    )
+def set_target(
+    annotations_file: Path, version: str, policy: TrafficPolicy | str | None = None
+) -> None:
+    """The pod's annotations as the kubelet projects them: the target version and, for a
+    canary pod, its traffic policy (a string: written as it is, malformed or not)."""
+    annotations = {TARGET_VERSION: version, "other": "x"}
+    if policy is not None:
+        annotations[TRAFFIC_POLICY] = policy if isinstance(policy, str) else policy.to_annotation()
+    annotations_file.write_text(format_downward_annotations(annotations))
 
 
 def make_watcher(
@@ -122,9 +129,14 @@ def read_status(path: Path) -> dict[str, Any]:
     return status
 
 
-async def start_server(volume: Path, socket: Path, model: str = "mlp") -> TestClient:
-    """The real inference server on ``volume``, its control socket at ``socket``."""
-    config = ServerConfig(repository=volume, models=[ModelSpec(model)], control_socket=socket)
+async def start_server(
+    volume: Path, socket: Path, model: str = "mlp", **settings: Any
+) -> TestClient:
+    """The real inference server on ``volume``, its control socket at ``socket``
+    (``settings``: more of its ``ServerConfig``)."""
+    config = ServerConfig(
+        repository=volume, models=[ModelSpec(model)], control_socket=socket, **settings
+    )
     client = TestClient(TestServer(ModelServer(config).make_app()))
     await client.start_server()
     return client
@@ -171,3 +183,28 @@ def sidecar_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
         text=True,
         timeout=timeout,
     )
+
+
+class PausedPublish(LocalStore):
+    """A directory store whose writer stops before its n-th object write until told to
+    go on: the state a fetch finds between the writes of one publish."""
+
+    def __init__(self, root: Path, pause_before: int) -> None:
+        super().__init__(root)
+        self.pause_before = pause_before
+        self.writes = 0
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def _next(self) -> None:
+        self.writes += 1
+        if self.writes == self.pause_before:
+            self.paused.set()
+            assert self.resume.wait(120), "the test never let the publish go on"
+
+    def upload(self, key: str, source: Path) -> None:
+        self._next()
+        super().upload(key, source)
+
+    def write(self, key: str, data: bytes) -> None:
+        self._next()
+        super().write(key, data)

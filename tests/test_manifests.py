@@ -193,6 +193,29 @@ BAD_SPECS = {
     },
     "endpoint not a URL": {"store": {"url": "s3://models-prod/vision", "endpoint": "minio:9000"}},
     "model storage not a quantity": {"resources": {"modelStorage": "2 GB"}},
+    # issue 11: canary traffic and analysis
+    "traffic share over 100%": {"canary": {"percent": 10, "trafficPercent": 101}},
+    "traffic share without canary pods": {"canary": {"trafficPercent": 10}},
+    "shadow with one version retained": {
+        "canary": {"percent": 10, "shadowPercent": 5},
+        "retainVersions": 1,
+    },
+    "analysis every 0.1 s": {"canary": {"percent": 10, "analysis": {"intervalSeconds": 0.1}}},
+    "error rate over 1": {"canary": {"percent": 10, "analysis": {"maxErrorRate": 2}}},
+    "no failure allowed": {"canary": {"percent": 10, "analysis": {"failureLimit": 0}}},
+    "drift without shadow": {"canary": {"percent": 10, "analysis": {"maxOutputDrift": 0.1}}},
+    "prometheus without url": {"canary": {"percent": 10, "analysis": {"prometheus": {}}}},
+    "prometheus url with credentials": {
+        "canary": {"percent": 10, "analysis": {"prometheus": {"url": "http://u:p@prom:9090"}}}
+    },
+    "query without {version}": {
+        "canary": {
+            "percent": 10,
+            "analysis": {
+                "prometheus": {"url": "http://prom:9090", "queries": {"errors": "up"}},
+            },
+        }
+    },
 }
 
 
@@ -273,6 +296,37 @@ def test_new_crd_defaults_are_the_contract_defaults() -> None:
     """(tests/test_contract.py checks the older ones the same way.)"""
     props = spec_schema()["properties"]
     sidecar, server = props["sidecar"]["properties"], props["server"]["properties"]
+    canary = props["canary"]["properties"]
+    analysis = canary["analysis"]["properties"]
+    assert {
+        "canary.trafficPercent": canary["trafficPercent"]["default"],
+        "canary.shadowPercent": canary["shadowPercent"]["default"],
+        "analysis.intervalSeconds": analysis["intervalSeconds"]["default"],
+        "analysis.minRequests": analysis["minRequests"]["default"],
+        "analysis.failureLimit": analysis["failureLimit"]["default"],
+        "analysis.maxErrorRate": analysis["maxErrorRate"]["default"],
+        "analysis.maxLatencyRatio": analysis["maxLatencyRatio"]["default"],
+        "analysis.maxNonFinite": analysis["maxNonFinite"]["default"],
+    } == {
+        "canary.trafficPercent": defaults.CANARY_TRAFFIC_PERCENT,
+        "canary.shadowPercent": defaults.CANARY_SHADOW_PERCENT,
+        "analysis.intervalSeconds": defaults.ANALYSIS_INTERVAL_SECONDS,
+        "analysis.minRequests": defaults.ANALYSIS_MIN_REQUESTS,
+        "analysis.failureLimit": defaults.ANALYSIS_FAILURE_LIMIT,
+        "analysis.maxErrorRate": defaults.ANALYSIS_MAX_ERROR_RATE,
+        "analysis.maxLatencyRatio": defaults.ANALYSIS_MAX_LATENCY_RATIO,
+        "analysis.maxNonFinite": defaults.ANALYSIS_MAX_NON_FINITE,
+    }
+    assert "default" not in canary["analysis"]  # absent: no analysis, as before issue 11
+    assert (analysis["intervalSeconds"]["maximum"], analysis["failureLimit"]["maximum"]) == (
+        spec_module.MAX_ANALYSIS_INTERVAL_SECONDS,
+        spec_module.MAX_FAILURE_LIMIT,
+    )
+    queries = analysis["prometheus"]["properties"]["queries"]["properties"]
+    assert tuple(queries) == spec_module.PROMETHEUS_QUERIES
+    assert analysis["prometheus"]["properties"]["url"]["pattern"] == (
+        f"^{spec_module.ENDPOINT_URL.pattern}$"
+    )
     assert {
         "allowUnsigned": props["allowUnsigned"]["default"],
         "sidecar.startJitterSeconds": sidecar["startJitterSeconds"]["default"],
@@ -391,6 +445,15 @@ ENDPOINTS = _field(
     *["http://", "http://h x", "", 5],
 )
 BOOLEANS = _field(st.booleans(), "true", 1)
+QUERIES = _field(
+    st.sampled_from(
+        [
+            'sum(increase(model_version_requests_total{model="{model}",version="{version}"}[1m]))',
+            "my_recording_rule{version='{version}'}",
+        ]
+    ),
+    *['sum(model_version_requests_total{model="{model}"})', "{Version}", "", 3],
+)
 NOT_AN_OBJECT = st.sampled_from([{}, 5, "x", [], True, None])
 
 # every field of the spec, as the CRD nests them (a test checks that none is missing)
@@ -421,6 +484,22 @@ SPEC_FIELDS: dict[str, Any] = {
         "percent": _integer(0, 100),
         "pauseSeconds": _number(0, 4000),
         "manualPromote": BOOLEANS,
+        "trafficPercent": _integer(0, 100),
+        "shadowPercent": _integer(0, 100),
+        "analysis": {
+            "intervalSeconds": _number(1, 3600),
+            "minRequests": _integer(1, 100_000),
+            "failureLimit": _integer(1, 100),
+            "maxErrorRate": _number(0, 1),
+            "maxLatencyRatio": _number(1, 100),
+            "maxOutputDrift": _number(0, 100),
+            "minArgmaxAgreement": _number(0, 1),
+            "maxNonFinite": _integer(0, 100_000),
+            "prometheus": {
+                "url": ENDPOINTS,
+                "queries": {name: QUERIES for name in spec_module.PROMETHEUS_QUERIES},
+            },
+        },
     },
     "rollout": {
         "batchSize": _integer(1, 1000),
@@ -443,15 +522,37 @@ SPEC_FIELDS: dict[str, Any] = {
     "server": {"drainSeconds": _number(0, 300)},
 }
 REQUIRED = ("model", "version", "image", "store")
-FIELD_PATHS = [(key,) for key in SPEC_FIELDS] + [
-    (key, inner) for key, node in SPEC_FIELDS.items() if isinstance(node, dict) for inner in node
-]
+
+
+def _paths(fields: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every field's path, objects and what they hold, however deep."""
+    paths = []
+    for key, node in fields.items():
+        paths.append((*prefix, key))
+        if isinstance(node, dict):
+            paths += _paths(node, (*prefix, key))
+    return paths
+
+
+FIELD_PATHS = _paths(SPEC_FIELDS)
 DELETE = object()
 
 
 def _arbitrary(path: tuple[str, ...]) -> st.SearchStrategy[Any]:
-    node = SPEC_FIELDS[path[0]] if len(path) == 1 else SPEC_FIELDS[path[0]][path[1]]
+    node: Any = SPEC_FIELDS
+    for key in path:
+        node = node[key]
     return NOT_AN_OBJECT if isinstance(node, dict) else node.arbitrary
+
+
+def _typical(data: st.DataObject, fields: dict[str, Any], required: tuple[str, ...]) -> dict:
+    """Some of ``fields`` (all of ``required``), each a value a person would write."""
+    out: dict[str, Any] = {}
+    for key, node in fields.items():
+        if key not in required and not data.draw(st.booleans()):
+            continue
+        out[key] = _typical(data, node, ()) if isinstance(node, dict) else data.draw(node.typical)
+    return out
 
 
 def _set(spec: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -470,15 +571,7 @@ def _set(spec: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 def draw_spec(data: st.DataObject) -> dict[str, Any]:
     """A spec a person could write (one store, a key or allowUnsigned), then up to three
     fields set to anything or removed: both accepted and refused specs are common."""
-    spec: dict[str, Any] = {}
-    for key, node in SPEC_FIELDS.items():
-        if isinstance(node, dict):
-            if key in REQUIRED or data.draw(st.booleans()):
-                spec[key] = {
-                    k: data.draw(f.typical) for k, f in node.items() if data.draw(st.booleans())
-                }
-        elif key in REQUIRED or data.draw(st.booleans()):
-            spec[key] = data.draw(node.typical)
+    spec = _typical(data, SPEC_FIELDS, REQUIRED)
     store = spec["store"]
     kept = data.draw(st.sampled_from(["url", "pvc"]))
     store.pop("pvc" if kept == "url" else "url", None)
@@ -559,3 +652,16 @@ def test_store_credentials_are_passed_key_by_key_never_a_whole_secret() -> None:
     }
     assert set(refs) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
     assert {r["name"] for r in refs.values()} == {spec.store.credentials_secret}
+
+
+def test_kubectl_get_shows_the_last_analysis_result() -> None:
+    """The printer column reads what the operator writes (``status.analysis.lastResult``,
+    one of the analysis' results); both copies of the CRD are the same file (above)."""
+    from model_operator.analysis import Result
+
+    [crd] = load_all(CRD)
+    [version] = crd["spec"]["versions"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Analysis"]["jsonPath"] == ".status.analysis.lastResult"
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["analysis"]["properties"]["lastResult"]["enum"] == [str(r) for r in Result]

@@ -133,7 +133,8 @@ async def stand_in_server(
 
 
 def serving_v1(request: dict[str, object]) -> bytes | None:
-    if request["op"] == "status":
+    """A peer that serves v1 and answers status (and traffic, with a status) well."""
+    if request["op"] in ("status", "traffic"):
         return encode(StatusReply("mlp", "v1", None, ("v1",)))
     return None
 

@@ -26,6 +26,7 @@ from model_sidecar.signing import load_private_key, load_trusted_keys, sign
 from model_sidecar.store import LocalStore, ModelStore, S3Store, read_object
 from model_sidecar.verify import Verifier
 from sidecar_helpers import (
+    PausedPublish,
     make_fetcher,
     make_keys,
     make_watcher,
@@ -396,31 +397,6 @@ def test_publisher_and_sidecar_name_a_store_alike(tmp_path: Path) -> None:
 
 
 # --- publish --force while sidecars fetch (issue 13 follow-up) ----------------------
-
-
-class PausedPublish(LocalStore):
-    """A directory store whose writer stops before its n-th object write until told to
-    go on: the state a fetch finds between the writes of one publish."""
-
-    def __init__(self, root: Path, pause_before: int) -> None:
-        super().__init__(root)
-        self.pause_before = pause_before
-        self.writes = 0
-        self.paused, self.resume = threading.Event(), threading.Event()
-
-    def _next(self) -> None:
-        self.writes += 1
-        if self.writes == self.pause_before:
-            self.paused.set()
-            assert self.resume.wait(120), "the test never let the publish go on"
-
-    def upload(self, key: str, source: Path) -> None:
-        self._next()
-        super().upload(key, source)
-
-    def write(self, key: str, data: bytes) -> None:
-        self._next()
-        super().write(key, data)
 
 
 @pytest.mark.parametrize("pause_before", [2, 3], ids=["after one write", "after two writes"])

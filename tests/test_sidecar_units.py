@@ -93,7 +93,7 @@ def test_file_checks(tmp_path: Path) -> None:
 
     def check() -> None:
         with good.open("rb") as f:
-            verifier.file(f, good.name, manifest)
+            verifier.file(f, manifest.files()[0])
 
     check()
     good.write_bytes(b"hell")

@@ -90,7 +90,9 @@ class TrafficPolicy:
 # --- per-version metrics: the server exports them, the operator reads /metrics ----------
 # every series is labelled {model, version}; counters are cumulative since the version
 # was loaded, so analysis works on the difference between two scrapes
-REQUESTS = "model_version_requests_total"  # + label code: "200", "400", "500", ...
+# + label code: "200", "400", "500", ...; a shadow run counts too (200, or 500 when the
+# candidate failed), as one of SHADOW_REQUESTS: live answers are the difference
+REQUESTS = "model_version_requests_total"
 LATENCY = "model_version_request_duration_seconds"  # histogram
 OUTPUT_VALUES = "model_version_output_values_total"  # output values seen
 OUTPUT_NONFINITE = "model_version_output_nonfinite_total"  # of which NaN or ±Inf
@@ -109,6 +111,7 @@ DRIFT_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 # version must answer) and optional scalars "atol" and "rtol" (numpy.allclose's; default
 # 1e-5 and 1e-4). A version whose answers fall outside is refused: 422 golden_mismatch.
 GOLDEN_FILE = "golden.npz"
+MAX_GOLDEN_BYTES = 256 << 20  # larger golden sets are refused (publish and fetch)
 GOLDEN_INPUT_PREFIX = "input/"
 GOLDEN_OUTPUT_PREFIX = "output/"
 GOLDEN_DEFAULT_ATOL = 1e-5

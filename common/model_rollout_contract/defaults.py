@@ -16,6 +16,17 @@ GPUS = 1  # nvidia.com/gpu per pod
 CANARY_PERCENT = 0  # share of pods in the canary; 0 = no canary stage
 CANARY_PAUSE_SECONDS = 30.0  # hold a healthy canary this long before promoting
 MANUAL_PROMOTE = False  # hold the canary until the promote annotation names the version
+CANARY_TRAFFIC_PERCENT = 0  # share of a canary pod's requests its candidate answers
+CANARY_SHADOW_PERCENT = 0  # share of its stable answers also run on the candidate
+# spec.canary.analysis (when present): a check of the canary's figures every interval,
+# judged only on at least ANALYSIS_MIN_REQUESTS requests (else inconclusive); this many
+# failed checks roll the canary back
+ANALYSIS_INTERVAL_SECONDS = 30.0
+ANALYSIS_MIN_REQUESTS = 50
+ANALYSIS_FAILURE_LIMIT = 2
+ANALYSIS_MAX_ERROR_RATE = 0.01  # 5xx answers per request of the candidate
+ANALYSIS_MAX_LATENCY_RATIO = 1.5  # candidate p99 / stable p99
+ANALYSIS_MAX_NON_FINITE = 0  # NaN or ±Inf output values of the candidate per check
 BATCH_PERCENT = 25  # batch size as a share of replicas, when batchSize is not given
 JITTER_SECONDS = 5.0  # random pause of up to this between batches
 MAX_UNAVAILABLE = 0  # pods that may be not ready before a batch starts

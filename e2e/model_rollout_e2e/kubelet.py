@@ -8,7 +8,8 @@ replicas; a pod named in :attr:`Kubelet.never_ready` runs but never turns Ready.
 
 Two runtimes exist: :class:`SimulatedPods` (the sidecar's report is faked, for operator
 tests) and, in :mod:`.pod_processes`, real init/sidecar/server processes (for the
-end-to-end test and the demo).
+end-to-end test and the demo). Each pod gets an IP of its own (:mod:`.loopback`), which
+the stand-in writes to ``status.podIP`` as a kubelet does.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from typing import Any, Protocol
 
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
 from model_rollout_contract.argv import CONFIGMAP_VERSION_KEY
+from model_rollout_contract.canary import TRAFFIC_POLICY, InvalidPolicy, TrafficPolicy
+from model_rollout_contract.defaults import SERVER_PORT
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 
+from . import loopback
 from .api_client import HarnessApi
+from .simulated_servers import Behaviour, SimulatedServer
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,10 @@ class PodRuntime(Protocol):
         ...
 
     async def stop(self, name: str) -> None: ...
+
+    def address(self, name: str) -> str | None:
+        """The pod's IP (``None``: it has none)."""
+        ...
 
 
 def _labels_match(selector: dict[str, str], labels: dict[str, str] | None) -> bool:
@@ -113,6 +122,12 @@ class Kubelet:
         created = await self.api.request("POST", self._path("pods"), pod)
         await self.runtime.start(created)
         self._running.add(name)
+        ip = self.runtime.address(name)
+        if ip is not None:
+            await self.api.merge_patch(
+                f"{self._path('pods')}/{name}/status",
+                {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}},
+            )
         log.info("started pod %s", name)
         return dict(created)
 
@@ -174,7 +189,12 @@ class SimulatedPods:
     """Pods whose "sidecar" reports serving its target ``delay_s`` after it changes,
     or refuses versions listed in ``refuse`` (for operator tests without processes).
     A new pod starts on the version its ConfigMap names (what the init container
-    pre-pulls), or ``initial_version``."""
+    pre-pulls), or ``initial_version``.
+
+    With ``model``, each pod also has a :class:`~.simulated_servers.SimulatedServer` on
+    its IP, which answers ``requests_per_sync`` made-up requests per sync, each version
+    as ``behaviours`` says, under the pod's traffic policy once it serves the policy's
+    candidate (as its sidecar would relay it)."""
 
     def __init__(
         self,
@@ -183,19 +203,46 @@ class SimulatedPods:
         delay_s: float = 0.3,
         refuse: set[str] | None = None,
         initial_version: str | None = None,
+        model: str | None = None,
+        behaviours: dict[str, Behaviour] | None = None,
+        requests_per_sync: int = 0,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.delay_s = delay_s
         self.refuse = refuse if refuse is not None else set()
         self.initial_version = initial_version
+        self.model = model
+        self.behaviours = behaviours if behaviours is not None else {}
+        self.requests_per_sync = requests_per_sync
+        self.servers: dict[str, SimulatedServer] = {}
         # pod -> (target, when first seen: monotonic, epoch)
         self._seen: dict[str, tuple[str, float, float]] = {}
         self.serving: dict[str, str | None] = {}
         self.retained: dict[str, tuple[str, ...]] = {}  # what each server holds besides
 
     async def start(self, pod: dict[str, Any]) -> None:
-        self.serving[pod["metadata"]["name"]] = await self._configured(pod) or self.initial_version
+        name = pod["metadata"]["name"]
+        self.serving[name] = await self._configured(pod) or self.initial_version
+        if self.model is not None:
+            server = SimulatedServer(self.model, loopback.allocate(SERVER_PORT))
+            await server.start()
+            self.servers[name] = server
+
+    def address(self, name: str) -> str | None:
+        server = self.servers.get(name)
+        return server.address if server is not None else None
+
+    def _serve(self, name: str, annotations: dict[str, str]) -> None:
+        server, serving = self.servers.get(name), self.serving.get(name)
+        if server is None or serving is None or not self.requests_per_sync:
+            return
+        try:
+            raw = annotations.get(TRAFFIC_POLICY)
+            policy = TrafficPolicy.from_annotation(raw) if raw else None
+        except InvalidPolicy:
+            policy = None
+        server.serve(serving, policy, self.behaviours, self.requests_per_sync)
 
     async def _configured(self, pod: dict[str, Any]) -> str | None:
         for volume in pod.get("spec", {}).get("volumes", []):
@@ -236,6 +283,7 @@ class SimulatedPods:
             state, reason = SidecarState.OK, None
         else:
             state, reason = SidecarState.LOADING, None
+        self._serve(name, annotations)
         report = SidecarReport(
             "simulated", target, serving, state, reason, retained=held, target_seen_at=seen[2]
         )
@@ -250,3 +298,7 @@ class SimulatedPods:
     async def stop(self, name: str) -> None:
         self.serving.pop(name, None)
         self.retained.pop(name, None)
+        server = self.servers.pop(name, None)
+        if server is not None:
+            await server.stop()
+            loopback.release(server.address)

@@ -22,6 +22,9 @@ OUTPUT_NAME = "output"
 @dataclass(frozen=True)
 class MlpWeights:
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    # a broken model: NaN outputs for inputs whose first value is above this (so that it
+    # passes a warm-up on zeros, and fails on real traffic)
+    nan_above: float | None = None
 
     @classmethod
     def random(cls, seed: int, in_dim: int, hidden: int, out_dim: int, depth: int) -> MlpWeights:
@@ -45,11 +48,27 @@ def build_mlp(weights: MlpWeights) -> onnx.ModelProto:
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
         last = i == len(weights.layers) - 1
         nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"mm{i}"]))
-        added = OUTPUT_NAME if last else f"add{i}"
+        added = OUTPUT_NAME if last and weights.nan_above is None else f"add{i}"
         nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [added]))
         if not last:
             nodes.append(helper.make_node("Relu", [added], [f"relu{i}"]))
             current = f"relu{i}"
+    if weights.nan_above is not None:  # + 0 * sqrt(nan_above - x[:, :1]): NaN above it
+        last_add = f"add{len(weights.layers) - 1}"
+        inits += [
+            numpy_helper.from_array(np.array([0], np.int64), "first"),
+            numpy_helper.from_array(np.array([1], np.int64), "second"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+            numpy_helper.from_array(np.array(weights.nan_above, np.float32), "nan_above"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        ]
+        nodes += [
+            helper.make_node("Slice", [INPUT_NAME, "first", "second", "axis1"], ["x0"]),
+            helper.make_node("Sub", ["nan_above", "x0"], ["room"]),
+            helper.make_node("Sqrt", ["room"], ["root"]),
+            helper.make_node("Mul", ["root", "zero"], ["poison"]),
+            helper.make_node("Add", [last_add, "poison"], [OUTPUT_NAME]),
+        ]
     in_dim = weights.layers[0][0].shape[0]
     out_dim = weights.layers[-1][0].shape[1]
     graph = helper.make_graph(
@@ -71,6 +90,9 @@ def reference_forward(weights: MlpWeights, x: np.ndarray) -> np.ndarray:
         out = out @ w + b
         if i < len(weights.layers) - 1:
             out = np.maximum(out, 0)
+    if weights.nan_above is not None:
+        with np.errstate(invalid="ignore"):
+            out = out + 0 * np.sqrt(weights.nan_above - x[:, :1].astype(np.float32))
     return out
 
 
@@ -81,9 +103,13 @@ def write_mlp(
     hidden: int = 16,
     out_dim: int = 4,
     depth: int = 3,
+    nan_above: float | None = None,
 ) -> MlpWeights:
-    """Write an MLP to ``path`` and return its weights (for reference outputs)."""
+    """Write an MLP to ``path`` and return its weights (for reference outputs);
+    ``nan_above``: a broken one (see :class:`MlpWeights`)."""
     weights = MlpWeights.random(seed, in_dim, hidden, out_dim, depth)
+    if nan_above is not None:
+        weights = MlpWeights(weights.layers, nan_above)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(build_mlp(weights), str(path))

@@ -1,10 +1,12 @@
 """Run a pod from its real pod spec as local processes: the init container, then the
 server and the sidecar, sharing a directory as their volumes and a Unix socket.
 
-Container paths are mapped to per-pod directories, ``--port``/``--metrics-port`` get free
-ports (each pod would have its own IP), the Downward API annotations file and the
-ConfigMap file are written from the API objects as the kubelet would, and readiness is the
-server's ``/v2/health/ready``.
+Container paths are mapped to per-pod directories; each pod gets an IP of its own (a
+loopback address, :mod:`.loopback`) on which its server listens at the pod spec's port,
+as in a cluster (the operator reads ``podIP:8000/metrics``), while the sidecar's
+``--metrics-port``, which binds every address, gets a free port; the Downward API
+annotations file and the ConfigMap file are written from the API objects as the kubelet
+would, and readiness is the server's ``/v2/health/ready``.
 
 Like a real kubelet, it writes those files when the pod starts and afterwards only on its
 periodic sync of the pod: every ``volume_refresh_s`` (a real kubelet: about a minute),
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from model_rollout_contract.annotations import format_downward_annotations
+from model_rollout_contract.defaults import SERVER_PORT
 
+from . import loopback
 from .api_client import HarnessApi
 from .processes import ChildProcess, free_port, http_ok
 
@@ -36,7 +40,8 @@ PROGRAMS = {"model-server": "model_server", "model-sidecar": "model_sidecar"}
 class RunningPod:
     name: str
     root: Path
-    port: int = 0
+    address: str = "127.0.0.1"  # the pod's IP
+    port: int = SERVER_PORT
     init: ChildProcess | None = None
     init_task: asyncio.Task[int] | None = None
     containers: dict[str, ChildProcess] = field(default_factory=dict)
@@ -46,7 +51,7 @@ class RunningPod:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     @property
     def volume(self) -> Path:
@@ -97,12 +102,10 @@ class ProcessPods:
         out: list[str] = []
         for i, arg in enumerate(args):
             flag = args[i - 1] if i else ""
-            if flag == "--port":
-                arg = str(ports["port"])
-            elif flag == "--metrics-port":
+            if flag == "--metrics-port":
                 arg = str(ports["metrics"])
             elif flag == "--host":
-                arg = "127.0.0.1"
+                arg = pod.address
             for container_path in sorted(mapping, key=len, reverse=True):
                 if (
                     arg == container_path
@@ -140,8 +143,8 @@ class ProcessPods:
             Path(host).mkdir(parents=True, exist_ok=True)
         await self._project(running, pod)  # at start, before any container runs
         running.next_volume_sync = time.monotonic() + self.rng.uniform(0, self.volume_refresh_s)
-        running.port = free_port()
-        ports = {"port": running.port, "metrics": free_port()}
+        running.address = loopback.allocate(SERVER_PORT)
+        ports = {"metrics": free_port()}
         init_spec = spec["initContainers"][0]
         module, args = self._args(running, init_spec, mapping, ports)
         running.init = ChildProcess(
@@ -205,6 +208,10 @@ class ProcessPods:
             return False
         return await asyncio.to_thread(http_ok, f"{running.url}/v2/health/ready", 0.5)
 
+    def address(self, name: str) -> str | None:
+        running = self.pods.get(name)
+        return running.address if running is not None else None
+
     async def stop(self, name: str) -> None:
         running = self.pods.pop(name, None)
         if running is None:
@@ -213,6 +220,7 @@ class ProcessPods:
             running.init.stop()
         for process in running.containers.values():
             await asyncio.to_thread(process.stop)
+        loopback.release(running.address)
 
 
 def _atomic_write(path: Path, text: str) -> None:

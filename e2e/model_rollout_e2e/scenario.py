@@ -85,7 +85,9 @@ class Scenario:
         self.pods: ProcessPods | None = None
         self.operator: ChildProcess | None = None
 
-    def publish(self, version: str, seed: int, **dims: int) -> None:
+    def publish(self, version: str, seed: int, **dims: Any) -> None:
+        """A version of the model (``dims``: :func:`~.onnx_models.write_mlp`'s sizes and
+        ``nan_above``)."""
         path = self.work / "build" / version / "model.onnx"
         write_mlp(path, seed, in_dim=self.in_dim, **dims)
         publish(self.store.store, self.model, version, path, self.keys / "signing.key")

@@ -3,7 +3,9 @@ scale benchmark and the planner's property tests share it).
 
 Each pod starts loading its new target when it first sees it and serves it after
 ``load_seconds(pod, version)``; versions in ``refuse`` are refused, as a sidecar refuses
-a badly signed engine.
+a badly signed engine. With ``spec.canary.analysis``, ``step``'s ``read`` measures the
+canary when a check is due (as the operator's handlers do), and the analysis' state is
+kept between steps as ``.status.analysis`` keeps it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from model_operator.planner import COMPLETE, FAILED, Plan, RolloutState, plan_rollout
+from model_operator.analysis import AnalysisState, Sample
+from model_operator.planner import COMPLETE, FAILED, Plan, RolloutState, analysing, plan_rollout
 from model_operator.pods import PodView
 from model_operator.spec import ModelDeploymentSpec
 from model_rollout_contract.states import SidecarState
@@ -30,6 +33,7 @@ class SimPod:
     done_at: float | None = None
     retained: tuple[str, ...] = ()  # what its server holds besides the serving version
     seen_at: float | None = None  # when its sidecar saw the reported target
+    policy: str | None = None  # its traffic policy annotation
 
     def view(self) -> PodView:
         refused = self.state is SidecarState.REFUSED
@@ -44,6 +48,7 @@ class SimPod:
             self.ready,
             self.retained,
             self.seen_at,
+            policy=self.policy,
         )
 
     @property
@@ -73,6 +78,7 @@ class SimCluster:
         self.rng = random.Random(seed)
         self.plans: list[Plan] = []
         self.max_loading = 0
+        self.analysis: AnalysisState | None = None
 
     def step(
         self,
@@ -80,20 +86,30 @@ class SimCluster:
         promoted: str | None = None,
         delay: float | None = None,
         dt: float = 1.0,
+        read: Callable[[list[PodView], AnalysisState, float], Sample] | None = None,
     ) -> Plan:
+        """``read(pods, analysis, now)``: what the operator reads of the canary."""
+        views = [p.view() for p in self.pods]
+        held = analysing(spec, self.state, self.analysis)
+        due = held is not None and held.due(self.now) and read is not None
+        sample = read(views, held, self.now) if due and read and held else None
         plan = plan_rollout(
             spec,
             self.stable,
             self.previous,
             self.state,
-            [p.view() for p in self.pods],
+            views,
             self.now,
             self.rng,
             promoted,
+            self.analysis,
+            sample,
         )
+        self.analysis = plan.analysis
         by_name = {p.name: p for p in self.pods}
         for action in plan.actions:
             by_name[action.pod].target = action.version
+            by_name[action.pod].policy = action.policy
         self.state, self.stable, self.previous = (
             plan.state,
             plan.stable_version,

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from model_rollout_contract.annotations import PREVIOUS_VERSION, PROMOTE, TARGET_VERSION
+from model_rollout_contract.canary import TRAFFIC_POLICY
 
 from .constants import GROUP, PLURAL, VERSION
 from .kube_client import KubeClient
@@ -102,11 +103,15 @@ async def clear_promotion(api: KubeClient, namespace: str, name: str) -> None:
 
 
 async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:
-    """Annotate pods with their targets, at most ``MAX_PARALLEL_PATCHES`` at a time."""
+    """Annotate pods with their targets and traffic policies (one patch a pod: the
+    sidecar sees both at once), at most ``MAX_PARALLEL_PATCHES`` at a time."""
     limit = asyncio.Semaphore(MAX_PARALLEL_PATCHES)
 
     async def one(action: SetTarget) -> None:
-        annotations = {TARGET_VERSION: action.version}
+        annotations: dict[str, str | None] = {
+            TARGET_VERSION: action.version,
+            TRAFFIC_POLICY: action.policy,  # None: removed
+        }
         if action.previous:
             annotations[PREVIOUS_VERSION] = action.previous
         async with limit:

@@ -26,6 +26,8 @@ from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PROMOTE
 from model_rollout_contract.states import Phase
 
 from . import cluster
+from .analysis import AnalysisState, Sample
+from .analysis_sources import read_canary
 from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
@@ -33,7 +35,7 @@ from .errors import SpecError, TransientApiError
 from .kube_client import ApiEndpoint, KubeClient
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
-from .planner import Event, next_deadline, plan_rollout
+from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
 from .pods import PodView, pod_view
 from .spec import ModelDeploymentSpec, parse_spec
 from .status import (
@@ -231,15 +233,20 @@ async def reconcile_pass(
 
     promoted = (meta.get("annotations") or {}).get(PROMOTE)
     now = time.time()
+    rollout = rollout_from_status(status.get("rollout"))
+    analysis = AnalysisState.from_status(status.get("analysis"))
+    sample = await _read_canary(spec, namespace, stable, rollout, analysis, pods, now)
     plan = plan_rollout(
         spec,
         stable,
         status.get("previousVersion"),
-        rollout_from_status(status.get("rollout")),
+        rollout,
         pods,
         now,
         _rng,
         promoted,
+        analysis,
+        sample,
     )
     await cluster.set_targets(api, namespace, plan.actions)
     if plan.promotion_used:  # one promotion promotes one rollout
@@ -266,11 +273,27 @@ async def reconcile_pass(
             api,
             adopted(configmap(name, namespace, spec, plan.stable_version or spec.version), body),
         )
-    deadline = next_deadline(spec, plan.state)
+    deadline = next_deadline(spec, plan.state, plan.analysis)
     wake_in = None if deadline is None else max(0.0, deadline - time.time())
     if store_problem is not None:
         wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
     return Pass(new_status, wake_in, tuple(events))
+
+
+async def _read_canary(
+    spec: ModelDeploymentSpec,
+    namespace: str,
+    stable: str | None,
+    rollout: RolloutState | None,
+    analysis: AnalysisState | None,
+    pods: list[PodView],
+    now: float,
+) -> Sample | None:
+    """The canary's figures, when its analysis has a check due (else ``None``)."""
+    held = analysing(spec, rollout, analysis)
+    if held is None or stable is None or not held.due(now):
+        return None
+    return await read_canary(spec, namespace, stable, pods, held.window_start, now)
 
 
 async def _check_store(

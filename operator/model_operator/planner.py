@@ -15,7 +15,14 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   away), wait until they serve the new version, hold for ``pauseSeconds`` or until
   promoted by the annotation ``serving.model-rollout.io/promote=<version>@<rollout id>``
   (``manualPromote``; the id is the rollout's start, so a promotion never carries over to
-  another rollout, and the operator clears the annotation once used);
+  another rollout, and the operator clears the annotation once used). With
+  ``trafficPercent`` or ``shadowPercent`` the canary pods also carry the traffic policy
+  (their servers split or mirror requests between the two versions), removed as soon as
+  the canary ends, whichever way. With ``analysis`` the pause is also a series of checks
+  of the canary's own figures (:mod:`.analysis`; measured by the operator, handed in as a
+  :class:`~.analysis.Sample`): the pause ends in a promotion only after a passed check,
+  and ``failureLimit`` failed checks send every canary pod back to the stable version
+  (a pointer swap: they hold it) and stop the rollout;
 * ``batches``: retarget the rest in batches (``batchSize``/``batchPercent``, at most
   ``maxConcurrentLoads``), one batch at a time, with a random jitter pause between
   batches and ``maxUnavailable`` respected;
@@ -39,11 +46,13 @@ import random
 from dataclasses import dataclass, replace
 
 from model_rollout_contract.annotations import PROMOTE
+from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.defaults import MAX_SIGNAL_DELAY_SECONDS
 from model_rollout_contract.states import Phase, RolloutStage
 
+from .analysis import AnalysisState, Result, Sample
 from .pods import PodView
-from .spec import ModelDeploymentSpec
+from .spec import AnalysisSpec, ModelDeploymentSpec
 
 CANARY, BATCHES = RolloutStage.CANARY, RolloutStage.BATCHES
 COMPLETE, FAILED = RolloutStage.COMPLETE, RolloutStage.FAILED
@@ -65,6 +74,7 @@ class RolloutState:
     canary_healthy_at: float | None = None
     blocked_since: float | None = None  # waiting for unavailable pods since
     failure: str | None = None
+    rolled_back: bool = False  # failed by the canary analysis: canary pods went back
 
     @property
     def promotion(self) -> str:
@@ -74,9 +84,13 @@ class RolloutState:
 
 @dataclass(frozen=True)
 class SetTarget:
+    """A pod's annotations: its target, the version to keep for a rollback (``None``:
+    left as it is) and its traffic policy (``None``: none)."""
+
     pod: str
     version: str
     previous: str | None
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,7 @@ class Plan:
     reason: str
     message: str
     promotion_used: bool = False  # the promote annotation was consumed: clear it
+    analysis: AnalysisState | None = None  # for .status.analysis
 
 
 def _readiness_order(pod: PodView) -> tuple[bool, str]:
@@ -153,15 +168,31 @@ def _start(
     )
 
 
-def next_deadline(spec: ModelDeploymentSpec, state: RolloutState) -> float | None:
+def analysing(
+    spec: ModelDeploymentSpec, state: RolloutState | None, analysis: AnalysisState | None
+) -> AnalysisState | None:
+    """The analysis of the canary that is held now, if it has one."""
+    if state is None or state.stage != CANARY or state.canary_healthy_at is None:
+        return None
+    if spec.canary.analysis is None or analysis is None or state.to_version != spec.version:
+        return None
+    return analysis if analysis.rollout == state.promotion else None
+
+
+def next_deadline(
+    spec: ModelDeploymentSpec, state: RolloutState, analysis: AnalysisState | None = None
+) -> float | None:
     """The next moment at which time alone changes a plan (the end of a canary's pause,
-    of a jitter pause, or a deadline): the operator wakes up then, and otherwise only
-    when the resource or one of its pods changes."""
+    its next analysis check, the end of a jitter pause, or a deadline): the operator wakes
+    up then, and otherwise only when the resource or one of its pods changes."""
     deadline = spec.rollout.progress_deadline_seconds
     moments: list[float] = []
     paused = state.stage == CANARY and state.canary_healthy_at is not None
     if paused and state.canary_healthy_at is not None and not spec.canary.manual_promote:
         moments.append(state.canary_healthy_at + spec.canary.pause_seconds)
+    held = analysing(spec, state, analysis)
+    if held is not None:
+        moments.append(held.next_check_at)
     if state.stage in (CANARY, BATCHES) and state.batch_started_at is not None:
         moments.append(state.batch_started_at + deadline)  # the earliest a pod can fail
     if state.stage == BATCHES and not state.batch_in_flight:
@@ -180,7 +211,11 @@ def plan_rollout(
     now: float,
     rng: random.Random,
     promoted_version: str | None = None,
+    analysis: AnalysisState | None = None,
+    sample: Sample | None = None,
 ) -> Plan:
+    """``analysis``: as the last plan left it; ``sample``: what the operator read of
+    the canary, when :func:`analysing` said a check was due."""
     events: list[Event] = []
     target = spec.version
     pods = sorted(pods, key=lambda p: p.name)
@@ -188,13 +223,13 @@ def plan_rollout(
         state, started = _start(spec, stable, previous, state, pods, now)
         if started:
             events.append(started)
-    planner = _Tick(spec, state, pods, now, rng, stable, previous, events)
+    planner = _Tick(spec, state, pods, now, rng, stable, previous, events, analysis)
     if state.stage == CANARY:
-        return planner.canary(promoted_version)
+        return planner.canary(promoted_version, sample)
     if state.stage == BATCHES:
         return planner.batches()
     if state.stage == FAILED:
-        return planner.plan(Phase.DEGRADED, "RolloutFailed", state.failure or "rollout failed")
+        return planner.failed()
     return planner.complete()
 
 
@@ -211,10 +246,12 @@ class _Tick:
         stable: str | None,
         previous: str | None,
         events: list[Event],
+        analysis: AnalysisState | None = None,
     ) -> None:
         self.spec, self.state, self.now, self.rng = spec, state, now, rng
         self.stable, self.previous = stable, previous
         self.events = events
+        self.analysis = analysis
         self.actions: list[SetTarget] = []
         self.version = state.to_version
         self.promotion_used = False
@@ -233,6 +270,10 @@ class _Tick:
         self.moved = {p.name for p in abandoned}  # decided for this pass already
 
     def plan(self, phase: Phase, reason: str, message: str) -> Plan:
+        self._set_policies()
+        analysis = self.analysis
+        if analysis is not None and analysis.baseline is not None and self.state.stage != CANARY:
+            analysis = replace(analysis, baseline=None)  # that canary is over
         return Plan(
             self.state,
             self.stable,
@@ -243,7 +284,34 @@ class _Tick:
             reason,
             message,
             self.promotion_used,
+            analysis,
         )
+
+    def _policy(self) -> str | None:
+        """The traffic policy of this rollout's canary pods, while they are a canary."""
+        canary = self.spec.canary
+        if self.state.stage != CANARY or not canary.in_pod:
+            return None
+        if self.stable is None or self.stable == self.version:
+            return None
+        policy = TrafficPolicy(
+            self.stable, self.version, canary.traffic_percent, canary.shadow_percent
+        )
+        return policy.to_annotation()
+
+    def _set_policies(self) -> None:
+        """Every pod's policy annotation as this plan leaves the pods: the canary's on its
+        pods, none anywhere else (after a promotion, a rollback, an abandoned rollout)."""
+        wanted = self._policy()
+        actions = {a.pod: i for i, a in enumerate(self.actions)}
+        for pod in self.pods:
+            index = actions.get(pod.name)
+            target = self.actions[index].version if index is not None else pod.target
+            policy = wanted if target == self.version else None
+            if index is not None:
+                self.actions[index] = replace(self.actions[index], policy=policy)
+            elif pod.policy != policy and pod.target is not None:
+                self.actions.append(SetTarget(pod.name, pod.target, None, policy))
 
     def retarget(self, pods: list[PodView]) -> None:
         previous = self.state.from_version or self.previous
@@ -283,7 +351,7 @@ class _Tick:
         self.events.append(Event("RolloutFailed", f"{why}; rollout stopped", warning=True))
         return self.plan(Phase.DEGRADED, "RolloutFailed", why)
 
-    def canary(self, promoted_version: str | None) -> Plan:
+    def canary(self, promoted_version: str | None, sample: Sample | None = None) -> Plan:
         wanted = self.spec.canary_pods()
         targeted = [p for p in self.pods if p.target == self.version]
         if failed := self._check_failure([p for p in targeted if p.loading(self.version)]):
@@ -318,26 +386,121 @@ class _Tick:
                 "CanaryLoading",
                 f"canary: {len(targeted) - len(loading)}/{len(targeted)} pods serve {self.version}",
             )
+        spec = self.spec.canary.analysis
         if self.state.batch_in_flight or self.state.canary_healthy_at is None:
             self.state = replace(self.state, batch_in_flight=False, canary_healthy_at=self.now)
             self.events.append(Event("CanaryHealthy", f"canary pods serve {self.version}; holding"))
+            if spec is not None:
+                self._start_analysis(spec)
         healthy_at = self.state.canary_healthy_at or self.now
+        verdict = ""
+        if spec is not None:
+            if failed := self._analyse(spec, sample):
+                return failed
+            verdict = f"; analysis {self._verdict()}"
         if self.spec.canary.manual_promote:
             if promoted_version != self.state.promotion:
                 return self.plan(
                     Phase.CANARY,
                     "AwaitingPromotion",
-                    f"canary healthy; promote with annotation {PROMOTE}={self.state.promotion}",
+                    f"canary healthy{verdict}; promote with annotation "
+                    f"{PROMOTE}={self.state.promotion}",
                 )
             self.promotion_used = True
         elif self.now < healthy_at + self.spec.canary.pause_seconds:
             left = healthy_at + self.spec.canary.pause_seconds - self.now
             return self.plan(
-                Phase.CANARY, "CanaryPause", f"canary healthy; {left:.0f}s of pause left"
+                Phase.CANARY, "CanaryPause", f"canary healthy{verdict}; {left:.0f}s of pause left"
+            )
+        elif spec is not None and (
+            self.analysis is None or self.analysis.last_result != Result.PASSED
+        ):
+            return self.plan(
+                Phase.CANARY,
+                "AnalysisHolding",
+                f"canary healthy{verdict}; promoted after a passed check",
             )
         self.state = replace(self.state, stage=BATCHES, next_batch_at=self.now)
         self.events.append(Event("CanaryPromoted", f"canary of {self.version} promoted"))
         return self.batches()
+
+    def _start_analysis(self, spec: AnalysisSpec) -> None:
+        """The canary turned healthy: measure from now on (a canary whose pods changed
+        keeps its count of checks and failures)."""
+        held = self.analysis
+        if held is not None and held.rollout == self.state.promotion:
+            self.analysis = held.restart_window(self.now, spec)
+        else:
+            self.analysis = AnalysisState.start(self.state.promotion, self.now, spec)
+
+    def _verdict(self) -> str:
+        a = self.analysis
+        if a is None or a.last_result is None:
+            return "waiting for the first check"
+        return f"{a.last_result} ({a.checks} checks, {a.failures} failed): {a.message}"
+
+    def _analyse(self, spec: AnalysisSpec, sample: Sample | None) -> Plan | None:
+        """Record ``sample``; roll the canary back when that makes ``failureLimit``."""
+        if self.analysis is None or self.analysis.rollout != self.state.promotion:
+            self._start_analysis(spec)  # analysis asked for while the canary was held
+        analysis = self.analysis
+        assert analysis is not None and self.stable is not None
+        if sample is None or not analysis.due(sample.at):
+            return None
+        before = analysis.last_result
+        self.analysis, check = analysis.advance(sample, spec, self.stable, self.version)
+        if check is None:
+            return None
+        if check.result is Result.FAILED:
+            failures = self.analysis.failures
+            self.events.append(
+                Event(
+                    "AnalysisCheckFailed",
+                    f"check {self.analysis.checks} failed ({failures} of failureLimit "
+                    f"{spec.failure_limit}): {check.message}",
+                    warning=True,
+                )
+            )
+            if failures >= spec.failure_limit:
+                return self._analysis_failed(spec)
+        elif check.result != before:
+            self.events.append(Event(f"Analysis{check.result}", check.message))
+        return None
+
+    def _analysis_failed(self, spec: AnalysisSpec) -> Plan:
+        assert self.analysis is not None
+        why = (
+            f"canary analysis of {self.version} failed {self.analysis.failures} of "
+            f"{self.analysis.checks} checks (failureLimit {spec.failure_limit}): "
+            f"{self.analysis.message}"
+        )
+        self.state = replace(
+            self.state, stage=FAILED, failure=why, rolled_back=True, batch_in_flight=False
+        )
+        back = self._back_to_stable()
+        self.events.append(
+            Event(
+                "AnalysisFailed", f"{why}; {back} canary pods back to {self.stable}", warning=True
+            )
+        )
+        return self.plan(Phase.DEGRADED, "AnalysisFailed", why)
+
+    def _back_to_stable(self) -> int:
+        """Every pod on the rolled-back version goes back to the stable one."""
+        assert self.stable is not None
+        back = [p for p in self.pods if p.target == self.version and p.name not in self.moved]
+        self.actions += [SetTarget(p.name, self.stable, None) for p in back]
+        self.moved |= {p.name for p in back}
+        return len(back)
+
+    def failed(self) -> Plan:
+        """Nothing moves until ``spec.version`` changes, but that a canary the analysis
+        failed stays rolled back (a pod that went back to it, say, is sent back again)."""
+        why = self.state.failure or "rollout failed"
+        if self.state.rolled_back and self.stable is not None:
+            self._back_to_stable()
+            return self.plan(Phase.DEGRADED, "AnalysisFailed", why)
+        return self.plan(Phase.DEGRADED, "RolloutFailed", why)
 
     def batches(self) -> Plan:
         loading = [p for p in self.pods if p.loading(self.version)]

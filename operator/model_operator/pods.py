@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.canary import TRAFFIC_POLICY
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 
@@ -22,6 +23,8 @@ class PodView:
     ready: bool = False
     retained: tuple[str, ...] = ()  # sidecar report: versions its server holds besides
     seen_at: float | None = None  # sidecar report: when it saw ``reported_target``
+    policy: str | None = None  # operator-set traffic policy annotation
+    ip: str | None = None  # status.podIP: where the operator reads its server's /metrics
 
     def holds(self, version: str) -> bool:
         """Swapping to ``version`` is a pointer swap: the server has it loaded."""
@@ -57,4 +60,6 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         retained=report.retained if report else (),
         seen_at=report.target_seen_at if report else None,
         ready=ready and not meta.get("deletionTimestamp"),
+        policy=annotations.get(TRAFFIC_POLICY),
+        ip=(pod.get("status") or {}).get("podIP"),
     )

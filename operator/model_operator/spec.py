@@ -52,11 +52,64 @@ class StoreSpec:
         return self.url if self.url else f"file://{STORE_DIR}"
 
 
+# limits of spec.canary.analysis the CRD repeats (the property test checks both agree)
+MAX_ANALYSIS_INTERVAL_SECONDS = 3600
+MAX_FAILURE_LIMIT = 100
+# the figures a Prometheus query template may ask for, and its placeholders: every
+# template names {version}, so that it reads the candidate and the stable version apart
+PROMETHEUS_QUERIES = (
+    "requests",
+    "errors",
+    "latencyP99",
+    "shadowRequests",
+    "shadowLatencyP99",
+    "drift",
+    "argmaxAgreement",
+    "nonFinite",
+)
+VERSION_PLACEHOLDER = "{version}"
+
+
+@dataclass(frozen=True)
+class PrometheusSpec:
+    """Read the analysis figures with PromQL from a Prometheus server instead of
+    scraping the pods; ``queries`` overrides some of the templates (query name -> text)."""
+
+    url: str
+    queries: tuple[tuple[str, str], ...] = ()
+
+    def query(self, name: str) -> str | None:
+        return dict(self.queries).get(name)
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """``spec.canary.analysis``: judge the canary on its own figures every interval."""
+
+    interval_seconds: float = defaults.ANALYSIS_INTERVAL_SECONDS
+    min_requests: int = defaults.ANALYSIS_MIN_REQUESTS
+    failure_limit: int = defaults.ANALYSIS_FAILURE_LIMIT
+    max_error_rate: float = defaults.ANALYSIS_MAX_ERROR_RATE
+    max_latency_ratio: float = defaults.ANALYSIS_MAX_LATENCY_RATIO
+    max_output_drift: float | None = None  # p99 of the shadow's max |stable - candidate|
+    min_argmax_agreement: float | None = None  # share of shadowed class scores that agree
+    max_non_finite: int = defaults.ANALYSIS_MAX_NON_FINITE
+    prometheus: PrometheusSpec | None = None
+
+
 @dataclass(frozen=True)
 class CanarySpec:
-    percent: int = defaults.CANARY_PERCENT
+    percent: int = defaults.CANARY_PERCENT  # share of the pods
     pause_seconds: float = defaults.CANARY_PAUSE_SECONDS
     manual_promote: bool = defaults.MANUAL_PROMOTE
+    traffic_percent: int = defaults.CANARY_TRAFFIC_PERCENT  # share of a canary pod's requests
+    shadow_percent: int = defaults.CANARY_SHADOW_PERCENT
+    analysis: AnalysisSpec | None = None  # None: a healthy canary is promoted after the pause
+
+    @property
+    def in_pod(self) -> bool:
+        """The canary pods hold both versions and split (or mirror) requests themselves."""
+        return self.traffic_percent > 0 or self.shadow_percent > 0
 
 
 @dataclass(frozen=True)
@@ -244,32 +297,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         pvc,
     )
 
-    canary_raw = _get(raw, "canary", dict, problems, "spec.", {})
-    canary = CanarySpec(
-        percent=_get(canary_raw, "percent", int, problems, "spec.canary.", CanarySpec.percent),
-        pause_seconds=float(
-            _get(
-                canary_raw,
-                "pauseSeconds",
-                (int, float),
-                problems,
-                "spec.canary.",
-                CanarySpec.pause_seconds,
-            )
-        ),
-        manual_promote=bool(
-            _get(
-                canary_raw,
-                "manualPromote",
-                bool,
-                problems,
-                "spec.canary.",
-                CanarySpec.manual_promote,
-            )
-        ),
-    )
-    _range(problems, "spec.canary.percent", canary.percent, 0, 100)
-    _range(problems, "spec.canary.pauseSeconds", canary.pause_seconds, 0)
+    canary = _canary(_get(raw, "canary", dict, problems, "spec.", {}), raw, problems)
 
     ro = _get(raw, "rollout", dict, problems, "spec.", {})
     batch_size = _get(ro, "batchSize", int, problems, "spec.rollout.")
@@ -411,3 +439,122 @@ def _sidecar_settings(raw: dict[str, Any], problems: list[str]) -> SidecarSettin
             f" backoffBaseSeconds ({settings.backoff_base_seconds})"
         )
     return settings
+
+
+def _canary(raw: dict[str, Any], spec: dict[str, Any], problems: list[str]) -> CanarySpec:
+    """``spec.canary``; ``spec`` for the settings an in-pod canary depends on."""
+    where = "spec.canary."
+    canary = CanarySpec(
+        percent=_get(raw, "percent", int, problems, where, CanarySpec.percent),
+        pause_seconds=_number(raw, "pauseSeconds", problems, where, CanarySpec.pause_seconds),
+        manual_promote=bool(
+            _get(raw, "manualPromote", bool, problems, where, CanarySpec.manual_promote)
+        ),
+        traffic_percent=_get(
+            raw, "trafficPercent", int, problems, where, CanarySpec.traffic_percent
+        ),
+        shadow_percent=_get(raw, "shadowPercent", int, problems, where, CanarySpec.shadow_percent),
+        analysis=_analysis(raw, problems),
+    )
+    _range(problems, f"{where}percent", canary.percent, 0, 100)
+    _range(problems, f"{where}pauseSeconds", canary.pause_seconds, 0)
+    _range(problems, f"{where}trafficPercent", canary.traffic_percent, 0, 100)
+    _range(problems, f"{where}shadowPercent", canary.shadow_percent, 0, 100)
+    if canary.in_pod:
+        if canary.percent <= 0:
+            problems.append(IN_POD_NEEDS_PODS)
+        retain = spec.get("retainVersions", defaults.RETAIN_VERSIONS)
+        if isinstance(retain, int) and not isinstance(retain, bool) and retain < 2:
+            problems.append(IN_POD_NEEDS_TWO_VERSIONS)
+    analysis = canary.analysis
+    shadow_only = analysis is not None and (
+        analysis.max_output_drift is not None or analysis.min_argmax_agreement is not None
+    )
+    if shadow_only and canary.shadow_percent <= 0:
+        problems.append(SHADOW_THRESHOLDS_NEED_SHADOW)
+    return canary
+
+
+IN_POD_NEEDS_PODS = (
+    "spec.canary.trafficPercent and shadowPercent need spec.canary.percent above 0: the"
+    " canary pods are the ones that hold both versions"
+)
+IN_POD_NEEDS_TWO_VERSIONS = (
+    "spec.canary.trafficPercent and shadowPercent need spec.retainVersions of at least 2:"
+    " the canary pods keep the stable version loaded beside the candidate"
+)
+SHADOW_THRESHOLDS_NEED_SHADOW = (
+    "spec.canary.analysis.maxOutputDrift and minArgmaxAgreement need"
+    " spec.canary.shadowPercent above 0: only shadowed requests compare the two versions"
+)
+
+
+def _analysis(canary: dict[str, Any], problems: list[str]) -> AnalysisSpec | None:
+    raw = _get(canary, "analysis", dict, problems, "spec.canary.")
+    if raw is None:
+        return None
+    where = "spec.canary.analysis."
+    drift, agreement = raw.get("maxOutputDrift"), raw.get("minArgmaxAgreement")
+    analysis = AnalysisSpec(
+        interval_seconds=_number(
+            raw, "intervalSeconds", problems, where, defaults.ANALYSIS_INTERVAL_SECONDS
+        ),
+        min_requests=_get(raw, "minRequests", int, problems, where, defaults.ANALYSIS_MIN_REQUESTS),
+        failure_limit=_get(
+            raw, "failureLimit", int, problems, where, defaults.ANALYSIS_FAILURE_LIMIT
+        ),
+        max_error_rate=_number(
+            raw, "maxErrorRate", problems, where, defaults.ANALYSIS_MAX_ERROR_RATE
+        ),
+        max_latency_ratio=_number(
+            raw, "maxLatencyRatio", problems, where, defaults.ANALYSIS_MAX_LATENCY_RATIO
+        ),
+        max_output_drift=None
+        if drift is None
+        else _number(raw, "maxOutputDrift", problems, where, 0.0),
+        min_argmax_agreement=(
+            None if agreement is None else _number(raw, "minArgmaxAgreement", problems, where, 0.0)
+        ),
+        max_non_finite=_get(
+            raw, "maxNonFinite", int, problems, where, defaults.ANALYSIS_MAX_NON_FINITE
+        ),
+        prometheus=_prometheus(raw, problems),
+    )
+    for key, value, low, high in (
+        ("intervalSeconds", analysis.interval_seconds, 1, MAX_ANALYSIS_INTERVAL_SECONDS),
+        ("minRequests", analysis.min_requests, 1, None),
+        ("failureLimit", analysis.failure_limit, 1, MAX_FAILURE_LIMIT),
+        ("maxErrorRate", analysis.max_error_rate, 0, 1),
+        ("maxLatencyRatio", analysis.max_latency_ratio, 1, None),
+        ("maxOutputDrift", analysis.max_output_drift, 0, None),
+        ("minArgmaxAgreement", analysis.min_argmax_agreement, 0, 1),
+        ("maxNonFinite", analysis.max_non_finite, 0, None),
+    ):
+        _range(problems, f"{where}{key}", value, low, high)
+    return analysis
+
+
+def _prometheus(analysis: dict[str, Any], problems: list[str]) -> PrometheusSpec | None:
+    where = "spec.canary.analysis.prometheus."
+    raw = _get(analysis, "prometheus", dict, problems, "spec.canary.analysis.")
+    if raw is None:
+        return None
+    url = raw.get("url")
+    if not isinstance(url, str) or not ENDPOINT_URL.fullmatch(url):
+        shown = redact(url) if isinstance(url, str) else url
+        problems.append(
+            f"{where}url must be an http(s) URL with no credentials in it, not {shown!r}"
+        )
+    queries_raw = _get(raw, "queries", dict, problems, where, {})
+    queries: list[tuple[str, str]] = []
+    for name in PROMETHEUS_QUERIES:
+        text = _get(queries_raw, name, str, problems, f"{where}queries.")
+        if text is None:
+            continue
+        if VERSION_PLACEHOLDER not in text:
+            problems.append(
+                f"{where}queries.{name} must name {VERSION_PLACEHOLDER} (it is asked once per"
+                f" version), not {text!r}"
+            )
+        queries.append((name, text))
+    return PrometheusSpec(url if isinstance(url, str) else "", tuple(queries))

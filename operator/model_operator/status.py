@@ -189,6 +189,11 @@ def build_status(
         "conditions": conditions,
         "lastUpdateTime": iso(now),
     }
+    if plan.analysis is not None:  # the last canary analysis, until the next one starts
+        analysis = plan.analysis.to_status()
+        if plan.analysis.at is not None:
+            analysis["at"] = iso(plan.analysis.at)
+        status["analysis"] = analysis
     if generation is not None:
         status["observedGeneration"] = generation
     return status

@@ -23,6 +23,8 @@ from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
 from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
 from .repository import ModelRepository
+from .shadow import ShadowRunner
+from .traffic import TrafficRouter
 from .trusted_files import UntrustedPath
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,10 @@ class ModelServer:
             executor=self.executor,
         )
         self.codec = JsonCodec(config.json_workers, max_pending_decodes=config.json_max_pending)
-        self.plane = DataPlane(self.manager, self.metrics, self.codec)
+        self.shadows = ShadowRunner(config.shadow_max_in_flight)
+        self.plane = DataPlane(
+            self.manager, self.metrics, self.codec, TrafficRouter(config.traffic_seed), self.shadows
+        )
         self.in_flight = InFlightRequests()
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)
@@ -100,6 +105,7 @@ class ModelServer:
     async def stop(self, app: web.Application) -> None:
         if self.control is not None:
             await self.control.stop()
+        self.shadows.close()
         self.manager.close()
         self.codec.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -21,7 +21,7 @@ _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 @dataclass
 class AuditEvent:
-    action: str  # load | rollback | startup
+    action: str  # load | rollback | traffic
     model: str
     version: str
     who: str
@@ -31,6 +31,7 @@ class AuditEvent:
     digest: str | None = None
     duration_s: float | None = None
     error: str | None = None
+    detail: str | None = None  # traffic: the policy set (its annotation form), or "cleared"
 
 
 class AuditLog:

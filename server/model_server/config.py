@@ -12,6 +12,7 @@ from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path, parse_w
 from model_rollout_contract.names import InvalidName, check_model_key, check_name
 
 from .backends import BACKEND_NAMES
+from .data_plane import SHADOW_MAX_IN_FLIGHT
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class ServerConfig:
     inflight_grace_seconds: float = defaults.INFLIGHT_GRACE_SECONDS
     json_workers: int = 2  # processes that decode and encode large JSON bodies
     json_max_pending: int | None = None  # large bodies decoding or queued (None: 2/worker)
+    traffic_seed: int | None = None  # seeds the per-request split of a traffic policy
+    shadow_max_in_flight: int = SHADOW_MAX_IN_FLIGHT  # shadow runs at once; more are skipped
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
 
     def backend_options(self) -> dict[str, object]:
@@ -159,6 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="large bodies being decoded or waiting for a JSON worker; past it 503 with "
         "Retry-After (default: 2 per worker)",
     )
+    canary = p.add_argument_group("canary traffic policy")
+    canary.add_argument(
+        "--traffic-seed",
+        type=int,
+        help="seed of the per-request draw that splits requests under a traffic policy "
+        "(default: unpredictable)",
+    )
+    canary.add_argument(
+        "--shadow-max-in-flight",
+        type=int,
+        default=ServerConfig.shadow_max_in_flight,
+        help="shadow runs on the candidate at once (on threads of their own); one more is "
+        "skipped and counted",
+    )
     trt = p.add_argument_group("TensorRT backend")
     trt.add_argument(
         "--precision",
@@ -210,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--json-workers must be at least 1")
     if a.json_max_pending is not None and a.json_max_pending < 1:
         p.error("--json-max-pending must be at least 1")
+    if a.shadow_max_in_flight < 1:
+        p.error("--shadow-max-in-flight must be at least 1")
     if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
         p.error(f"--precision {a.precision} needs --backend tensorrt")
     if a.trt_contexts < 1:
@@ -236,6 +255,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         inflight_grace_seconds=a.inflight_grace_seconds,
         json_workers=a.json_workers,
         json_max_pending=a.json_max_pending,
+        traffic_seed=a.traffic_seed,
+        shadow_max_in_flight=a.shadow_max_in_flight,
         tensorrt=TensorRTConfig(
             precision=a.precision,
             contexts=a.trt_contexts,

@@ -7,6 +7,9 @@ permissions (0600 by default), which it has from the moment it appears at its pa
 is bound inside a private directory and renamed into place. The peer's uid/pid go to the
 audit log. A connection that sends nothing for ``idle_timeout_s`` is closed, and at most
 ``max_connections`` are served at once: one more is answered ``busy`` and closed.
+
+``traffic`` sets a canary's traffic policy (its candidate must be serving and its stable
+version loaded, else ``conflict``) or clears it, and is answered with the status.
 """
 
 from __future__ import annotations
@@ -152,8 +155,8 @@ class ControlSocketServer:
 
     async def _dispatch(self, request: Request, who: str) -> SwapReply | StatusReply:
         caller = Caller(who, "socket")
-        if isinstance(request, TrafficRequest):  # issue 11: being built
-            raise BadRequest("traffic policies are not supported by this server yet")
+        if isinstance(request, TrafficRequest):
+            return self.plane.set_traffic(request.model, request.policy, caller)
         if isinstance(request, StatusRequest):
             return self.plane.status(request.model)
         if isinstance(request, LoadRequest):

@@ -1,7 +1,12 @@
 """The server's operations, independent of any transport (as KServe's
 ``protocol/dataplane.py``): the HTTP API and the control socket both call this class,
 and a gRPC front end would be a third caller. Authentication and the mapping of names
-to tenants stay in the transports; every answer is built here once."""
+to tenants stay in the transports; every answer is built here once.
+
+An inference is answered by the version :mod:`.traffic` routes it to (a pinned one, or
+under a canary's traffic policy the candidate or the stable one) and counted in that
+version's series; an answer of the stable version may carry a shadow job, which the
+transport submits once the client has the answer (:mod:`.shadow`)."""
 
 from __future__ import annotations
 
@@ -14,18 +19,24 @@ from typing import Any
 
 import numpy as np
 
+from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.control import StatusReply, SwapReply
+from model_rollout_contract.names import InvalidName, check_name
 
+from .audit import AuditEvent
 from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
-from .errors import ModelNotFound, NotReady, ServingError, Unavailable
+from .errors import BadRequest, ModelNotFound, ServingError, Unavailable
 from .metrics import ServerMetrics
 from .model_slot import LoadedVersion, ModelSlot
+from .shadow import ShadowJob, ShadowRunner
 from .tensors import select_outputs, spec_to_json
+from .traffic import Route, TrafficRouter
 from .v2_codec import InferenceRequest
 
 # decodes of one request when swaps keep changing the model's inputs meanwhile
 DECODE_ATTEMPTS = 3
+SHADOW_MAX_IN_FLIGHT = 2  # shadow runs at once, unless the server is told otherwise
 
 
 def _iso(ts: float) -> str:
@@ -43,6 +54,19 @@ def swap_reply(result: SwapResult) -> SwapReply:
 
 
 @dataclass(frozen=True)
+class Answer:
+    body: bytes  # the JSON response
+    shadow: ShadowJob | None = None  # to submit once the client has ``body``
+
+
+@dataclass
+class _Served:
+    """The version a request was routed to (for its series), once known."""
+
+    version: LoadedVersion | None = None
+
+
+@dataclass(frozen=True)
 class Caller:
     """Who asks, for the audit log: ``admin``, ``startup``, ``socket:uid=…,pid=…``."""
 
@@ -52,11 +76,18 @@ class Caller:
 
 class DataPlane:
     def __init__(
-        self, manager: EngineManager, metrics: ServerMetrics, codec: JsonCodec | None = None
+        self,
+        manager: EngineManager,
+        metrics: ServerMetrics,
+        codec: JsonCodec | None = None,
+        router: TrafficRouter | None = None,
+        shadows: ShadowRunner | None = None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
         self.codec = codec or JsonCodec()
+        self.router = router or TrafficRouter()
+        self.shadows = shadows or ShadowRunner(SHADOW_MAX_IN_FLIGHT)
         self.draining = False  # after SIGTERM: unready, still serving
 
     # -- health -------------------------------------------------------------
@@ -94,6 +125,7 @@ class DataPlane:
         states = {v: {"state": s.state.value, "reason": s.reason} for v, s in slot.states().items()}
         if current is None:
             return {"status": "loading", "version": None, "loaded_at": None, "versions": states}
+        policy = slot.policy
         return {
             "status": "ok",
             "version": current.version,
@@ -101,6 +133,7 @@ class DataPlane:
             "sha256": current.sha256,
             "retained": [v.version for v in slot.loaded() if v is not current],
             "versions": states,
+            "traffic": policy.to_json() if policy else None,
         }
 
     def status(self, key: str) -> StatusReply:
@@ -145,19 +178,21 @@ class DataPlane:
         self.codec.check_room(body_bytes)
 
     async def _decode_and_run(
-        self, slot: ModelSlot, body: bytes, charset: str
+        self, slot: ModelSlot, route: Route, body: bytes, charset: str, served: _Served
     ) -> tuple[LoadedVersion, InferenceRequest, dict[str, np.ndarray]]:
-        """Decode against the serving version's input specs *without* pinning it (a large
+        """Decode against the routed version's input specs *without* pinning it (a large
         body can wait for a JSON worker: a pin would keep a dropped version's engine, and
-        its memory, open meanwhile), then pin the serving version and run it if its
-        inputs are still the ones decoded for; else decode again for the new ones."""
+        its memory, open meanwhile), then pin that version and run it if its inputs are
+        still the ones decoded for; else decode again for the new ones. A version the
+        policy routed to but that is gone meanwhile is replaced by the serving one: a
+        policy never fails a request; a pinned one that is not loaded is a 404."""
+        lenient = not route.pinned
         for _attempt in range(DECODE_ATTEMPTS):
-            current = slot.current
-            if current is None:
-                raise NotReady(f"model {slot.key!r} has no version loaded yet")
-            specs = current.engine.inputs
+            served.version = slot.resolve(route.version, or_serving=lenient)
+            specs = served.version.engine.inputs
             request = await self.codec.decode(body, charset, specs)
-            with slot.pin() as pinned:
+            with slot.pin(route.version, or_serving=lenient) as pinned:
+                served.version = pinned
                 if pinned.engine.inputs == specs:
                     return pinned, request, await self.manager.run(pinned, request.feeds)
         raise Unavailable(
@@ -166,28 +201,64 @@ class DataPlane:
             retry_after_s=1,
         )
 
-    async def infer(self, key: str, name: str, body: bytes, charset: str | None) -> bytes:
+    async def infer(
+        self, key: str, name: str, body: bytes, charset: str | None, pin: str | None = None
+    ) -> Answer:
         """A KServe v2 inference on a JSON body: validated against, and answered by, the
-        one version pinned for this request. Returns the JSON response's bytes."""
+        one version pinned for this request (``pin``: the version the request names)."""
         started = time.perf_counter()
         code = "500"
+        served = _Served()
         self.metrics.in_flight.labels(key).inc()
         try:
             slot = self.manager.slot(key)
-            pinned, request, results = await self._decode_and_run(slot, body, charset or "utf-8")
+            route = self.router.route(slot.policy, _pinned_name(pin))
+            pinned, request, results = await self._decode_and_run(
+                slot, route, body, charset or "utf-8", served
+            )
             outputs = select_outputs(results, request.outputs)
             response = await self.codec.encode(
                 name, pinned.version, request.id or str(uuid.uuid4()), outputs
             )
             code = "200"
-            return response
+            if route.shadow is not None and pinned.version == route.version:
+                return Answer(response, ShadowJob(slot, route.shadow, request.feeds, results))
+            return Answer(response)
         except ServingError as exc:
             code = str(exc.status)
             raise
         finally:
+            elapsed = time.perf_counter() - started
             self.metrics.in_flight.labels(key).dec()
             self.metrics.requests.labels(key, code).inc()
-            self.metrics.request_latency.labels(key).observe(time.perf_counter() - started)
+            self.metrics.request_latency.labels(key).observe(elapsed)
+            if served.version is not None:
+                served.version.metrics.request(code, elapsed)
+
+    def shadow(self, job: ShadowJob) -> None:
+        """Mirror an answered request to the candidate (call once the client has it)."""
+        self.shadows.submit(job)
+
+    def set_traffic(self, key: str, policy: TrafficPolicy | None, caller: Caller) -> StatusReply:
+        """Set (or clear, ``None``) the model's traffic policy; see ``ModelSlot.set_policy``.
+        The policy it has already is a no-op (not audited again): a sidecar may repeat it."""
+        slot = self.manager.slot(key)
+        if policy == slot.policy:
+            return self.status(key)
+        detail = policy.to_annotation() if policy else "cleared"
+        current = slot.current.version if slot.current else ""
+        event = AuditEvent(
+            "traffic", key, policy.candidate if policy else current, caller.who, caller.source,
+            "success", from_version=policy.stable if policy else None, detail=detail,
+        )  # fmt: skip
+        try:
+            slot.set_policy(policy)
+        except ServingError as exc:
+            event.result, event.error = "failure", exc.message
+            raise
+        finally:
+            self.manager.audit.record(event)
+        return self.status(key)
 
     # -- versions -----------------------------------------------------------
     async def load(
@@ -206,3 +277,13 @@ class DataPlane:
     async def rollback(self, key: str, version: str | None, caller: Caller) -> SwapReply:
         result = await self.manager.rollback(key, version, who=caller.who, source=caller.source)
         return swap_reply(result)
+
+
+def _pinned_name(pin: str | None) -> str | None:
+    """The version a request's pin header names, checked like any version name."""
+    if pin is None:
+        return None
+    try:
+        return check_name("version", pin)
+    except InvalidName as exc:
+        raise BadRequest(f"{PIN_HEADER}: {exc}") from None

@@ -34,6 +34,7 @@ from .metrics import ServerMetrics, VersionRow
 from .model_slot import LoadedVersion, ModelSlot
 from .reporting import LifecycleEvent, Reporter
 from .repository import ModelRepository
+from .version_metrics import VersionMetrics, VersionSeries
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class EngineManager:
         self.slots: dict[str, ModelSlot] = {}
         self._restoring: set[asyncio.Task[None]] = set()
         metrics.watch_versions(self._version_rows)
+        metrics.watch_version_series(VersionSeries(self._version_metrics))
 
     # -- lookup ---------------------------------------------------------------
     def register(self, key: str) -> ModelSlot:
@@ -93,13 +95,19 @@ class EngineManager:
             for version in slot.loaded():
                 yield VersionRow(key, version.version, version is current, version.memory_bytes)
 
+    def _version_metrics(self) -> Iterator[VersionMetrics]:
+        for slot in list(self.slots.values()):
+            for version in slot.loaded():
+                yield version.metrics
+
     # -- inference ------------------------------------------------------------
     async def run(
         self, version: LoadedVersion, feeds: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """Run one inference on a pinned version, off the event loop."""
+        """Run one inference on a pinned version, off the event loop (its outputs are
+        counted in the version's series there too)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, version.engine.infer, feeds)
+        return await loop.run_in_executor(self.executor, version.infer, feeds)
 
     async def infer(
         self, key: str, feeds: Mapping[str, np.ndarray]
@@ -152,17 +160,17 @@ class EngineManager:
         slot.loading(version)
         reservation: Reservation | None = None
         try:
-            model = await self.pipeline.read(slot.key, version, path, expected)
-            event.digest = model.sha256
-            estimate = self.backend.estimate_memory_bytes(model)
+            checked = await self.pipeline.read(slot.key, version, path, expected)
+            event.digest = checked.model.sha256
+            estimate = self.backend.estimate_memory_bytes(checked.model)
             reservation = self.budget.reserve(
                 f"{slot.key}:{version}",
                 estimate,
                 slot.retained(),
                 lambda old: slot.evict(old, f"evicted to make room for {version}"),
             )
-            loaded = await self.pipeline.load(slot.key, version, model, estimate)
-            del model  # the bytes are not kept beside the engine
+            loaded = await self.pipeline.load(slot.key, version, checked, estimate)
+            del checked  # the bytes are not kept beside the engine
         except asyncio.CancelledError:
             slot.refused(version, "load cancelled")
             if reservation is not None:
@@ -198,9 +206,9 @@ class EngineManager:
                     f"{slot.key}:{old.version}", old.memory_bytes, (), lambda _: None
                 )
                 try:
-                    model = await self.pipeline.read(slot.key, old.version, old.path, old.sha256)
+                    checked = await self.pipeline.read(slot.key, old.version, old.path, old.sha256)
                     loaded = await self.pipeline.load(
-                        slot.key, old.version, model, old.memory_bytes
+                        slot.key, old.version, checked, old.memory_bytes
                     )
                 finally:
                     reservation.release()

@@ -12,6 +12,8 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     ├── UnsupportedMediaType (415 unsupported_media_type)   an unknown body charset
     ├── LoadRefused (422 load_refused)          a version failed to verify, load or warm up;
     │   │                                       the serving one is untouched
+    │   ├── GoldenMismatch (422 golden_mismatch)   its answers to its golden set are
+    │   │                                       outside the set's tolerance
     │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
     ├── NotReady (503 not_ready)                no version loaded yet
     └── Unavailable (503 unavailable)           a JSON worker process was lost, or the
@@ -77,6 +79,13 @@ class LoadRefused(ServingError):
 
     status = 422
     code = "load_refused"
+
+
+class GoldenMismatch(LoadRefused):
+    """A version loaded and warmed up, but answered its golden set's inputs outside the
+    set's tolerance: it is not swapped in."""
+
+    code = "golden_mismatch"
 
 
 class MemoryBudgetExceeded(LoadRefused):

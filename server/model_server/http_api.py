@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from model_rollout_contract.canary import PIN_HEADER
 from model_rollout_contract.control import SwapReply
 from model_rollout_contract.names import InvalidName, check_name
 
@@ -107,8 +108,15 @@ async def infer(request: web.Request) -> web.Response:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400
         plane.count_rejected(key, status, time.perf_counter() - started)
         raise
-    answer = await plane.infer(key, name, body, request.charset)
-    return web.Response(body=answer, content_type="application/json")
+    answer = await plane.infer(key, name, body, request.charset, request.headers.get(PIN_HEADER))
+    response = web.Response(body=answer.body, content_type="application/json")
+    if answer.shadow is not None:  # mirrored to the candidate once the client has its answer
+        if plane.draining:
+            response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        plane.shadow(answer.shadow)
+    return response
 
 
 async def model_health(request: web.Request) -> web.Response:

@@ -1,22 +1,27 @@
 """How a new version gets into memory: read the model file once (inside the trusted
 repository, no link followed), hash those bytes and check them against the expected
-digest, load the same bytes, warm up. Every step runs on the loader's threads, never on
-the event loop or an inference thread, and any failure is a ``LoadRefused``."""
+digest, load the same bytes, warm up, and answer the golden set its manifest names (read
+and checked against the manifest's digest like the model). Every step runs on the
+loader's threads, never on the event loop or an inference thread, and any failure is a
+``LoadRefused`` (``GoldenMismatch`` for wrong answers to the golden set)."""
 
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from model_rollout_contract.manifest import is_sha256
+from model_rollout_contract.canary import GOLDEN_FILE
+from model_rollout_contract.manifest import is_sha256, sha256_bytes
 
 from .backends.base import Backend, Engine, ModelFile
 from .errors import BadRequest, LoadRefused, ServingError
+from .golden import GoldenSet
 from .model_slot import LoadedVersion
-from .repository import ModelRepository
+from .repository import ModelRepository, VersionFiles
 
 
 def normalized_digest(sha256: str | None) -> str | None:
@@ -47,6 +52,37 @@ def warm_up(engine: Engine) -> None:
             raise ValueError(f"warm-up output {spec.name!r} is not finite")
 
 
+@dataclass(frozen=True)
+class CheckedVersion:
+    """A version's bytes as read and checked: the model file and its golden set."""
+
+    model: ModelFile
+    golden: GoldenSet | None
+
+
+def _golden(what: str, files: VersionFiles) -> GoldenSet | None:
+    """The golden set the manifest names, its size and digest checked, parsed."""
+    manifest = files.manifest
+    if manifest is None or manifest.golden is None:
+        return None
+    if manifest.sha256 != files.model.sha256:  # not this file's manifest: nor its golden set
+        raise LoadRefused(
+            f"{what}: its manifest names a golden set but describes another model file "
+            f"(sha256 {manifest.sha256}, the file's is {files.model.sha256})"
+        )
+    data, ref = files.golden or b"", manifest.golden
+    digest = sha256_bytes(data)
+    if len(data) != ref.size or digest != ref.sha256:
+        raise LoadRefused(
+            f"{what}: {GOLDEN_FILE} has {len(data)} bytes of sha256 {digest}; its manifest "
+            f"says {ref.size} bytes of sha256 {ref.sha256}"
+        )
+    try:
+        return GoldenSet.from_bytes(data)
+    except LoadRefused as exc:
+        raise LoadRefused(f"{what}: {exc.message}") from exc
+
+
 def _close_unused(future: asyncio.Future[LoadedVersion]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().engine.close()
@@ -61,34 +97,36 @@ class LoadPipeline:
 
     def _read_checked(
         self, key: str, version: str, path: Path | None, expected: str | None
-    ) -> ModelFile:
+    ) -> CheckedVersion:
+        what = f"{key}:{version}"
         if path is None:
             files = self.repository.read_version(key, version)
-            model = files.model
             if expected is None and files.manifest is not None:
                 expected = normalized_digest(files.manifest.sha256)
         else:
-            model = self.repository.read_model(path)
+            files = self.repository.read_announced(path, what)
+        model = files.model
         if expected is not None and model.sha256 != expected:
             raise LoadRefused(
-                f"{key}:{version}: sha256 of {model.path.name} is {model.sha256}, "
-                f"expected {expected}"
+                f"{what}: sha256 of {model.path.name} is {model.sha256}, expected {expected}"
             )
-        return model
+        return CheckedVersion(model, _golden(what, files))
 
     async def read(
         self, key: str, version: str, path: Path | None, expected_sha256: str | None
-    ) -> ModelFile:
+    ) -> CheckedVersion:
         """The model file's bytes, read once and checked against the expected digest
-        (the caller's, else the version's manifest); ``expected_sha256`` is normalized."""
+        (the caller's, else the version's manifest), and its golden set, checked against
+        the manifest's digest; ``expected_sha256`` is normalized."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._threads, self._read_checked, key, version, path, expected_sha256
         )
 
     def _load_and_warm(
-        self, key: str, version: str, model: ModelFile, estimate: int
+        self, key: str, version: str, checked: CheckedVersion, estimate: int
     ) -> LoadedVersion:
+        model = checked.model
         try:
             engine = self.backend.load(model)
         except ServingError:
@@ -100,14 +138,23 @@ class LoadPipeline:
         except Exception as exc:
             engine.close()
             raise LoadRefused(f"{key}:{version} failed its warm-up inference: {exc}") from exc
+        if checked.golden is not None:
+            try:
+                checked.golden.check(engine, f"{key}:{version}")
+            except BaseException:
+                engine.close()
+                raise
         memory = getattr(engine, "device_memory_bytes", None) or estimate
         return LoadedVersion(key, version, model.path, model.sha256, engine, int(memory))
 
-    async def load(self, key: str, version: str, model: ModelFile, estimate: int) -> LoadedVersion:
-        """Load ``model`` and warm it up on a loader thread. If the caller is cancelled
-        meanwhile, the thread still finishes; the engine it made is then closed."""
+    async def load(
+        self, key: str, version: str, checked: CheckedVersion, estimate: int
+    ) -> LoadedVersion:
+        """Load the checked model, warm it up and run its golden set, on a loader thread.
+        If the caller is cancelled meanwhile, the thread still finishes; the engine it
+        made is then closed."""
         future = asyncio.get_running_loop().run_in_executor(
-            self._threads, self._load_and_warm, key, version, model, estimate
+            self._threads, self._load_and_warm, key, version, checked, estimate
         )
         try:
             return await asyncio.shield(future)

@@ -4,7 +4,8 @@ in tests must not collide).
 What is loaded (``current_model_version``, ``model_versions_loaded``,
 ``model_memory_bytes``) is read from the slots at each scrape, so the series always
 describe the versions in memory now: an unloaded version has no series left, and a
-version evicted or refused is never counted."""
+version evicted or refused is never counted. The per-version request, output and shadow
+series of canary analysis are gathered the same way (:mod:`.version_metrics`)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,7 @@ class ServerMetrics:
     def watch_versions(self, rows: Callable[[], Iterable[VersionRow]]) -> None:
         """Report the loaded versions that ``rows`` yields at every scrape."""
         self.registry.register(LoadedVersions(rows))
+
+    def watch_version_series(self, collector: Collector) -> None:
+        """Report the per-version series (``version_metrics.VersionSeries``)."""
+        self.registry.register(collector)

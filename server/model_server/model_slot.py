@@ -6,6 +6,11 @@ seen has a :class:`VersionState` and the reason it is in it.
 Requests pin the version they started on, so a version dropped from memory is closed only
 when its last in-flight request finishes, never by a timer. Until then it still holds its
 memory, and :meth:`ModelSlot.memory_bytes` counts it.
+
+A canary's traffic policy (:class:`~model_rollout_contract.canary.TrafficPolicy`) is
+kept here too, under the same lock as the versions it names, so that it holds only while
+its candidate serves and its stable version is retained: any swap to another version (a
+rollback to the stable one included) or the unloading of either clears it.
 """
 
 from __future__ import annotations
@@ -16,13 +21,18 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
+
+from model_rollout_contract.canary import TrafficPolicy
+
 from .backends.base import Engine
-from .errors import NotReady
+from .errors import BadRequest, Conflict, NotReady, VersionNotFound
+from .version_metrics import VersionMetrics
 
 log = logging.getLogger(__name__)
 MAX_STATES = 64  # lifecycle states (and closed versions) remembered per model
@@ -55,6 +65,18 @@ class LoadedVersion:
     in_flight: int = 0
     retired: bool = False
     closed: bool = False
+    # its per-version series: they live while it is loaded (see version_metrics)
+    metrics: VersionMetrics = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = VersionMetrics(self.model, self.version)
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the engine (on the caller's thread) and count its outputs in this
+        version's series."""
+        outputs = self.engine.infer(feeds)
+        self.metrics.outputs(outputs)
+        return outputs
 
 
 class ModelSlot:
@@ -73,6 +95,7 @@ class ModelSlot:
         self.load_lock = asyncio.Lock()
         self.generation = 0  # counts swaps: a load that sees it change was overtaken
         self.closed_versions: list[str] = []  # for observability and tests
+        self._policy: TrafficPolicy | None = None
 
     @property
     def current(self) -> LoadedVersion | None:
@@ -129,18 +152,73 @@ class ModelSlot:
             if version not in self._loaded:
                 self._set_state(version, VersionState.UNAVAILABLE, reason)
 
-    @contextlib.contextmanager
-    def pin(self) -> Iterator[LoadedVersion]:
-        """Pin the serving version for one request."""
+    @property
+    def policy(self) -> TrafficPolicy | None:
+        return self._policy
+
+    def set_policy(self, policy: TrafficPolicy | None) -> None:
+        """Split this model's requests by ``policy`` (None: no split). Refused
+        (``Conflict``) unless its candidate serves and its stable version is loaded."""
         with self._lock:
-            current = self._current
-            if current is None:
-                raise NotReady(f"model {self.key!r} has no version loaded yet")
-            current.in_flight += 1
+            if policy is not None:
+                if policy.stable == policy.candidate:
+                    raise BadRequest(
+                        f"a traffic policy splits between two versions, not {policy.stable!r} "
+                        "and itself"
+                    )
+                problem = self._policy_problem(policy)
+                if problem:
+                    raise Conflict(f"traffic policy for {self.key!r} refused: {problem}")
+            self._policy = policy
+
+    def _policy_problem(self, policy: TrafficPolicy) -> str | None:
+        """Why ``policy`` cannot hold now (None: it can); called under the lock."""
+        current = self._current.version if self._current else None
+        if current != policy.candidate:
+            return f"its candidate {policy.candidate!r} is not serving (serving: {current})"
+        if policy.stable not in self._loaded:
+            return f"its stable version {policy.stable!r} is not loaded ({list(self._loaded)})"
+        return None
+
+    def _keep_policy_consistent(self) -> None:
+        """After the versions changed (under the lock): drop a policy that no longer holds."""
+        policy = self._policy
+        problem = self._policy_problem(policy) if policy is not None else None
+        if policy is not None and problem:
+            self._policy = None
+            log.info("%s: traffic policy %s cleared: %s", self.key, policy.to_annotation(), problem)
+
+    def resolve(self, version: str | None = None, *, or_serving: bool = False) -> LoadedVersion:
+        """The loaded ``version`` (None: the serving one). One not loaded raises
+        ``VersionNotFound``, unless ``or_serving``: then the serving one is returned."""
+        with self._lock:
+            return self._resolve(version, or_serving)
+
+    def _resolve(self, version: str | None, or_serving: bool) -> LoadedVersion:
+        chosen = self._loaded.get(version) if version is not None else None
+        if chosen is None and version is not None and not or_serving:
+            raise VersionNotFound(
+                f"model {self.key!r} has no version {version!r} loaded "
+                f"(loaded: {list(self._loaded)})"
+            )
+        chosen = chosen or self._current
+        if chosen is None:
+            raise NotReady(f"model {self.key!r} has no version loaded yet")
+        return chosen
+
+    @contextlib.contextmanager
+    def pin(
+        self, version: str | None = None, *, or_serving: bool = False
+    ) -> Iterator[LoadedVersion]:
+        """Pin, for one request, what :meth:`resolve` returns: it stays open (its memory
+        held) until the request lets go, even if it is unloaded meanwhile."""
+        with self._lock:
+            chosen = self._resolve(version, or_serving)
+            chosen.in_flight += 1
         try:
-            yield current
+            yield chosen
         finally:
-            self._unpin(current)
+            self._unpin(chosen)
 
     def _unpin(self, version: LoadedVersion) -> None:
         with self._lock:
@@ -170,6 +248,7 @@ class ModelSlot:
             while len(self._loaded) > self.retain:
                 _, oldest = self._loaded.popitem(last=False)
                 evicted.append(oldest)
+            self._keep_policy_consistent()
         if replaced is not None and replaced is not version:
             self.retire(replaced, "replaced by a new load of the same version")
         for old in evicted:
@@ -182,6 +261,7 @@ class ModelSlot:
             if version is self._current or self._loaded.get(version.version) is not version:
                 return
             del self._loaded[version.version]
+            self._keep_policy_consistent()
         self.retire(version, reason)
 
     def restore(self, version: LoadedVersion) -> bool:
@@ -225,5 +305,6 @@ class ModelSlot:
             held = list(self._loaded.values())
             self._loaded.clear()
             self._current = None
+            self._policy = None
         for version in held:
             self.retire(version, "server shutting down")

@@ -1,13 +1,16 @@
 """The on-disk model repository (Triton-style): ``<root>/[<tenant>/]<model>/<version>/``.
 
 Model files are read through :mod:`.trusted_files`: no link below the root is followed,
-and the bytes handed to a backend are the very bytes that were hashed."""
+and the bytes handed to a backend are the very bytes that were hashed. A version's
+manifest and the golden set it names are read from the same open directory as its model
+file, so files of two builds are never mixed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from model_rollout_contract.canary import GOLDEN_FILE
 from model_rollout_contract.layout import CURRENT_FILE
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
@@ -38,10 +41,11 @@ def model_key(name: str, tenant: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class VersionFiles:
-    """A version's model file and manifest, both read from one open directory."""
+    """A version's model file, manifest and golden set, read from one open directory."""
 
     model: ModelFile
     manifest: Manifest | None
+    golden: bytes | None = None  # the golden set the manifest names (not yet checked)
 
 
 class ModelRepository:
@@ -98,7 +102,7 @@ class ModelRepository:
                     except FileNotFoundError:
                         continue
                     model = ModelFile(shown / name, data, sha256_bytes(data))
-                    return VersionFiles(model, self._manifest(directory, shown, key, version))
+                    return self._beside(directory, shown, model, f"{key}:{version}")
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError):
@@ -108,33 +112,45 @@ class ModelRepository:
         raise VersionNotFound(f"model {key!r} has no version {version!r} in {self.root}")
 
     @staticmethod
-    def _manifest(directory: int, shown: Path, key: str, version: str) -> Manifest | None:
+    def _beside(directory: int, shown: Path, model: ModelFile, what: str) -> VersionFiles:
+        """``model`` with the manifest and golden set of its open ``directory``."""
         try:
             raw = read_regular(directory, MANIFEST_NAME, str(shown / MANIFEST_NAME))
         except FileNotFoundError:
-            return None
+            return VersionFiles(model, None)
         try:
-            return Manifest.from_bytes(raw)
+            manifest = Manifest.from_bytes(raw)
         except ManifestError as exc:
-            raise BadRequest(f"{key}:{version}: {exc}") from exc
+            raise BadRequest(f"{what}: {exc}") from exc
+        if manifest.golden is None:
+            return VersionFiles(model, manifest)
+        try:
+            golden = read_regular(directory, GOLDEN_FILE, str(shown / GOLDEN_FILE))
+        except FileNotFoundError:
+            raise LoadRefused(
+                f"{what}: its manifest names a golden set, but {shown / GOLDEN_FILE} does not exist"
+            ) from None
+        return VersionFiles(model, manifest, golden)
 
-    def read_model(self, path: Path) -> ModelFile:
-        """An announced model file (the sidecar's ``path``): inside the repository, no
-        link on the way, a regular file; read once."""
+    def read_announced(self, path: Path, what: str) -> VersionFiles:
+        """An announced model file (the sidecar's ``path``: inside the repository, no
+        link on the way, a regular file; read once) with the manifest and golden set
+        beside it; ``what`` names the version in messages."""
         parts = self._parts(path)
         try:
             with open_directory(self.root, parts[:-1]) as directory:
                 data = read_regular(directory, parts[-1], str(path))
+                model = ModelFile(path, data, sha256_bytes(data))
+                return self._beside(directory, path.parent, model, what)
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise LoadRefused(f"{path} does not exist") from exc
         except OSError as exc:
             raise LoadRefused(f"cannot read {path}: {exc}") from exc
-        return ModelFile(path, data, sha256_bytes(data))
 
     def check_model_path(self, path: Path) -> None:
-        """The checks of :meth:`read_model` without reading: for an announced path whose
+        """The checks of :meth:`read_announced` without reading: for an announced path whose
         version is already loaded (a pointer swap must not accept what a load refuses)."""
         parts = self._parts(path)
         try:

@@ -176,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
                 config.key,
                 config.precision,
                 force=config.force,
+                golden=config.golden,
             )
         except SidecarError as exc:
             print(f"model-sidecar publish: {redact(exc.message)}", file=sys.stderr)
             return 1
+        golden = f" golden sha256={manifest.golden.sha256}" if manifest.golden else ""
         print(
             f"published {manifest.model}:{manifest.version} sha256={manifest.sha256} "
-            f"sequence={manifest.sequence}"
+            f"sequence={manifest.sequence}{golden}"
         )
         return 0
     if isinstance(config, InitConfig):

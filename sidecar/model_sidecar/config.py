@@ -32,6 +32,7 @@ class PublishConfig:
     key: Path  # Ed25519 private key (PEM)
     precision: str = "fp32"
     force: bool = False  # replace a version already published (a new publish sequence)
+    golden: Path | None = None  # golden set (canary.py's format), named by the manifest
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace a version that is published already (pods that accepted the old "
         "build take the new one; the old one is never accepted again by them)",
     )
+    pub.add_argument(
+        "--golden",
+        help="golden set (.npz: input/<name>, output/<name>, optional atol and rtol) that "
+        "servers run before swapping to the version; checked here, signed with the manifest",
+    )
 
     init = sub.add_parser("init", help="pre-pull the target and previous versions, then exit")
     _fetch_args(init)
@@ -226,7 +232,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.command == "publish":
         return PublishConfig(
             StoreConfig(a.store, a.s3_endpoint), a.model, a.version, Path(a.file), Path(a.key),
-            a.precision, a.force,
+            a.precision, a.force, optional_path(a.golden),
         )  # fmt: skip
     if a.command == "init":
         return InitConfig(_fetch_config(a), a.version, a.previous)

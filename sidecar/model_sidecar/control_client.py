@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.control import (
     BUSY,
     MAX_LINE,
@@ -23,6 +24,7 @@ from model_rollout_contract.control import (
     StatusReply,
     StatusRequest,
     SwapReply,
+    TrafficRequest,
     encode,
     parse_reply,
 )
@@ -125,6 +127,15 @@ class ServerControl:
         if isinstance(reply, StatusReply):
             raise ControlFailure(
                 "protocol_error", f"swap of {model}:{version} answered with a status: {reply}"
+            )
+        return reply
+
+    async def traffic(self, model: str, policy: TrafficPolicy | None) -> StatusReply | ErrorReply:
+        """Set the model's traffic policy (``None``: clear it); answered with a status."""
+        reply = await self.request(TrafficRequest(model, policy))
+        if isinstance(reply, SwapReply):
+            raise ControlFailure(
+                "protocol_error", f"traffic policy of {model} answered with a swap: {reply}"
             )
         return reply
 

@@ -16,6 +16,8 @@ SidecarReport`)::
     ├── ControlFailure         the control socket answered, but not usefully: denied,
     │                          timed out, or outside the protocol (not retried at once)
     ├── PublishRefused         ``publish`` would overwrite a published version
+    ├── BadGolden              ``publish --golden``: a golden set a server could not run
+    ├── PolicyNotApplied       the server did not take the pod's traffic policy
     └── KubeError              the Kubernetes API refused or missed a call (``status``;
         │                      0 when it could not be reached)
         └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
@@ -101,6 +103,20 @@ class ControlFailure(SidecarError):
 
 class PublishRefused(SidecarError):
     code = "already_published"
+
+
+class BadGolden(SidecarError):
+    code = "bad_golden"
+
+
+class PolicyNotApplied(SidecarError):
+    """The server answered the ``traffic`` op with an error (or could not hold the
+    policy's stable version beside its candidate): reported ``error``, tried again with
+    backoff. ``code`` is ``policy_<the server's code>``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = f"policy_{code}"
 
 
 class KubeError(SidecarError):

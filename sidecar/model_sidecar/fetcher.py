@@ -3,8 +3,10 @@
 Everything is downloaded into ``<volume>/.incoming/<random>/`` (same filesystem), checked
 (signature, binding, publish sequence, size, SHA-256, allow-list), and only then renamed
 to ``<volume>/<model>/<version>/``, so the server never sees a partial or unverified
-file. The download stops at the manifest's size plus one byte: a larger object is
-refused, never written out whole. Every step goes through :class:`~.volume.SafeDir`, so
+file. That is every file the manifest names: the model, and the golden set when it has
+one (``golden.npz``; missing from the store while named: ``golden_missing``). Each
+download stops at the manifest's size for it plus one byte: a larger object is refused,
+never written out whole. Every step goes through :class:`~.volume.SafeDir`, so
 a link planted in the volume is refused, never followed.
 
 A signature, size or digest mismatch met while the version is being published again
@@ -29,12 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from model_rollout_contract.canary import GOLDEN_FILE
 from model_rollout_contract.layout import INCOMING_DIR, object_key
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MAX_SIGNATURE_BYTES,
     SIGNATURE_NAME,
+    FileRef,
     Manifest,
 )
 from model_rollout_contract.names import is_valid_name
@@ -44,7 +48,7 @@ from . import sequences
 from .errors import ObjectMissing, StoreError, UnsafeVolume, VerificationError, VolumeError
 from .publish_window import MIXED_STATE_REASONS, PUBLISH_WINDOW_S, mid_publish
 from .retry import Backoff, retry_async
-from .store import ModelStore, ObjectTooLarge, read_object
+from .store import ModelStore, ObjectStream, ObjectTooLarge, read_object
 from .verify import Verifier
 from .volume import SafeDir, write_error
 
@@ -139,8 +143,9 @@ class Fetcher:
                         signature = version_dir.read_bytes(SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
                         manifest = self.verifier.manifest(model, version, data, signature)
                         sequences.check(model_dir, model, version, manifest.sequence)
-                        with version_dir.open_read(manifest.file) as f:
-                            self.verifier.file(f, manifest.file, manifest)
+                        for expected in manifest.files():
+                            with version_dir.open_read(expected.file) as f:
+                                self.verifier.file(f, expected)
                     except (FileNotFoundError, VerificationError, VolumeError) as exc:
                         log.warning("local copy of %s:%s is not usable: %s", model, version, exc)
                         return None
@@ -252,10 +257,12 @@ class Fetcher:
                 name = f"{model}-{version}-{secrets.token_hex(4)}"
                 try:
                     with incoming.child(name, create=True) as work:
-                        key = object_key(model, version, manifest.file)
-                        size = self._download(key, work, manifest, cancelled)
-                        with work.open_read(manifest.file) as f:
-                            self.verifier.file(f, manifest.file, manifest)
+                        size = 0
+                        for expected in manifest.files():
+                            key = object_key(model, version, expected.file)
+                            size += self._download(key, work, expected, cancelled)
+                            with work.open_read(expected.file) as f:
+                                self.verifier.file(f, expected)
                         work.write_atomic(MANIFEST_NAME, data)
                         work.write_atomic(SIGNATURE_NAME, signature or b"")
                     with root.child(model, create=True) as model_dir:
@@ -278,14 +285,24 @@ class Fetcher:
             self.downloading += delta
             self.most_downloading = max(self.most_downloading, self.downloading)
 
+    def _open(self, key: str, expected: FileRef) -> ObjectStream:
+        try:
+            return self.store.open(key)
+        except ObjectMissing as exc:
+            if expected.file != GOLDEN_FILE:
+                raise
+            raise VerificationError(  # a publish --force that adds one may be under way
+                "golden_missing", f"the manifest names {key}, which is not in the store"
+            ) from exc
+
     def _download(
-        self, key: str, work: SafeDir, manifest: Manifest, cancelled: threading.Event
+        self, key: str, work: SafeDir, expected: FileRef, cancelled: threading.Event
     ) -> int:
         """Stream ``key`` into ``work``, reading at most the manifest's size plus one."""
-        size = manifest.size
+        size = expected.size
         self._count(+1)
         try:
-            with self.store.open(key) as stream:
+            with self._open(key, expected) as stream:
                 if stream.length != size:
                     raise VerificationError(
                         "size_mismatch",
@@ -294,7 +311,7 @@ class Fetcher:
                     )
                 received = 0
                 try:
-                    with work.create(manifest.file) as out:
+                    with work.create(expected.file) as out:
                         while chunk := stream.read(min(_CHUNK, size + 1 - received)):
                             if cancelled.is_set():
                                 raise _Cancelled(key)

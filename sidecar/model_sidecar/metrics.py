@@ -24,6 +24,12 @@ class SidecarMetrics:
             ["model", "result"],
             registry=r,
         )
+        self.policies = Counter(
+            "sidecar_traffic_policy",
+            "Traffic-policy messages to the server, by result (set, cleared, error)",
+            ["model", "result"],
+            registry=r,
+        )
         self.downloads = Gauge(
             "sidecar_downloads_in_progress",
             "Store transfers streaming now (bounded by --max-concurrent-downloads)",

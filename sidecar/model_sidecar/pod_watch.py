@@ -17,13 +17,14 @@ import random
 import time
 
 from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
+from model_rollout_contract.canary import TRAFFIC_POLICY
 
 from .errors import KubeError, WatchExpired
 from .kube import PodApi, PodSnapshot
 from .retry import Backoff
 
 log = logging.getLogger(__name__)
-WATCHED = (TARGET_VERSION, PREVIOUS_VERSION)
+WATCHED = (TARGET_VERSION, PREVIOUS_VERSION, TRAFFIC_POLICY)
 
 
 class PodWatch:
@@ -39,7 +40,7 @@ class PodWatch:
         self.watch_timeout_s = watch_timeout_s
         self.rng = rng or random.Random()
         self.annotations: dict[str, str] | None = None  # None: the API view is not current
-        self.changed = asyncio.Event()  # set when the target or previous version changes
+        self.changed = asyncio.Event()  # set when the target, previous or policy changes
         self.seen_at: float | None = None  # when the current view arrived
         self.relists = 0  # reads after a 410, for tests and metrics
 

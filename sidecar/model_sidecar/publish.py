@@ -9,10 +9,13 @@ The sequence is ``max(now in nanoseconds, the store's current sequence + 1)``: i
 with every publish even when the version was deleted from the store in between (the
 clock), and even when this machine's clock is behind the last publisher's (the +1).
 
+With ``golden`` (a golden set, :mod:`.golden` checks it first) the manifest names
+``golden.npz`` with its digest and size, so the signature covers it too.
+
 A store writes one object at a time. A new version's manifest goes last: its presence
 marks the version complete. A replaced version's manifest and signature go *first*, so
 that a fetch between the writes meets a manifest written moments ago that does not match
-the old model yet — which the fetcher knows to try again (``publish_in_progress``,
+the old model (or golden set) yet — which the fetcher knows to try again (``publish_in_progress``,
 :mod:`.publish_window`) — never the old manifest beside the new model, which it would
 have to refuse.
 """
@@ -24,14 +27,14 @@ import platform
 import time
 from pathlib import Path
 
-import onnx
-
+from model_rollout_contract.canary import GOLDEN_FILE
 from model_rollout_contract.layout import object_key
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MODEL_FILE_NAMES,
     SIGNATURE_NAME,
+    FileRef,
     Manifest,
     ManifestError,
     sha256_file,
@@ -39,18 +42,10 @@ from model_rollout_contract.manifest import (
 from model_rollout_contract.names import check_name
 
 from .errors import ObjectMissing, PublishRefused
+from .golden import check_golden
+from .onnx_io import read_model_io
 from .signing import load_private_key, sign
 from .store import ModelStore, read_object
-
-
-def onnx_shapes(path: Path) -> dict[str, list[int | str]]:
-    model = onnx.load(str(path), load_external_data=False)
-    shapes: dict[str, list[int | str]] = {}
-    for value in list(model.graph.input) + list(model.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        shapes[value.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
-    initializers = {init.name for init in model.graph.initializer}
-    return {k: v for k, v in shapes.items() if k not in initializers}
 
 
 def published_sequence(store: ModelStore, model: str, version: str) -> int | None:
@@ -75,11 +70,16 @@ def publish(
     precision: str = "fp32",
     *,
     force: bool = False,
+    golden: Path | None = None,
 ) -> Manifest:
+    """Raises ``BadGolden`` (before anything is written) for a golden set a server could
+    not run, ``PublishRefused`` for a version published already (without ``force``)."""
     check_name("model", model)
     check_name("version", version)
     name = "model.onnx" if file.suffix == ".onnx" else "model.engine"
     assert name in MODEL_FILE_NAMES
+    if golden is not None:
+        check_golden(golden, file if name == "model.onnx" else None)
     existing = published_sequence(store, model, version)
     if existing is not None and not force:
         raise PublishRefused(
@@ -93,7 +93,7 @@ def publish(
         sha256=sha256_file(file),
         size=file.stat().st_size,
         precision=precision,
-        shapes=onnx_shapes(file) if name == "model.onnx" else {},
+        shapes=read_model_io(file).shapes() if name == "model.onnx" else {},
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         builder={
             "host": platform.node(),
@@ -102,18 +102,25 @@ def publish(
         },
         store=store.scope,
         sequence=max(time.time_ns(), (existing or 0) + 1),
+        golden=(
+            FileRef(GOLDEN_FILE, sha256_file(golden), golden.stat().st_size) if golden else None
+        ),
     )
     data = manifest.to_bytes()
     signature = sign(load_private_key(key_path), data)
     manifest_key = object_key(model, version, MANIFEST_NAME)
     signature_key = object_key(model, version, SIGNATURE_NAME)
-    model_key = object_key(model, version, name)
+    payload = [(object_key(model, version, name), file)]
+    if golden is not None:
+        payload.append((object_key(model, version, GOLDEN_FILE), golden))
     if existing is None:  # new: the manifest last, its presence marks the version complete
-        store.upload(model_key, file)
+        for key, path in payload:
+            store.upload(key, path)
         store.write(signature_key, signature)
         store.write(manifest_key, data)
-    else:  # replaced: the new manifest first (see above), the new model last
+    else:  # replaced: the new manifest first (see above), the new files last
         store.write(manifest_key, data)
         store.write(signature_key, signature)
-        store.upload(model_key, file)
+        for key, path in reversed(payload):
+            store.upload(key, path)
     return manifest

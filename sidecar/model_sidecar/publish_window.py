@@ -1,7 +1,7 @@
 """Is a version being (re)published right now? A store has no transaction over a
-version's three objects: ``publish --force`` replaces them one by one (the manifest and
-its signature first, then the model: :mod:`.publish`), so a fetch in between finds a
-manifest that does not match the other objects *yet*. Such a mismatch is
+version's objects: ``publish --force`` replaces them one by one (the manifest and its
+signature first, then the golden set and the model: :mod:`.publish`), so a fetch in
+between finds a manifest that does not match the other objects *yet*. Such a mismatch is
 ``publish_in_progress`` — transient, tried again with backoff — when the manifest in the
 store changed since it was read (the fetch straddled a write), or says it was published
 less than ``window_s`` ago (the new model is still uploading). Any other mismatch is the
@@ -20,8 +20,11 @@ from .errors import StoreError, VerificationError
 # how long after its publish a manifest's mismatch may still be an upload in progress: a
 # 10 GB model at 20 MB/s takes under 10 minutes
 PUBLISH_WINDOW_S = 900.0
-# what a fetch sees between a publish's writes: another signature, size or digest
-MIXED_STATE_REASONS = frozenset({"bad_signature", "size_mismatch", "digest_mismatch"})
+# what a fetch sees between a publish's writes: another signature, size or digest, or a
+# golden set the new manifest names that is not uploaded yet
+MIXED_STATE_REASONS = frozenset(
+    {"bad_signature", "size_mismatch", "digest_mismatch", "golden_missing"}
+)
 
 
 def published_at(manifest_data: bytes) -> float | None:

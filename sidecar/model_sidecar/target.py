@@ -1,7 +1,8 @@
 """Where the pod's target version comes from: the pod's annotations as the API shows them
 (followed by :class:`~model_sidecar.pod_watch.PodWatch`), else — while the API cannot
 be reached — the same annotations in the Downward API file (refreshed only on the
-kubelet's periodic sync), else a ConfigMap file (the deployment's default)."""
+kubelet's periodic sync), else a ConfigMap file (the deployment's default). The canary's
+traffic policy comes from the same annotations (no ConfigMap default: no policy)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from model_rollout_contract.annotations import (
     TARGET_VERSION,
     parse_downward_annotations,
 )
+from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
 from model_rollout_contract.names import is_valid_name
 
 
@@ -50,3 +52,9 @@ class TargetSource:
 
     def previous(self) -> str | None:
         return _valid(self._annotations().get(PREVIOUS_VERSION))
+
+    def policy(self) -> TrafficPolicy | None:
+        """The pod's traffic policy, ``None`` without one; raises ``InvalidPolicy`` for an
+        annotation that is not one."""
+        text = self._annotations().get(TRAFFIC_POLICY)
+        return None if text is None else TrafficPolicy.from_annotation(text)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from model_rollout_contract.manifest import Manifest, ManifestError, sha256_stream
+from model_rollout_contract.canary import MAX_GOLDEN_BYTES
+from model_rollout_contract.manifest import FileRef, Manifest, ManifestError, sha256_stream
 
 from .errors import VerificationError
 from .signing import Ed25519PublicKey, is_valid
@@ -56,6 +57,12 @@ class Verifier:
                 "wrong_store",
                 f"{where} was published to {manifest.store}, not to {self.store_scope}",
             )
+        if manifest.golden is not None and manifest.golden.size > MAX_GOLDEN_BYTES:
+            raise VerificationError(
+                "golden_too_large",
+                f"{where}: the manifest's golden set has {manifest.golden.size} bytes, more "
+                f"than the {MAX_GOLDEN_BYTES} allowed",
+            )
         if self.allowed_digests is not None and manifest.sha256 not in self.allowed_digests:
             raise VerificationError(
                 "not_allowed",
@@ -63,18 +70,20 @@ class Verifier:
             )
         return manifest
 
-    def file(self, stream: BinaryIO, name: str, manifest: Manifest) -> None:
-        """Size and digest of an open model file (opened without following links)."""
+    def file(self, stream: BinaryIO, expected: FileRef) -> None:
+        """Size and digest of an open file the manifest names (the model, the golden
+        set), opened without following links."""
+        name = expected.file
         size = os.fstat(stream.fileno()).st_size
-        if size != manifest.size:
+        if size != expected.size:
             raise VerificationError(
                 "size_mismatch",
-                f"{name} has {size} bytes, manifest says {manifest.size} (truncated download?)",
+                f"{name} has {size} bytes, manifest says {expected.size} (truncated download?)",
             )
         stream.seek(0)
         digest = sha256_stream(stream)
-        if digest != manifest.sha256:
+        if digest != expected.sha256:
             raise VerificationError(
                 "digest_mismatch",
-                f"{name} sha256 {digest} does not match the manifest's {manifest.sha256}",
+                f"{name} sha256 {digest} does not match the manifest's {expected.sha256}",
             )

@@ -16,9 +16,15 @@ versions finishing requests) — are ``error`` and the next cycle waits longer e
 while the old version keeps serving. Between cycles the report is refreshed as a
 heartbeat.
 
-Retention: after a swap the volume keeps the serving version, the previous good one and
-those the server still holds, then the newest others up to ``keep_versions``; a version
-whose bytes the server refused (``load_refused``) is deleted at once.
+Traffic policy (a canary pod's, :mod:`.traffic`): each cycle brings the server's policy
+in line with the pod's annotation once the server serves the candidate, and clears it
+when the annotation goes or the target moves on; a malformed annotation is reported
+(``bad_policy``) and ignored, a policy the server does not take is an ``error``.
+
+Retention: after a swap the volume keeps the serving version, the previous good one,
+those the server still holds and the stable version a traffic policy names, then the
+newest others up to ``keep_versions``; a version whose bytes the server refused
+(``load_refused``) is deleted at once.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import time
 from dataclasses import dataclass, field
 
 from model_rollout_contract import defaults
-from model_rollout_contract.control import ErrorReply
+from model_rollout_contract.canary import TRAFFIC_POLICY, InvalidPolicy, TrafficPolicy
+from model_rollout_contract.control import ErrorReply, StatusReply
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.server_codes import REFUSED_BYTES, is_permanent
 from model_rollout_contract.states import SidecarState
@@ -44,6 +51,7 @@ from .metrics import SidecarMetrics
 from .retry import Backoff, start_jitter
 from .status import StatusReporter
 from .target import TargetSource
+from .traffic import PolicyRelay, wanted_policy
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +106,9 @@ class Watcher:
         self._serving: str | None = None  # as the server said last
         self._previous_good: str | None = None  # served before the serving one
         self._retained: tuple[str, ...] = ()  # what the server holds beside the serving one
+        self.relay = PolicyRelay(settings.model)
+        self._policy: TrafficPolicy | None = None  # the pod's, as read this cycle
+        self._policy_problem: str | None = None  # why the pod's annotation was ignored
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start(stop)
@@ -145,6 +156,8 @@ class Watcher:
         sha256: str | None = None,
         code: str | None = None,
     ) -> None:
+        if code is None and self._policy_problem is not None:  # reported, not a failure
+            code, reason = "bad_policy", self._policy_problem
         await self.reporter.report(
             SidecarReport(
                 self.settings.model,
@@ -195,8 +208,49 @@ class Watcher:
         await self._report(target, self._serving, SidecarState.ERROR, exc.message, code=exc.code)
         return "error"
 
+    def _read_policy(self) -> None:
+        """The pod's policy; one that cannot be applied is ignored and its problem kept
+        for the report (``bad_policy``)."""
+        problem = None
+        try:
+            self._policy = self.source.policy()
+            if self._policy is not None and self._policy.stable == self._policy.candidate:
+                problem = f"stable and candidate are both {self._policy.stable!r}"
+        except InvalidPolicy as exc:
+            problem = str(exc)
+        if problem is not None:
+            self._policy, problem = None, f"pod annotation {TRAFFIC_POLICY} ignored: {problem}"
+            if problem != self._policy_problem:
+                log.warning("%s: %s", self.settings.model, problem)
+        self._policy_problem = problem
+
+    async def _relay(self, status: StatusReply | None = None) -> None:
+        """The server's traffic policy brought in line with the pod's (:mod:`.traffic`):
+        the stable version given back to a server that lacks it, then the policy sent,
+        or cleared, if the server may not hold it yet."""
+        model = self.settings.model
+        if status is None:
+            status = await self.control.status(model)
+        wanted = wanted_policy(self._policy, self._last_target, status.version)
+        try:
+            if wanted is not None and wanted.stable not in status.loaded:
+                status = await self.relay.hold_stable(self.control, self.fetcher, wanted)
+                self._held(status.loaded, status.version)
+            after = await self.relay.sync(self.control, wanted, status)
+        except SidecarError:
+            self.metrics.policies.labels(model, "error").inc()
+            with contextlib.suppress(SidecarError):  # giving the stable back may have swapped
+                now = await self.control.status(model)
+                self._serving = now.version
+                self._held(now.loaded, now.version)
+            raise
+        if after is not None:
+            self.metrics.policies.labels(model, "set" if wanted else "cleared").inc()
+            self._held(after.loaded, after.version)
+
     async def _step(self) -> str:
         model = self.settings.model
+        self._read_policy()
         target = self.source.target()
         if target != self._last_target or self._target_seen_at is None:
             self._refused.pop(target or "", None)  # a new target deserves a fresh attempt
@@ -211,6 +265,7 @@ class Watcher:
         if serving:
             self.metrics.serving.labels(model, serving).set(1)
         if target is None:
+            await self._relay(status)
             await self._report(
                 None,
                 serving,
@@ -221,13 +276,16 @@ class Watcher:
             return "no-target"
         if serving == target:
             await self._keep_current(serving)
+            await self._relay(status)
             await self._report(target, serving, SidecarState.OK, sha256=status.sha256)
             return "ok"  # versions only arrive through _switch, which prunes after a swap
         refused_at = self._refused.get(target)
         if refused_at is not None and time.monotonic() - refused_at < self.settings.refused_retry_s:
+            await self._relay(status)
             return "refused"
         if target in status.loaded:  # still loaded beside the serving one: a pointer swap
             return await self._swap_retained(target, serving)
+        await self._relay(status)  # the target is not served yet: a policy is cleared
         if jitter_first and self.settings.jitter_s > 0:
             await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))  # spread the pulls
         return await self._switch(target, serving)
@@ -246,11 +304,13 @@ class Watcher:
         if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
             return await self._switch(target, serving)
-        await self._swapped(target, serving)
+        await self._relay(await self._swapped(target, serving))
+        await self._report(target, target, SidecarState.OK)
         return "ok"
 
-    async def _swapped(self, target: str, serving: str | None, sha256: str | None = None) -> None:
-        """After a swap: metrics, what the server holds now, ``CURRENT``, the report."""
+    async def _swapped(self, target: str, serving: str | None) -> StatusReply | None:
+        """After a swap: metrics, what the server holds now (returned; ``None`` if the
+        server did not say), ``CURRENT``."""
         model = self.settings.model
         self.metrics.swaps.labels(model, "ok").inc()
         if serving:
@@ -258,11 +318,12 @@ class Watcher:
             self._previous_good = serving
         self.metrics.serving.labels(model, target).set(1)
         self._serving = target
+        after = None
         with contextlib.suppress(SidecarError):  # the swap is done; the next cycle asks again
             after = await self.control.status(model)
             self._held(after.loaded, after.version)
         await asyncio.to_thread(write_current, self.fetcher.volume, model, target)
-        await self._report(target, target, SidecarState.OK, sha256=sha256)
+        return after
 
     async def _switch(self, target: str, serving: str | None) -> str:
         model = self.settings.model
@@ -285,12 +346,27 @@ class Watcher:
         if isinstance(answer, ErrorReply):
             return await self._load_failed(target, serving, answer)
         self._server_refused.discard(target)
-        await self._swapped(target, serving, sha256)
-        protect = {target, *self._retained, *([self._previous_good] if self._previous_good else [])}
+        after = await self._swapped(target, serving)
         await asyncio.to_thread(
-            self.fetcher.prune, model, self.settings.keep_versions, protect, self._server_refused
+            self.fetcher.prune,
+            model,
+            self.settings.keep_versions,
+            self._protected(target),
+            self._server_refused,
         )
+        await self._relay(after)
+        await self._report(target, target, SidecarState.OK, sha256=sha256)
         return "ok"
+
+    def _protected(self, target: str) -> set[str]:
+        """What retention keeps whatever its age: the target, what the server holds, the
+        previous good version, and the stable one the pod's traffic policy names."""
+        kept = {target, *self._retained}
+        if self._previous_good:
+            kept.add(self._previous_good)
+        if self._policy is not None:
+            kept.add(self._policy.stable)
+        return kept
 
     async def _load_failed(self, target: str, serving: str | None, answer: ErrorReply) -> str:
         """The server answered the load with an error: retried later if it passes, else

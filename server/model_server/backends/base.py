@@ -33,7 +33,7 @@ class ModelFile:
     @classmethod
     def read(cls, path: str | Path) -> ModelFile:
         """Read a file that needs no trust checks (tools, benchmarks); the server reads
-        through :meth:`model_server.repository.ModelRepository.read_model`."""
+        through :meth:`model_server.repository.ModelRepository.read_announced`."""
         data = Path(path).read_bytes()
         return cls(Path(path), data, sha256_bytes(data))
 

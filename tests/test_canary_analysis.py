@@ -1,0 +1,331 @@
+"""Canary analysis as pure functions: the figures read from real Prometheus text (written
+by prometheus_client, parsed as the operator parses a pod's /metrics), and the planner's
+decisions on them (a pass promotes, failureLimit failures roll back, an inconclusive
+check holds, a restarted operator continues from .status), on a simulated cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from prometheus_client import generate_latest
+
+from model_operator.analysis import AnalysisState, Result, Sample
+from model_operator.analysis_sources import pods_to_read
+from model_operator.canary_metrics import (
+    Figures,
+    figures,
+    increase,
+    parse_metrics,
+    quantile,
+)
+from model_operator.planner import BATCHES, CANARY, COMPLETE, FAILED
+from model_operator.pods import PodView
+from model_operator.spec import ModelDeploymentSpec, parse_spec
+from model_operator.status import build_status, rollout_from_status
+from model_rollout_contract import canary
+from model_rollout_contract.canary import TrafficPolicy
+from model_rollout_contract.states import Phase
+from model_rollout_e2e.simulated_servers import Behaviour, SimulatedServer
+from model_rollout_e2e.simulation import SimCluster
+
+BASE = {
+    "model": "mlp",
+    "version": "v2",
+    "image": "img:1",
+    "store": {"url": "s3://bucket/p"},
+    "signingPublicKeySecret": "signing-key",
+    "replicas": 4,
+    "rollout": {"batchSize": 2, "jitterSeconds": 0},
+}
+GOOD = Behaviour(latency_s=0.010)
+
+
+def spec(canary: dict, **analysis: object) -> ModelDeploymentSpec:
+    settings = {"intervalSeconds": 2, "minRequests": 40, "failureLimit": 2, **analysis}
+    return parse_spec({**BASE, "canary": {"percent": 25, "pauseSeconds": 6, **canary,
+                                          "analysis": settings}})  # fmt: skip
+
+
+class Traffic:
+    """Each pod's server (no HTTP: its registry is read directly) answering
+    ``per_step`` requests a step, the two versions as ``behaviours`` say."""
+
+    def __init__(self, behaviours: dict[str, Behaviour], per_step: int = 20) -> None:
+        self.behaviours = behaviours
+        self.per_step = per_step
+        self.servers: dict[str, SimulatedServer] = {}
+        self.samples: list[Sample] = []
+
+    def serve(self, cluster: SimCluster) -> None:
+        for pod in cluster.pods:
+            server = self.servers.setdefault(pod.name, SimulatedServer("mlp", "unused"))
+            policy = TrafficPolicy.from_annotation(pod.policy) if pod.policy else None
+            if pod.serving is not None:
+                server.serve(pod.serving, policy, self.behaviours, self.per_step)
+
+    def read(self, sp: ModelDeploymentSpec):  # type: ignore[no-untyped-def]
+        def reader(pods: list[PodView], analysis: AnalysisState, now: float) -> Sample:
+            chosen = pods_to_read(sp, "v1", "v2", pods)
+            snapshot = {
+                p.name: parse_metrics(
+                    generate_latest(self.servers[p.name].metrics.registry).decode(),
+                    "mlp",
+                    ("v1", "v2"),
+                )
+                for p in chosen
+            }
+            self.samples.append(Sample(now, snapshot=snapshot))
+            return self.samples[-1]
+
+        return reader
+
+
+def run(cluster: SimCluster, sp: ModelDeploymentSpec, traffic: Traffic, steps: int = 200):  # type: ignore[no-untyped-def]
+    """Step until the rollout ends; every plan is kept in ``cluster.plans``."""
+    for _ in range(steps):
+        plan = cluster.step(sp, read=traffic.read(sp))
+        traffic.serve(cluster)
+        if plan.state.stage in (COMPLETE, FAILED) and not plan.actions:
+            return plan
+    raise AssertionError(f"no end in {steps} steps: {cluster.plans[-1]}")
+
+
+# --- the figures ------------------------------------------------------------------------
+def scrape(server: SimulatedServer) -> dict:
+    text = generate_latest(server.metrics.registry).decode()
+    return parse_metrics(text, "mlp", ("v1", "v2"))
+
+
+def test_figures_are_the_difference_of_two_scrapes_of_real_prometheus_text() -> None:
+    server = SimulatedServer("mlp", "unused")
+    policy = TrafficPolicy("v1", "v2", traffic_percent=10, shadow_percent=50)
+    slow_nan = Behaviour(latency_s=0.3, error_every=4, non_finite=2, drift=0.2)
+    behaviours = {"v1": GOOD, "v2": slow_nan}
+    server.serve("v2", policy, behaviours, 100)
+    before = {"pod-a": scrape(server)}
+    server.serve("v2", policy, behaviours, 1000)
+    window = increase(before, {"pod-a": scrape(server), "pod-new": scrape(server)})
+    f = figures(window, "v1", "v2")
+    # 10% of 1000 answered by v2, a quarter of them 500s; half of v1's 900 shadowed
+    # (a shadow run is one of v2's requests, and fails as often as its live answers)
+    assert (f.live_requests, f.errors, f.shadow_requests, f.stable_requests) == (100, 138, 450, 900)
+    assert f.requests == 550 and f.error_rate == pytest.approx(138 / 550)
+    assert f.non_finite == 2 * 75  # the live answers that were not 500s (shadows: compared)
+    # NaN on one side is not comparable (+Inf): the quantile is the highest finite bound
+    assert f.drift_p99 == canary.DRIFT_BUCKETS[-1]
+    assert f.candidate_p99 is not None and 0.25 < f.candidate_p99 <= 0.5
+    assert f.stable_p99 is not None and 0.005 < f.stable_p99 <= 0.01
+    assert f.latency_ratio is not None and f.latency_ratio > 20
+    assert f.argmax_agreement == 1.0
+
+
+def test_a_reset_counts_from_zero_and_a_new_series_counts_whole() -> None:
+    old, fresh = SimulatedServer("mlp", "unused"), SimulatedServer("mlp", "unused")
+    old.serve("v1", None, {}, 500)
+    before = {"pod-a": scrape(old)}
+    fresh.serve("v1", None, {}, 30)  # the server restarted: its counters began again
+    fresh.serve("v2", None, {}, 7)  # and a version appeared
+    window = increase(before, {"pod-a": scrape(fresh)})
+    f = figures(window, "v1", "v2")
+    assert (f.stable_requests, f.live_requests) == (30, 7)
+
+
+def test_quantiles_are_prometheus_histogram_quantile() -> None:
+    buckets = [(0.1, 50.0), (0.2, 90.0), (0.4, 100.0), (math.inf, 100.0)]
+    assert quantile(0.5, buckets) == pytest.approx(0.1)
+    assert quantile(0.7, buckets) == pytest.approx(0.15)
+    assert quantile(0.99, buckets) == pytest.approx(0.38)
+    assert quantile(0.99, [(0.1, 0.0), (math.inf, 0.0)]) is None
+    assert quantile(0.99, [(0.1, 1.0), (math.inf, 100.0)]) == 0.1  # in +Inf: the last bound
+
+
+def test_fewer_requests_than_asked_is_inconclusive_not_a_failure() -> None:
+    from model_operator.analysis import judge
+
+    sp = spec({}, minRequests=50).canary.analysis
+    assert sp is not None
+    bad = Figures(10, 10, 0, 10, 1.0, 0.01, None, None, 5)
+    check = judge(bad, sp, 30)
+    assert check.result is Result.INCONCLUSIVE and "fewer than minRequests 50" in check.message
+
+
+# --- the planner ------------------------------------------------------------------------
+def test_an_in_pod_canary_carries_the_policy_passes_and_is_promoted() -> None:
+    cluster = SimCluster(4, "v1")
+    sp = spec({"trafficPercent": 10, "shadowPercent": 50})
+    traffic = Traffic({"v1": GOOD, "v2": GOOD})
+    seen_policies: set[str | None] = set()
+    for _ in range(200):
+        plan = cluster.step(sp, read=traffic.read(sp))
+        traffic.serve(cluster)
+        if plan.state.stage == CANARY:
+            seen_policies |= {p.policy for p in cluster.pods if p.target == "v2"}
+            assert all(p.policy is None for p in cluster.pods if p.target == "v1")
+        if plan.phase is Phase.AVAILABLE:
+            break
+    expected = TrafficPolicy("v1", "v2", 10, 50).to_annotation()
+    assert seen_policies == {expected}
+    assert all(p.policy is None for p in cluster.pods)  # removed at the promotion
+    assert cluster.serving() == {"v2": 4}
+    assert plan.analysis is not None and plan.analysis.last_result is Result.PASSED
+    assert plan.analysis.baseline is None  # that canary is over: no counters kept
+    reasons = [e.reason for p in cluster.plans for e in p.events]
+    assert reasons.index("AnalysisPassed") < reasons.index("CanaryPromoted")
+    pause_left = [p for p in cluster.plans if p.reason == "CanaryPause"]
+    assert pause_left and "analysis Passed" in pause_left[-1].message
+
+
+BAD = {
+    "errors": (Behaviour(error_every=5), {}, "% > 1.00% ("),
+    "NaN": (Behaviour(non_finite=1), {}, "non-finite outputs"),
+    "slow": (Behaviour(latency_s=0.2), {}, "p99 latency x"),
+    "wrong outputs": (Behaviour(drift=0.5), {"maxOutputDrift": 0.01}, "drift p99"),
+    "other classes": (Behaviour(argmax_agrees=False), {"minArgmaxAgreement": 0.9}, "argmax"),
+}
+MODES = {
+    "traffic": {"trafficPercent": 20, "shadowPercent": 50},
+    "shadow": {"shadowPercent": 50},
+    "pods": {},
+}
+# drift and argmax are measured on shadowed requests only; a shadow's outputs are
+# compared, not counted, so NaN shows as a drift of +Inf there
+CASES = [
+    pytest.param(BAD[bad], MODES[mode], id=f"{mode}-{bad}")
+    for bad in BAD
+    for mode in MODES
+    if not (mode == "pods" and bad in ("wrong outputs", "other classes"))
+    and not (mode == "shadow" and bad == "NaN")
+] + [
+    pytest.param(
+        (Behaviour(non_finite=1), {"maxOutputDrift": 1.0}, "drift p99 10 > 1"),
+        MODES["shadow"],
+        id="shadow-NaN",
+    )
+]
+
+
+@pytest.mark.parametrize(("bad", "canary"), CASES)
+def test_a_bad_candidate_is_rolled_back_after_failure_limit_checks(
+    bad: tuple[Behaviour, dict, str], canary: dict
+) -> None:
+    behaviour, thresholds, words = bad
+    sp = spec(canary, **thresholds)
+    cluster = SimCluster(4, "v1")
+    plan = run(cluster, sp, Traffic({"v1": GOOD, "v2": behaviour}))
+    assert plan.state.stage == FAILED and plan.state.rolled_back
+    assert (plan.phase, plan.reason) == (Phase.DEGRADED, "AnalysisFailed")
+    assert words in plan.message and "failureLimit 2" in plan.message, plan.message
+    for _ in range(5):  # the canary pods went back, and stay there
+        cluster.step(sp)
+    assert cluster.serving() == {"v1": 4}
+    assert all(p.target == "v1" and p.policy is None for p in cluster.pods)
+    events = [e for p in cluster.plans for e in p.events]
+    failed_checks = [e for e in events if e.reason == "AnalysisCheckFailed"]
+    assert len(failed_checks) == 2 and all(e.warning for e in failed_checks)
+    [final] = [e for e in events if e.reason == "AnalysisFailed"]
+    assert final.warning and "back to v1" in final.message
+    assert cluster.plans[-1].reason == "AnalysisFailed"  # Degraded until spec.version moves
+
+
+def test_an_inconclusive_check_holds_the_canary_and_the_next_one_sees_longer() -> None:
+    sp = spec({"trafficPercent": 10}, minRequests=60)
+    cluster = SimCluster(4, "v1")
+    traffic = Traffic({"v1": GOOD, "v2": GOOD}, per_step=20)  # 2 requests a step for v2
+    plan = run(cluster, sp, traffic)
+    assert plan.phase is not Phase.DEGRADED and cluster.serving() == {"v2": 4}
+    results = [p.analysis.last_result for p in cluster.plans if p.analysis is not None]
+    assert Result.INCONCLUSIVE in results and results[-1] is Result.PASSED
+    held = [p for p in cluster.plans if p.reason == "AnalysisHolding"]
+    assert held, "the pause ended without a passed check: the canary must hold"
+    assert "fewer than minRequests 60" in held[0].message
+    # the interval that passed began where the inconclusive ones did
+    checks = [p.analysis for p in cluster.plans if p.analysis and p.analysis.at]
+    passed = next(a for a in checks if a.last_result is Result.PASSED)
+    first = next(a for a in checks if a.last_result is Result.INCONCLUSIVE)
+    assert passed.at is not None and first.at is not None and passed.at - first.at >= 2
+
+
+def test_a_restarted_operator_continues_from_the_status() -> None:
+    """The analysis' state goes through .status as JSON (as the API server keeps it) and
+    back between every two steps: the rollback comes at the same check, from the same
+    scrapes, as without the round trip."""
+    sp = spec({"trafficPercent": 20}, failureLimit=3)
+    outcomes = []
+    for restart in (False, True):
+        cluster = SimCluster(4, "v1", seed=3)
+        traffic = Traffic({"v1": GOOD, "v2": Behaviour(error_every=3)})
+        for _ in range(200):
+            plan = cluster.step(sp, read=traffic.read(sp))
+            traffic.serve(cluster)
+            if restart:
+                status = json.loads(json.dumps(
+                    build_status(plan, [p.view() for p in cluster.pods], 4, 1, cluster.now,
+                                 [], signing_key="k")))  # fmt: skip
+                cluster.analysis = AnalysisState.from_status(status.get("analysis"))
+                cluster.state = rollout_from_status(status["rollout"])
+                assert (cluster.analysis is None) == (plan.analysis is None)
+            if plan.state.stage == FAILED:
+                break
+        assert plan.analysis is not None
+        outcomes.append((plan.analysis.checks, plan.analysis.failures, cluster.now, plan.message))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == 3
+
+
+def test_status_analysis_keeps_the_last_scrape_while_the_canary_is_held() -> None:
+    sp = spec({"trafficPercent": 20}, minRequests=5)
+    cluster = SimCluster(4, "v1")
+    traffic = Traffic({"v1": GOOD, "v2": GOOD})
+    for _ in range(30):
+        plan = cluster.step(sp, read=traffic.read(sp))
+        traffic.serve(cluster)
+        if plan.analysis is not None and plan.analysis.checks:
+            break
+    status = build_status(plan, [p.view() for p in cluster.pods], 4, 1, cluster.now, [],
+                          signing_key="k")  # fmt: skip
+    analysis = status["analysis"]
+    assert analysis["lastResult"] == "Passed" and analysis["checks"] == 1
+    assert set(analysis["baseline"]) == {p.name for p in cluster.pods if p.target == "v2"}
+    assert analysis["at"].endswith("Z")
+
+
+def test_a_new_target_drops_the_policy_of_an_abandoned_canary() -> None:
+    sp = spec({"trafficPercent": 20})
+    cluster = SimCluster(4, "v1")
+    traffic = Traffic({"v1": GOOD, "v2": GOOD})
+    for _ in range(6):
+        cluster.step(sp, read=traffic.read(sp))
+        traffic.serve(cluster)
+    assert any(p.policy for p in cluster.pods)
+    v3 = parse_spec({**BASE, "version": "v3", "canary": {"percent": 25, "pauseSeconds": 1}})
+    for _ in range(60):
+        plan = cluster.step(v3)
+        if plan.phase is Phase.AVAILABLE:
+            break
+    assert cluster.serving() == {"v3": 4}
+    assert all(p.policy is None for p in cluster.pods)
+
+
+def test_a_failing_analysis_rolls_back_even_while_awaiting_promotion() -> None:
+    sp = spec({"trafficPercent": 20, "manualPromote": True})
+    cluster = SimCluster(4, "v1")
+    plan = run(cluster, sp, Traffic({"v1": GOOD, "v2": Behaviour(non_finite=3)}))
+    assert plan.reason == "AnalysisFailed" and cluster.serving() == {"v1": 4}
+    assert any(p.reason == "AwaitingPromotion" for p in cluster.plans)
+
+
+def test_after_a_rollback_the_stable_version_and_a_new_rollout_work_as_before() -> None:
+    sp = spec({"trafficPercent": 20})
+    cluster = SimCluster(4, "v1")
+    run(cluster, sp, Traffic({"v1": GOOD, "v2": Behaviour(error_every=2)}))
+    back = parse_spec({**BASE, "version": "v1"})
+    for _ in range(10):
+        plan = cluster.step(back)
+    assert plan.phase is Phase.AVAILABLE and plan.state.stage == COMPLETE
+    v3 = parse_spec({**BASE, "version": "v3", "canary": {"percent": 25, "pauseSeconds": 1}})
+    for _ in range(40):
+        plan = cluster.step(v3)
+    assert cluster.serving() == {"v3": 4} and plan.state.stage == COMPLETE
+    assert BATCHES in {p.state.stage for p in cluster.plans}

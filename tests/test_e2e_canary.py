@@ -1,0 +1,105 @@
+"""End to end, canary analysis: operator + emulated API server + real pod processes
+(init, sidecar, server) + SeaweedFS, under load. Each pod has an IP of its own (a
+loopback address) and its server listens on port 8000, where the operator reads its
+/metrics. The canary pod holds both versions and splits requests itself (trafficPercent)
+and mirrors some of the stable answers to the candidate (shadowPercent).
+
+A v2 that answers NaN, then one whose outputs are not v1's (seen in the shadow), are
+each caught at the canary and rolled back automatically; a good v2 is promoted. No
+request fails, and the bad versions answer only the canary's share."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from model_rollout_contract.canary import TRAFFIC_POLICY
+from model_rollout_e2e.kube_emulator import list_objects
+from model_rollout_e2e.loadgen import LoadGenerator
+from model_rollout_e2e.scenario import NAMESPACE, Scenario, StoreSetup, available
+from model_rollout_e2e.seaweed import CREDENTIALS
+from model_sidecar.store import S3Store
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+REPLICAS = 4
+CANARY = {
+    "percent": 25,
+    "trafficPercent": 20,
+    "shadowPercent": 50,
+    "pauseSeconds": 4,
+    # latency is judged by the simulated tests: on a loaded 2-core machine the p99 of a
+    # few dozen requests is noise, so here it may be anything
+    "analysis": {
+        "intervalSeconds": 2,
+        "minRequests": 15,
+        "failureLimit": 2,
+        "maxOutputDrift": 0.01,
+        "maxLatencyRatio": 1000,
+    },
+}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(s3_env) -> None:
+    s3_env.create_bucket("models")
+    store = S3Store("models", f"canary-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
+    env = {
+        "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
+        "AWS_DEFAULT_REGION": CREDENTIALS["region_name"],
+    }
+    scenario = Scenario(StoreSetup.s3(store), env=env)
+    scenario.publish("v1", seed=1)
+    scenario.publish("v2-nan", seed=1, nan_above=0.5)  # NaN on real inputs (ones), not zeros
+    scenario.publish("v2-other", seed=2)  # a model, but not the one v1 is
+    scenario.publish("v2", seed=1)  # the same function as v1: passes every check
+
+    async with scenario.running():
+        await scenario.apply(
+            "v1", REPLICAS, canary=CANARY, rollout={"batchSize": 2, "jitterSeconds": 0.5}
+        )
+        await scenario.wait(available("v1", REPLICAS), 180)
+        urls = scenario.pod_urls()
+        assert len(urls) == REPLICAS and not any("127.0.0.1" in u for u in urls)
+        load = LoadGenerator(urls, "mlp", scenario.in_dim, concurrency=4, think_s=0.01)
+        load.start_clock()
+        traffic = asyncio.create_task(load.run())
+
+        for bad, words in (("v2-nan", "non-finite outputs"), ("v2-other", "drift p99")):
+            await scenario.set_version(bad)
+            await scenario.wait(lambda s: s.get("phase") == "Canary", 120)
+            status = await scenario.wait(lambda s: s.get("phase") == "Degraded", 180)
+            degraded = condition(status, "Degraded")
+            assert degraded["reason"] == "AnalysisFailed", degraded
+            assert words in degraded["message"], degraded["message"]
+            assert status["analysis"]["lastResult"] == "Failed"
+            status = await scenario.wait(lambda s: s.get("versions") == {"v1": REPLICAS}, 60)
+            assert status["currentVersion"] == "v1"
+            for pod in await scenario.pod_objects():
+                assert TRAFFIC_POLICY not in (pod["metadata"].get("annotations") or {})
+
+        await scenario.set_version("v2")
+        status = await scenario.wait(available("v2", REPLICAS), 240)
+        assert status["analysis"]["lastResult"] == "Passed"
+        assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
+        await asyncio.sleep(1)
+        load.stop()
+        result = await traffic
+        events = await list_objects(scenario.api, f"/api/v1/namespaces/{NAMESPACE}/events")
+    failures = [e for e in events if e.get("reason") == "AnalysisFailed"]
+    assert [e.get("type") for e in failures] == ["Warning", "Warning"], failures
+
+    failed = [s for s in result.samples if not s.ok]
+    assert failed == [], failed[:5]
+    answered = Counter(s.version for s in result.samples)
+    assert answered["v1"] > 0 and answered["v2"] > 0, answered
+    total = sum(answered.values())
+    for bad in ("v2-nan", "v2-other"):  # only the canary pod's share of its requests
+        assert answered[bad] < 0.15 * total, answered

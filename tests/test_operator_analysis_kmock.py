@@ -1,0 +1,260 @@
+"""Canary analysis through the real kopf loop against kmock's Kubernetes API: the
+operator reads every canary pod's ``/metrics`` over HTTP at the pod's own IP and port
+8000, as in a cluster (each simulated pod listens on a loopback address of its own,
+which the kubelet stand-in writes to ``status.podIP``), and judges what they count:
+made-up traffic, answered by each version as the test says (a candidate that answers
+500s, NaN or slowly), split between the versions as the pod's traffic policy says."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_operator.config import OperatorConfig
+from model_rollout_contract.annotations import TARGET_VERSION
+from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
+from model_rollout_e2e.api_client import HarnessApi
+from model_rollout_e2e.binaries import BinaryNotFound, prometheus_binary
+from model_rollout_e2e.kube_emulator import (
+    create_model_deployment,
+    kube_emulator,
+    list_objects,
+    patch_model_deployment,
+    wait_for_status,
+)
+from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
+from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
+from model_rollout_e2e.prometheus import PrometheusServer
+from model_rollout_e2e.simulated_servers import Behaviour
+
+pytestmark = pytest.mark.slow
+NS = "ml"
+INTERVAL_S = 0.25
+GOOD = Behaviour(latency_s=0.010)
+
+
+class Harness:
+    def __init__(self, api: HarnessApi, pods: SimulatedPods, log_dir: Path) -> None:
+        self.api, self.pods, self.log_dir = api, pods, log_dir
+        self.operator: OperatorThread | ChildProcess | None = None
+        self.history: list[dict[str, Any]] = []
+
+    def start_operator(self, process: bool = False) -> None:
+        if process:
+            log = self.log_dir / "operator.log"
+            self.operator = OperatorProcess(self.api.url, NS, INTERVAL_S, log).start()
+        else:
+            config = OperatorConfig(self.api.url, [NS], INTERVAL_S, disable_scanning=True)
+            self.operator = OperatorThread(config).start()
+
+    async def stop_operator(self) -> None:
+        if self.operator is not None:
+            await asyncio.to_thread(self.operator.stop)
+            self.operator = None
+
+    async def wait(self, predicate: Any, timeout: float = 60) -> dict[str, Any]:
+        def record(status: dict[str, Any]) -> None:
+            if status and (not self.history or self.history[-1] != status):
+                self.history.append(status)
+
+        return await wait_for_status(self.api, NS, "mlp", predicate, timeout, record)
+
+    async def pods_now(self) -> list[dict[str, Any]]:
+        return await list_objects(self.api, f"/api/v1/namespaces/{NS}/pods")
+
+    async def events(self) -> list[dict[str, Any]]:
+        return await list_objects(self.api, f"/api/v1/namespaces/{NS}/events")
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with kube_emulator() as api:
+        pods = SimulatedPods(api, NS, delay_s=0.3, model="mlp", requests_per_sync=4)
+        kubelet = Kubelet(api, NS, pods, interval_s=0.1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(kubelet.run(stop))
+        h = Harness(api, pods, tmp_path)
+        try:
+            yield h
+        finally:
+            stop.set()
+            await task
+            await h.stop_operator()
+            for name in list(pods.servers):
+                await pods.stop(name)
+
+
+def body(**canary: Any) -> dict[str, Any]:
+    analysis = {"intervalSeconds": 1, "minRequests": 20, "failureLimit": 2}
+    analysis.update(canary.pop("analysis", {}))
+    return {
+        "metadata": {"name": "mlp"},
+        "spec": {
+            "model": "mlp",
+            "version": "v1",
+            "image": "registry.example/model-server:0.1",
+            "replicas": 4,
+            "backend": "onnxruntime",
+            "store": {"pvc": "model-store"},
+            "canary": {"percent": 25, "pauseSeconds": 3, "analysis": analysis, **canary},
+            "rollout": {"batchSize": 2, "jitterSeconds": 0},
+            "signingPublicKeySecret": "model-signing-key",
+        },
+    }
+
+
+def available(version: str) -> Any:
+    return lambda s: s.get("phase") == "Available" and s.get("versions") == {version: 4}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+async def roll_out_v2(h: Harness, **canary: Any) -> None:
+    await create_model_deployment(h.api, NS, body(**canary))
+    await h.wait(available("v1"))
+    h.history.clear()
+    await patch_model_deployment(h.api, NS, "mlp", {"spec": {"version": "v2"}})
+
+
+BAD = {
+    "answers 500s": (Behaviour(error_every=3), "error rate"),
+    "answers NaN": (Behaviour(non_finite=4), "non-finite outputs"),
+    "answers slowly": (Behaviour(latency_s=0.5), "p99 latency"),
+}
+
+
+@pytest.mark.parametrize(("behaviour", "words"), BAD.values(), ids=BAD.keys())
+async def test_a_bad_candidate_is_rolled_back_automatically(
+    harness: Harness, behaviour: Behaviour, words: str
+) -> None:
+    harness.pods.behaviours = {"v1": GOOD, "v2": behaviour}
+    harness.start_operator()
+    await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
+    canary_status = await harness.wait(lambda s: s.get("phase") == "Canary")
+    status = await harness.wait(lambda s: s.get("phase") == "Degraded")
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "AnalysisFailed", degraded
+    assert words in degraded["message"] and "failureLimit 2" in degraded["message"]
+    assert status["analysis"]["lastResult"] == "Failed" and status["analysis"]["failures"] == 2
+    status = await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
+    assert status["phase"] == "Degraded" and status["currentVersion"] == "v1"
+    for pod in await harness.pods_now():
+        annotations = pod["metadata"].get("annotations") or {}
+        assert annotations[TARGET_VERSION] == "v1" and TRAFFIC_POLICY not in annotations
+    events = await harness.events()
+    [failed] = [e for e in events if e.get("reason") == "AnalysisFailed"]
+    assert failed["type"] == "Warning" and words in failed["message"]
+    assert canary_status["targetVersion"] == "v2"
+
+
+async def test_a_good_candidate_passes_its_checks_and_is_promoted(harness: Harness) -> None:
+    harness.pods.behaviours = {"v1": GOOD, "v2": GOOD}
+    harness.start_operator()
+    await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
+    canary = await harness.wait(lambda s: s.get("phase") == "Canary" and s.get("analysis"))
+    assert canary["analysis"]["rollout"].startswith("v2@")
+    # the canary pod carries the policy (its server splits and mirrors requests)
+    await harness.wait(lambda s: (s.get("analysis") or {}).get("lastResult") == "Passed")
+    policies = [
+        (p["metadata"].get("annotations") or {}).get(TRAFFIC_POLICY)
+        for p in await harness.pods_now()
+    ]
+    assert [TrafficPolicy.from_annotation(p) for p in policies if p] == [
+        TrafficPolicy("v1", "v2", 25, 50)
+    ]
+    status = await harness.wait(available("v2"))
+    assert status["analysis"]["lastResult"] == "Passed" and status["analysis"]["failures"] == 0
+    assert "baseline" not in status["analysis"]  # that canary is over
+    phases = [s.get("phase") for s in harness.history]
+    assert "Degraded" not in phases and phases.index("Canary") < phases.index("Progressing")
+    for pod in await harness.pods_now():
+        assert TRAFFIC_POLICY not in (pod["metadata"].get("annotations") or {})
+    reasons = [e.get("reason") for e in await harness.events()]
+    assert reasons.index("AnalysisPassed") < reasons.index("CanaryPromoted"), reasons
+
+
+async def test_a_canary_of_whole_pods_is_compared_with_the_stable_pods(harness: Harness) -> None:
+    """No traffic policy: the canary pod serves the candidate only, and the reference
+    latency is the stable pods' (read from their own /metrics)."""
+    harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(latency_s=0.5)}
+    harness.start_operator()
+    await roll_out_v2(harness)
+    status = await harness.wait(lambda s: s.get("phase") == "Degraded")
+    message = condition(status, "Degraded")["message"]
+    assert "p99 latency x" in message and "vs stable 10.0ms" in message, message
+    await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
+
+
+async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
+    harness: Harness,
+) -> None:
+    harness.pods.requests_per_sync = 0  # nobody sends a request
+    harness.start_operator()
+    await roll_out_v2(harness, trafficPercent=25)
+    status = await harness.wait(lambda s: s.get("message", "").endswith("after a passed check"))
+    assert status["phase"] == "Canary" and status["analysis"]["lastResult"] == "Inconclusive"
+    assert "fewer than minRequests 20" in status["analysis"]["message"]
+    await asyncio.sleep(2)  # past the pause: still held, nothing promoted or rolled back
+    status = await harness.wait(lambda s: True)
+    assert status["phase"] == "Canary" and status["versions"] == {"v1": 3, "v2": 1}
+    harness.pods.requests_per_sync = 4  # traffic comes: the canary is judged, and passes
+    await harness.wait(available("v2"))
+
+
+async def test_a_restarted_operator_continues_the_analysis_from_the_status(
+    harness: Harness,
+) -> None:
+    """The operator process is killed after the first failed check; a new one goes on
+    from .status (the failures so far and the last scrape) instead of starting over."""
+    harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
+    harness.start_operator(process=True)
+    await roll_out_v2(harness, trafficPercent=50, analysis={"failureLimit": 3})
+    status = await harness.wait(lambda s: (s.get("analysis") or {}).get("failures") == 1)
+    await harness.stop_operator()
+    kept = status["analysis"]
+    assert kept["baseline"], kept  # the last scrape, to measure the next interval from
+    harness.start_operator(process=True)
+    status = await harness.wait(lambda s: s.get("phase") == "Degraded")
+    assert status["analysis"]["failures"] == 3 and status["analysis"]["checks"] > kept["checks"]
+    failed = [e for e in await harness.events() if e.get("reason") == "AnalysisCheckFailed"]
+    numbers = sorted(int(re.match(r"check (\d+) failed", e["message"])[1]) for e in failed)  # type: ignore[index]
+    assert len(numbers) == 3 and numbers == sorted(set(numbers)), numbers  # none repeated
+
+
+async def test_with_prometheus_the_figures_come_from_promql(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes the pods (at their IPs, port 8000, as Kubernetes service
+    discovery would) and the operator asks it, not the pods."""
+    try:
+        prometheus_binary()
+    except BinaryNotFound as exc:  # .ci/run installs it: under CI=true this fails
+        pytest.skip(str(exc))
+    harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
+    harness.start_operator()
+    prometheus = PrometheusServer(tmp_path / "prometheus", [], scrape_interval_s=0.5)
+    analysis = {"intervalSeconds": 2, "minRequests": 10, "prometheus": {"url": prometheus.url}}
+    await create_model_deployment(harness.api, NS, body(trafficPercent=25, analysis=analysis))
+    await harness.wait(available("v1"))
+    ips = [p["status"]["podIP"] for p in await harness.pods_now()]
+    assert len(set(ips)) == 4 and "127.0.0.1" not in ips  # an address of its own each
+    prometheus.targets = [(f"{ip}:8000", {"namespace": NS}) for ip in ips]
+    prometheus.start()
+    try:
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 2)
+        await patch_model_deployment(harness.api, NS, "mlp", {"spec": {"version": "v2"}})
+        held = await harness.wait(lambda s: (s.get("analysis") or {}).get("checks", 0) >= 1)
+        assert "baseline" not in held["analysis"]  # nothing scraped by the operator itself
+        status = await harness.wait(lambda s: s.get("phase") == "Degraded")
+    finally:
+        prometheus.stop()
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "AnalysisFailed" and "error rate" in degraded["message"]
+    await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
