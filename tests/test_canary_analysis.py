@@ -329,3 +329,24 @@ def test_after_a_rollback_the_stable_version_and_a_new_rollout_work_as_before() 
         plan = cluster.step(v3)
     assert cluster.serving() == {"v3": 4} and plan.state.stage == COMPLETE
     assert BATCHES in {p.state.stage for p in cluster.plans}
+
+
+def test_a_verdict_on_replaced_canary_pods_is_not_carried_over() -> None:
+    """Canary pods replaced mid-pause are measured afresh: the last Passed judged other
+    pods and must not promote these before a check of their own."""
+    from dataclasses import replace
+
+    analysis = spec({"trafficPercent": 20}).canary.analysis
+    assert analysis is not None
+    passed = replace(
+        AnalysisState.start("v2@1", 0.0, analysis), last_result=Result.PASSED, checks=1
+    )
+    again = passed.restart_window(10.0, analysis)
+    assert again.last_result is None and again.checks == 1
+
+
+def test_a_drift_threshold_no_drift_could_exceed_is_refused() -> None:
+    from model_operator.errors import SpecError
+
+    with pytest.raises(SpecError, match="maxOutputDrift"):
+        spec({"shadowPercent": 20}, maxOutputDrift=canary.MAX_DRIFT_THRESHOLD * 2)

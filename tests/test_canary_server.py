@@ -557,3 +557,16 @@ async def test_a_candidate_answering_nan_in_shadow_counts_its_non_finite_outputs
     labels = {"model": "mlp", "version": "v2"}
     assert sample(found, canary.SHADOW_REQUESTS, **labels) == 4
     assert sample(found, canary.OUTPUT_NONFINITE, **labels) == 4 * 3 * 4
+
+
+async def test_the_series_analysis_reads_exist_at_zero_from_the_load(
+    repo, server_config: ServerConfig
+) -> None:
+    """Prometheus' increase() cannot count a series' first sample: a 500 series born with
+    the first error would hide it from the first check, so both exist from the load."""
+    async with serving(server_config) as (client, _server):
+        assert (await ask(server_config.control_socket, load_request(repo[1]["v2"])))["ok"]
+        found = await metrics(client)
+    for code in ("200", "500"):
+        key = (canary.REQUESTS, frozenset({"model": "mlp", "version": "v2", "code": code}.items()))
+        assert found.get(key) == 0.0, code

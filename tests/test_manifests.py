@@ -202,6 +202,9 @@ BAD_SPECS = {
     },
     "analysis every 0.1 s": {"canary": {"percent": 10, "analysis": {"intervalSeconds": 0.1}}},
     "error rate over 1": {"canary": {"percent": 10, "analysis": {"maxErrorRate": 2}}},
+    "a drift threshold no drift can exceed": {
+        "canary": {"percent": 10, "shadowPercent": 10, "analysis": {"maxOutputDrift": 10}}
+    },
     "no failure allowed": {"canary": {"percent": 10, "analysis": {"failureLimit": 0}}},
     "drift without shadow": {"canary": {"percent": 10, "analysis": {"maxOutputDrift": 0.1}}},
     "prometheus without url": {"canary": {"percent": 10, "analysis": {"prometheus": {}}}},
@@ -492,7 +495,7 @@ SPEC_FIELDS: dict[str, Any] = {
             "failureLimit": _integer(1, 100),
             "maxErrorRate": _number(0, 1),
             "maxLatencyRatio": _number(1, 100),
-            "maxOutputDrift": _number(0, 100),
+            "maxOutputDrift": _number(0, 100),  # above 5: refused by both
             "minArgmaxAgreement": _number(0, 1),
             "maxNonFinite": _integer(0, 100_000),
             "prometheus": {

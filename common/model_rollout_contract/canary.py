@@ -104,6 +104,9 @@ SHADOW_ARGMAX_COMPARED = "model_shadow_argmax_compared_total"  # class-score out
 SHADOW_ARGMAX_AGREED = "model_shadow_argmax_agreed_total"  # of which the argmax agreed
 SHADOW_LATENCY = "model_shadow_duration_seconds"  # histogram: the candidate's time
 DRIFT_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# a drift beyond the last bucket (NaN, a shape mismatch, anything huge) reads as that
+# bucket's bound, as histogram_quantile does: a threshold must lie below it to ever fail
+MAX_DRIFT_THRESHOLD = DRIFT_BUCKETS[-2]
 
 # --- golden set ------------------------------------------------------------------------
 # ``golden.npz`` beside the model, named (with its sha256 and size) by the signed

@@ -122,10 +122,11 @@ class AnalysisState:
         return cls(rollout, now, first, message="waiting for the first check")
 
     def restart_window(self, now: float, spec: AnalysisSpec) -> AnalysisState:
-        """The canary's pods changed: measure afresh (the counts so far stand)."""
+        """The canary's pods changed: measure afresh (the counts so far stand). The last
+        verdict does not: it judged other pods, and must not promote these."""
         fresh = AnalysisState.start(self.rollout, now, spec)
         return replace(fresh, checks=self.checks, failures=self.failures,
-                       last_result=self.last_result, message=self.message, at=self.at)  # fmt: skip
+                       last_result=None, message=self.message, at=self.at)  # fmt: skip
 
     def due(self, now: float) -> bool:
         return now >= self.next_check_at

@@ -11,6 +11,7 @@ from typing import Any
 
 from model_rollout_contract import defaults
 from model_rollout_contract.argv import STORE_DIR
+from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
 from model_rollout_contract.names import NAME_RULE, is_valid_name
 from model_rollout_contract.redact import redact
 
@@ -526,7 +527,7 @@ def _analysis(canary: dict[str, Any], problems: list[str]) -> AnalysisSpec | Non
         ("failureLimit", analysis.failure_limit, 1, MAX_FAILURE_LIMIT),
         ("maxErrorRate", analysis.max_error_rate, 0, 1),
         ("maxLatencyRatio", analysis.max_latency_ratio, 1, None),
-        ("maxOutputDrift", analysis.max_output_drift, 0, None),
+        ("maxOutputDrift", analysis.max_output_drift, 0, MAX_DRIFT_THRESHOLD),
         ("minArgmaxAgreement", analysis.min_argmax_agreement, 0, 1),
         ("maxNonFinite", analysis.max_non_finite, 0, None),
     ):

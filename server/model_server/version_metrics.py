@@ -62,6 +62,10 @@ class VersionMetrics:
             [*_LABELS, "code"], registry=None,
         )  # fmt: skip
         self._parents: list[Counter | Gauge | Histogram] = [self._requests]
+        # the series analysis reads exist from the start at zero: Prometheus' increase()
+        # cannot count a series' first sample, so the first errors would go unseen
+        for code in ("200", "500"):
+            self._requests.labels(*lv, code)
         self.latency = self._histogram(
             canary.LATENCY, "Latency of the requests this version answered", LATENCY_BUCKETS
         )
