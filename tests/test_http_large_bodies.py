@@ -183,6 +183,33 @@ async def test_a_full_queue_of_large_bodies_is_answered_503_with_retry_after(
         assert 'inference_requests_total{code="503",model="mlp"} 1.0' in metrics
 
 
+async def _chunks(body: bytes) -> AsyncIterator[bytes]:
+    yield body  # a body without Content-Length: its size is known only once it is read
+
+
+async def test_a_full_queue_is_the_servers_overload_and_not_the_versions_error(
+    server_config: ServerConfig,
+) -> None:
+    """A chunked body (no announced length) is refused for a full queue once read: that
+    503 is counted for the server, never in the per-version series canary analysis
+    judges a version on."""
+    config = replace(server_config, json_workers=1, json_max_pending=1)
+    x = np.random.default_rng(4).standard_normal((40_000, 8)).astype(np.float32)
+    body = json.dumps(infer_body(x)).encode()
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        async with stopped_worker(client, body):
+            waiting = asyncio.create_task(client.post(INFER, data=body, headers=JSON))
+            await until_in_flight(client, 1)
+            refused = await asyncio.wait_for(
+                client.post(INFER, data=_chunks(body), headers=JSON), 60
+            )
+            assert refused.status == 503, await refused.text()
+        assert (await waiting).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert 'inference_requests_total{code="503",model="mlp"} 1.0' in metrics
+        assert 'model_version_requests_total{code="503"' not in metrics
+
+
 async def test_a_body_decoded_for_inputs_that_changed_meanwhile_is_checked_again(
     server_config: ServerConfig, repo
 ) -> None:

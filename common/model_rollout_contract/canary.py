@@ -94,6 +94,9 @@ class TrafficPolicy:
 # candidate failed), as one of SHADOW_REQUESTS: live answers are the difference
 REQUESTS = "model_version_requests_total"
 LATENCY = "model_version_request_duration_seconds"  # histogram
+# histogram: the engine's own time per run, live or shadow (no queueing, no JSON): what a
+# shadowed candidate's SHADOW_LATENCY is compared with, since a shadow run has no request
+ENGINE_LATENCY = "model_version_engine_duration_seconds"
 OUTPUT_VALUES = "model_version_output_values_total"  # output values seen
 OUTPUT_NONFINITE = "model_version_output_nonfinite_total"  # of which NaN or ±Inf
 OUTPUT_SUM = "model_version_output_sum_total"  # sum of the finite values

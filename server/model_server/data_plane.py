@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from model_rollout_contract.control import StatusReply, SwapReply
 from model_rollout_contract.names import InvalidName, check_name
 
 from .audit import AuditEvent
+from .backends.base import TensorSpec
 from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
 from .errors import BadRequest, ModelNotFound, ServingError, Unavailable
@@ -37,6 +38,8 @@ from .v2_codec import InferenceRequest
 # decodes of one request when swaps keep changing the model's inputs meanwhile
 DECODE_ATTEMPTS = 3
 SHADOW_MAX_IN_FLIGHT = 2  # shadow runs at once, unless the server is told otherwise
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 def _iso(ts: float) -> str:
@@ -53,15 +56,55 @@ def swap_reply(result: SwapResult) -> SwapReply:
     )
 
 
+class RequestCodec(Protocol[R_co]):
+    """One transport's request, as the data plane needs it: its body decoded against the
+    input specs of the version it is routed to (which can change, so decoding may run
+    more than once), and the answer encoded in the transport's own form."""
+
+    async def decode(self, specs: tuple[TensorSpec, ...]) -> InferenceRequest: ...
+
+    async def encode(
+        self,
+        name: str,
+        version: str,
+        request_id: str,
+        outputs: dict[str, np.ndarray],
+        request: InferenceRequest,
+    ) -> R_co: ...
+
+
 @dataclass(frozen=True)
-class Answer:
-    body: bytes  # the JSON response
+class JsonBody:
+    """A KServe v2 JSON body over HTTP (decoded off the loop when large)."""
+
+    codec: JsonCodec
+    body: bytes
+    charset: str = "utf-8"
+
+    async def decode(self, specs: tuple[TensorSpec, ...]) -> InferenceRequest:
+        return await self.codec.decode(self.body, self.charset, specs)
+
+    async def encode(
+        self,
+        name: str,
+        version: str,
+        request_id: str,
+        outputs: dict[str, np.ndarray],
+        request: InferenceRequest,
+    ) -> bytes:
+        return await self.codec.encode(name, version, request_id, outputs)
+
+
+@dataclass(frozen=True)
+class Answer(Generic[R]):
+    body: R  # the response, as the transport's codec encoded it
     shadow: ShadowJob | None = None  # to submit once the client has ``body``
 
 
 @dataclass
 class _Served:
-    """The version a request was routed to (for its series), once known."""
+    """The version that ran a request (for its series), once it is pinned: a request
+    refused before that (a full decode queue, a malformed body) is not that version's."""
 
     version: LoadedVersion | None = None
 
@@ -178,7 +221,7 @@ class DataPlane:
         self.codec.check_room(body_bytes)
 
     async def _decode_and_run(
-        self, slot: ModelSlot, route: Route, body: bytes, charset: str, served: _Served
+        self, slot: ModelSlot, route: Route, codec: RequestCodec[Any], served: _Served
     ) -> tuple[LoadedVersion, InferenceRequest, dict[str, np.ndarray]]:
         """Decode against the routed version's input specs *without* pinning it (a large
         body can wait for a JSON worker: a pin would keep a dropped version's engine, and
@@ -188,12 +231,11 @@ class DataPlane:
         policy never fails a request; a pinned one that is not loaded is a 404."""
         lenient = not route.pinned
         for _attempt in range(DECODE_ATTEMPTS):
-            served.version = slot.resolve(route.version, or_serving=lenient)
-            specs = served.version.engine.inputs
-            request = await self.codec.decode(body, charset, specs)
+            specs = slot.resolve(route.version, or_serving=lenient).engine.inputs
+            request = await codec.decode(specs)
             with slot.pin(route.version, or_serving=lenient) as pinned:
-                served.version = pinned
                 if pinned.engine.inputs == specs:
+                    served.version = pinned
                     return pinned, request, await self.manager.run(pinned, request.feeds)
         raise Unavailable(
             f"model {slot.key!r} changed its inputs {DECODE_ATTEMPTS} times while this request "
@@ -202,23 +244,27 @@ class DataPlane:
         )
 
     async def infer(
-        self, key: str, name: str, body: bytes, charset: str | None, pin: str | None = None
-    ) -> Answer:
-        """A KServe v2 inference on a JSON body: validated against, and answered by, the
-        one version pinned for this request (``pin``: the version the request names)."""
+        self,
+        key: str,
+        name: str,
+        codec: RequestCodec[R],
+        pin: str | None = None,
+        version: str | None = None,
+    ) -> Answer[R]:
+        """A KServe v2 inference, validated against and answered by the one version pinned
+        for it: ``version`` (a versioned route) or ``pin`` (the pin header) names it, else
+        the traffic policy or the serving version chooses."""
         started = time.perf_counter()
         code = "500"
         served = _Served()
         self.metrics.in_flight.labels(key).inc()
         try:
             slot = self.manager.slot(key)
-            route = self.router.route(slot.policy, _pinned_name(pin))
-            pinned, request, results = await self._decode_and_run(
-                slot, route, body, charset or "utf-8", served
-            )
+            route = self.router.route(slot.policy, _named_version(version, pin))
+            pinned, request, results = await self._decode_and_run(slot, route, codec, served)
             outputs = select_outputs(results, request.outputs)
-            response = await self.codec.encode(
-                name, pinned.version, request.id or str(uuid.uuid4()), outputs
+            response = await codec.encode(
+                name, pinned.version, request.id or str(uuid.uuid4()), outputs, request
             )
             code = "200"
             if route.shadow is not None and pinned.version == route.version:
@@ -279,11 +325,16 @@ class DataPlane:
         return swap_reply(result)
 
 
-def _pinned_name(pin: str | None) -> str | None:
-    """The version a request's pin header names, checked like any version name."""
-    if pin is None:
-        return None
-    try:
-        return check_name("version", pin)
-    except InvalidName as exc:
-        raise BadRequest(f"{PIN_HEADER}: {exc}") from None
+def _named_version(route_version: str | None, pin: str | None) -> str | None:
+    """The version a request names (its route's, or its pin header's), checked like any
+    version name; a route and a header naming two versions contradict each other."""
+    if pin is not None:
+        try:
+            pin = check_name("version", pin)
+        except InvalidName as exc:
+            raise BadRequest(f"{PIN_HEADER}: {exc}") from None
+    if route_version is not None:
+        route_version = check_name("version", route_version)
+        if pin is not None and pin != route_version:
+            raise BadRequest(f"the route names version {route_version!r} and {PIN_HEADER} {pin!r}")
+    return route_version or pin

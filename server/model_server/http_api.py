@@ -16,7 +16,7 @@ from model_rollout_contract.control import SwapReply
 from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
-from .data_plane import Caller, DataPlane
+from .data_plane import Caller, DataPlane, JsonBody
 from .errors import BadRequest, ServingError
 from .metrics import ServerMetrics
 from .repository import model_key
@@ -108,7 +108,12 @@ async def infer(request: web.Request) -> web.Response:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400
         plane.count_rejected(key, status, time.perf_counter() - started)
         raise
-    answer = await plane.infer(key, name, body, request.charset, request.headers.get(PIN_HEADER))
+    answer = await plane.infer(
+        key,
+        name,
+        JsonBody(plane.codec, body, request.charset or "utf-8"),
+        request.headers.get(PIN_HEADER),
+    )
     response = web.Response(body=answer.body, content_type="application/json")
     if answer.shadow is not None:  # mirrored to the candidate once the client has its answer
         if plane.draining:
