@@ -20,7 +20,7 @@ COMPAT := $(VENV)/compat
 TRT_COMPAT := 10.8.0.43:cu12:10.16.1.11 10.16.1.11:cu12:10.16.1.11 11.4.0.106:cu13:11.4.0.106
 CUDA_COMPAT := 12.9.10 13.5.0
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench grpc-protocol clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ bench: install
 	$(BIN)/python bench/swap_under_load.py
 	$(BIN)/python bench/cold_start.py
 	$(BIN)/python bench/rollout_scale.py
+
+# the KServe v2 gRPC code from the vendored protos (committed; a test checks it is current)
+grpc-protocol: install
+	$(BIN)/python -m model_server.grpc_protocol.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,9 +2,13 @@
 
 Runs real server processes on 127.0.0.1 and a closed-loop load generator, all phases in
 one run so the figures are comparable. Prints a table and writes JSON (and a PNG plot of
-latency over time when matplotlib is installed).
+latency over time when matplotlib is installed). For each model size the hot swap's p99
+while the new version loads is compared with the steady p99, and the server's own mean
+time per request (its ``inference_request_duration_seconds``) is given beside the
+clients' latency.
 
     python bench/swap_under_load.py --backend onnxruntime --seconds 4
+    python bench/swap_under_load.py --backend torch --concurrency 16   # 25 and 400 MiB
 """
 
 from __future__ import annotations
@@ -19,18 +23,24 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import ServerProcess, free_port
 
 ADMIN_TOKEN = "bench-token"
+# 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
+SIZES = {"small": (256, 1024), "large": (1024, 4096)}
+DEPTH = 8
 
 
-def publish(root: Path, version: str, seed: int, args: argparse.Namespace) -> Path:
-    path = root / "mlp" / version / "model.onnx"
-    write_mlp(path, seed, in_dim=args.in_dim, hidden=args.hidden, out_dim=16, depth=args.depth)
-    manifest = Manifest("mlp", version, "model.onnx", sha256_file(path), path.stat().st_size)
+def publish(root: Path, model: str, version: str, seed: int, size: str) -> Path:
+    in_dim, hidden = SIZES[size]
+    path = root / model / version / "model.onnx"
+    write_mlp(path, seed, in_dim=in_dim, hidden=hidden, out_dim=16, depth=DEPTH)
+    manifest = Manifest(model, version, "model.onnx", sha256_file(path), path.stat().st_size)
     (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
     return path
 
@@ -43,6 +53,29 @@ def post(url: str) -> dict:
         return json.loads(response.read())
 
 
+def server_seconds(url: str, model: str) -> tuple[float, float]:
+    """(sum, count) of the server's own request-duration histogram for ``model``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "inference_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if sample.name.endswith("_sum"):
+                total = sample.value
+            elif sample.name.endswith("_count"):
+                count = sample.value
+    return total, count
+
+
+def mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    count = after[1] - before[1]
+    return round((after[0] - before[0]) / count * 1000, 3) if count else None
+
+
 def first_version_time(result: LoadResult, version: str, after: float) -> float | None:
     times = [
         s.started + s.latency_s
@@ -53,13 +86,21 @@ def first_version_time(result: LoadResult, version: str, after: float) -> float 
 
 
 def phase_report(
-    result: LoadResult, switch_at: float, switched_at: float, switch_ms: float
+    result: LoadResult, switch_at: float, switched_at: float, switch_ms: float, model: str
 ) -> dict:
-    """Windows before, during (until 0.5 s after the switch completed) and after."""
+    """Windows before, during (until 0.5 s after the switch completed) and after; steady
+    starts after a warm-up second."""
+    steady = LoadResult.summary(result.window(min(1.0, switch_at / 2), switch_at))
+    during = LoadResult.summary(result.window(switch_at, switched_at + 0.5))
+    ratio = None
+    if steady["p99_ms"] and during["p99_ms"]:
+        ratio = round(float(during["p99_ms"]) / float(steady["p99_ms"]), 2)
     return {
-        "steady": LoadResult.summary(result.window(0, switch_at)),
-        "during_swap": LoadResult.summary(result.window(switch_at, switched_at + 0.5)),
+        "model": model,
+        "steady": steady,
+        "during_swap": during,
         "after": LoadResult.summary(result.window(switched_at + 0.5, 1e9)),
+        "p99_during_over_steady": ratio,
         "swap_call_ms": switch_ms,  # hot swap: the server's load+swap; restart: stop to ready
         "time_to_new_version_s": first_version_time(result, "v2", switch_at),
         "samples": result.samples,
@@ -71,6 +112,7 @@ def server(
     work: Path,
     args: argparse.Namespace,
     name: str,
+    model: str,
     version: str,
     cache: Path,
     port: int | None = None,
@@ -79,7 +121,7 @@ def server(
     token.write_text(ADMIN_TOKEN)
     return ServerProcess(
         work / "repo",
-        [f"mlp={version}"],
+        [f"{model}={version}"],
         work / f"{name}.log",
         port=port,
         extra=[
@@ -95,36 +137,47 @@ def server(
     )
 
 
-async def phase_hot_swap(work: Path, args: argparse.Namespace) -> dict:
-    srv = server(work, args, "hot-swap", "v1", work / "cache").start()
+async def phase_hot_swap(work: Path, args: argparse.Namespace, model: str) -> dict:
+    srv = server(work, args, f"hot-swap-{model}", model, "v1", work / "cache").start()
+    in_dim = SIZES[model][0]
     try:
         srv.wait_ready(args.ready_timeout)
-        gen = LoadGenerator([srv.url], "mlp", args.in_dim, concurrency=args.concurrency)
+        gen = LoadGenerator([srv.url], model, in_dim, concurrency=args.concurrency)
         gen.start_clock()
         task = asyncio.create_task(gen.run())
-        await asyncio.sleep(args.seconds)
+        await asyncio.sleep(min(1.0, args.seconds / 2))
+        steady_from = await asyncio.to_thread(server_seconds, srv.url, model)
+        await asyncio.sleep(args.seconds - min(1.0, args.seconds / 2))
         swap_at = gen.now()
+        steady_to = await asyncio.to_thread(server_seconds, srv.url, model)
         answer = await asyncio.to_thread(post, f"{srv.url}/v1/reload?target_version=v2")
         swap_done = gen.now()
-        await asyncio.sleep(args.seconds)
+        await asyncio.sleep(0.5)
+        during_to = await asyncio.to_thread(server_seconds, srv.url, model)
+        await asyncio.sleep(args.seconds - 0.5)
         gen.stop()
         result = await task
     finally:
         srv.stop()
-    return phase_report(result, swap_at, swap_done, answer["duration_ms"])
+    report = phase_report(result, swap_at, swap_done, answer["duration_ms"], model)
+    report["server_mean_ms"] = {
+        "steady": mean_ms(steady_from, steady_to),
+        "during_swap": mean_ms(steady_to, during_to),
+    }
+    return report
 
 
-async def phase_restart(work: Path, args: argparse.Namespace) -> dict:
+async def phase_restart(work: Path, args: argparse.Namespace, model: str) -> dict:
     port = free_port()
-    old = server(work, args, "restart-old", "v1", work / "cache", port=port).start()
+    old = server(work, args, "restart-old", model, "v1", work / "cache", port=port).start()
     old.wait_ready(args.ready_timeout)
-    gen = LoadGenerator([old.url], "mlp", args.in_dim, concurrency=args.concurrency)
+    gen = LoadGenerator([old.url], model, SIZES[model][0], concurrency=args.concurrency)
     gen.start_clock()
     task = asyncio.create_task(gen.run())
     await asyncio.sleep(args.seconds)
     switch_at = gen.now()
     old.stop()
-    new = server(work, args, "restart-new", "v2", work / "cache", port=port).start()
+    new = server(work, args, "restart-new", model, "v2", work / "cache", port=port).start()
     try:
         await asyncio.to_thread(new.wait_ready, args.ready_timeout)
         back_at = gen.now()
@@ -133,14 +186,14 @@ async def phase_restart(work: Path, args: argparse.Namespace) -> dict:
         result = await task
     finally:
         new.stop()
-    return phase_report(result, switch_at, back_at, round((back_at - switch_at) * 1000, 3))
+    return phase_report(result, switch_at, back_at, round((back_at - switch_at) * 1000, 3), model)
 
 
-def phase_cold_start(work: Path, args: argparse.Namespace) -> dict:
+def phase_cold_start(work: Path, args: argparse.Namespace, model: str) -> dict:
     cache = work / "cold-cache"
     times = {}
     for label in ("miss", "hit"):
-        srv = server(work, args, f"cold-{label}", "v1", cache).start()
+        srv = server(work, args, f"cold-{label}", model, "v1", cache).start()
         try:
             times[label] = round(srv.wait_ready(args.ready_timeout), 3)
         finally:
@@ -182,57 +235,85 @@ def plot(path: Path, phases: dict) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch", "tensorrt"])
-    p.add_argument("--seconds", type=float, default=4.0, help="load before and after each switch")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--in-dim", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--ready-timeout", type=float, default=120)
-    p.add_argument("--out", default="bench/results/swap_under_load.json")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
-        work = Path(tmp)
-        model = publish(work / "repo", "v1", 1, args)
-        publish(work / "repo", "v2", 2, args)
-        phases = {
-            "hot swap": asyncio.run(phase_hot_swap(work, args)),
-            "restart": asyncio.run(phase_restart(work, args)),
-        }
-        cold = phase_cold_start(work, args)
-        model_mib = model.stat().st_size / 2**20
+def print_table(args: argparse.Namespace, phases: dict, sizes_mib: dict, cold: dict) -> None:
     print(
-        f"\nmodel: {args.depth}-layer MLP, {model_mib:.1f} MiB, backend {args.backend}, "
-        f"{args.concurrency} concurrent clients, host {platform.node()}"
+        f"\nmodels: {DEPTH}-layer MLPs "
+        + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in sizes_mib.items())
+        + f"; backend {args.backend}, {args.concurrency} concurrent clients, "
+        f"{args.workers} inference threads, host {platform.node()}"
     )
     columns = ("requests", "errors", "p50 ms", "p99 ms", "max ms")
-    header = f"{'scenario':<10} {'window':<12} " + " ".join(f"{c:>8}" for c in columns)
+    header = f"{'scenario':<18} {'window':<12} " + " ".join(f"{c:>8}" for c in columns)
     print(header)
     print("-" * len(header))
     for name, phase in phases.items():
         for window in ("steady", "during_swap", "after"):
             s = phase[window]
             print(
-                f"{name:<10} {window:<12} {s['requests']:>8} {s['errors']:>6} "
+                f"{name:<18} {window:<12} {s['requests']:>8} {s['errors']:>8} "
                 f"{s['p50_ms'] or '-':>8} {s['p99_ms'] or '-':>8} {s['max_ms'] or '-':>8}"
             )
         print(
-            f"{name:<10} switch took {phase['swap_call_ms']:.1f} ms; first v2 answer "
-            f"{phase['time_to_new_version_s']:.3f} s after the switch began"
+            f"{name:<18} switch took {phase['swap_call_ms']:.1f} ms; first v2 answer "
+            f"{phase['time_to_new_version_s']:.3f} s after the switch began; p99 during / "
+            f"steady {phase['p99_during_over_steady']}x"
         )
-    print(
-        f"cold start to ready: cache miss {cold['cache_miss_s']:.3f} s, "
-        f"cache hit {cold['cache_hit_s']:.3f} s"
+        if "server_mean_ms" in phase:
+            server = phase["server_mean_ms"]
+            print(
+                f"{name:<18} server's own mean time per request: steady "
+                f"{server['steady']} ms, during the swap {server['during_swap']} ms"
+            )
+    if cold:
+        print(
+            f"cold start to ready: cache miss {cold['cache_miss_s']:.3f} s, "
+            f"cache hit {cold['cache_hit_s']:.3f} s"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch", "tensorrt"])
+    p.add_argument("--seconds", type=float, default=4.0, help="load before and after each switch")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument(
+        "--sizes",
+        help=f"comma-separated model sizes of {sorted(SIZES)} to hot-swap (default: small; "
+        "small,large for the GPU backends)",
     )
+    p.add_argument(
+        "--no-restart", action="store_true", help="only the hot swaps (no restart, cold start)"
+    )
+    p.add_argument("--ready-timeout", type=float, default=120)
+    p.add_argument("--out", default="bench/results/swap_under_load.json")
+    args = p.parse_args(argv)
+    gpu = args.backend in ("torch", "tensorrt")
+    sizes = (args.sizes or ("small,large" if gpu else "small")).split(",")
+    if unknown := set(sizes) - set(SIZES):
+        p.error(f"unknown sizes {sorted(unknown)}; choose from {sorted(SIZES)}")
+    phases: dict = {}
+    cold: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
+        work = Path(tmp)
+        sizes_mib = {}
+        for size in sizes:
+            model = publish(work / "repo", size, "v1", 1, size)
+            publish(work / "repo", size, "v2", 2, size)
+            sizes_mib[size] = model.stat().st_size / 2**20
+        for size in sizes:
+            phases[f"{size}: hot swap"] = asyncio.run(phase_hot_swap(work, args, size))
+        if not args.no_restart:
+            phases[f"{sizes[0]}: restart"] = asyncio.run(phase_restart(work, args, sizes[0]))
+            cold = phase_cold_start(work, args, sizes[0])
+    print_table(args, phases, sizes_mib, cold)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "backend": args.backend,
-        "model_mib": round(model_mib, 2),
+        "model_mib": {name: round(mib, 2) for name, mib in sizes_mib.items()},
         "concurrency": args.concurrency,
+        "workers": args.workers,
         "host": platform.node(),
         "python": sys.version.split()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

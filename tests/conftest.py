@@ -75,9 +75,8 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
 
 @pytest.fixture
 def s3_env(seaweed, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from model_rollout_e2e.seaweed import CREDENTIALS
+    from model_rollout_e2e.seaweed import CREDENTIALS_ENV
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["aws_access_key_id"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["aws_secret_access_key"])
-    monkeypatch.setenv("AWS_DEFAULT_REGION", CREDENTIALS["region_name"])
+    for name, value in CREDENTIALS_ENV.items():
+        monkeypatch.setenv(name, value)
     return seaweed

@@ -184,3 +184,22 @@ class GatedBackend(OnnxRuntimeBackend):
         engine.infer = infer  # type: ignore[method-assign]
         engine.close = close  # type: ignore[method-assign]
         return engine
+
+
+class RaisingBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose engines raise at run time (as an engine can: no ServingError)
+    on any input holding 1000."""
+
+    MESSAGE = "the engine cannot run these inputs"
+
+    def load(self, model: ModelFile):  # type: ignore[override]
+        engine = super().load(model)
+        inner = engine.infer
+
+        def infer(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if any(np.any(a == 1000.0) for a in feeds.values()):
+                raise RuntimeError(RaisingBackend.MESSAGE)
+            return inner(feeds)
+
+        engine.infer = infer  # type: ignore[method-assign]
+        return engine

@@ -11,7 +11,7 @@ import math
 import pytest
 from prometheus_client import generate_latest
 
-from model_operator.analysis import AnalysisState, Result, Sample
+from model_operator.analysis import AnalysisState, Result, Sample, judge
 from model_operator.analysis_sources import pods_to_read
 from model_operator.canary_metrics import (
     Figures,
@@ -121,6 +121,51 @@ def test_figures_are_the_difference_of_two_scrapes_of_real_prometheus_text() -> 
     assert f.argmax_agreement == 1.0
 
 
+def window_of(policy: TrafficPolicy, behaviours: dict[str, Behaviour]) -> dict:
+    server = SimulatedServer("mlp", "unused")
+    server.serve("v2", policy, behaviours, 10)
+    before = {"pod-a": scrape(server)}
+    server.serve("v2", policy, behaviours, 400)
+    return increase(before, {"pod-a": scrape(server)})
+
+
+# the stable version's requests wait 300 ms beside 10 ms in its engine (a queue, JSON)
+QUEUED = Behaviour(latency_s=0.010, overhead_s=0.3)
+
+
+def test_a_shadowed_candidate_is_compared_with_the_stable_engine_not_its_requests() -> None:
+    """A shadow run has no queueing or JSON: compared with the stable version's request
+    time, an engine 20 times slower would look faster than the stable version."""
+    slow_engine = Behaviour(latency_s=0.2)
+    window = window_of(
+        TrafficPolicy("v1", "v2", shadow_percent=50), {"v1": QUEUED, "v2": slow_engine}
+    )
+    f = figures(window, "v1", "v2")
+    assert (f.live_requests, f.engine_time) == (0, True) and f.shadow_requests > 100
+    assert f.candidate_p99 is not None and 0.1 < f.candidate_p99 <= 0.25
+    assert f.stable_p99 is not None and 0.005 < f.stable_p99 <= 0.01  # engine, not 310 ms
+    sp = spec({"shadowPercent": 50}).canary.analysis
+    assert sp is not None
+    check = judge(f, sp, 30)
+    assert check.result is Result.FAILED, check
+    assert "p99 latency x" in check.message and "engine time of its shadow runs" in check.message
+
+
+def test_live_answers_are_compared_on_request_time() -> None:
+    window = window_of(
+        TrafficPolicy("v1", "v2", traffic_percent=20, shadow_percent=50),
+        {"v1": QUEUED, "v2": QUEUED},
+    )
+    f = figures(window, "v1", "v2")
+    assert f.live_requests == 80 and not f.engine_time
+    assert f.candidate_p99 is not None and f.stable_p99 is not None
+    assert 0.25 < f.stable_p99 <= 0.5 and f.latency_ratio == pytest.approx(1.0)
+    sp = spec({"trafficPercent": 20}).canary.analysis
+    assert sp is not None
+    check = judge(f, sp, 30)
+    assert check.result is Result.PASSED and "(x1.00, request time)" in check.message
+
+
 def test_a_reset_counts_from_zero_and_a_new_series_counts_whole() -> None:
     old, fresh = SimulatedServer("mlp", "unused"), SimulatedServer("mlp", "unused")
     old.serve("v1", None, {}, 500)
@@ -142,8 +187,6 @@ def test_quantiles_are_prometheus_histogram_quantile() -> None:
 
 
 def test_fewer_requests_than_asked_is_inconclusive_not_a_failure() -> None:
-    from model_operator.analysis import judge
-
     sp = spec({}, minRequests=50).canary.analysis
     assert sp is not None
     bad = Figures(10, 10, 0, 10, 1.0, 0.01, None, None, 5)
@@ -227,6 +270,14 @@ def test_a_bad_candidate_is_rolled_back_after_failure_limit_checks(
     [final] = [e for e in events if e.reason == "AnalysisFailed"]
     assert final.warning and "back to v1" in final.message
     assert cluster.plans[-1].reason == "AnalysisFailed"  # Degraded until spec.version moves
+
+
+def test_a_slow_shadowed_engine_is_rolled_back_beside_a_queued_stable_version() -> None:
+    sp = spec({"shadowPercent": 50})
+    cluster = SimCluster(4, "v1")
+    plan = run(cluster, sp, Traffic({"v1": QUEUED, "v2": Behaviour(latency_s=0.2)}))
+    assert (plan.reason, cluster.serving()) == ("AnalysisFailed", {"v1": 4})
+    assert "p99 latency x" in plan.message and "engine time" in plan.message, plan.message
 
 
 def test_an_inconclusive_check_holds_the_canary_and_the_next_one_sees_longer() -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -16,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from tritonclient.grpc.aio import InferenceServerClient
 
-from conftest import ADMIN
+from conftest import ADMIN, ADMIN_TOKEN
 from helpers import (
     Version,
     add_golden,
@@ -33,15 +37,19 @@ from helpers import (
 )
 from model_rollout_contract import canary
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
+from model_rollout_contract.layout import CURRENT_FILE, TRAFFIC_FILE
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import Engine, ModelFile
+from model_server.backends.base import Engine, ModelFile, TensorSpec
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.config import ServerConfig, parse_args
+from model_server.config import ModelSpec, ServerConfig, parse_args
+from model_server.http_codec import HttpInferBody
 from model_server.traffic import Route, TrafficRouter
+from model_server.v2_codec import InferenceRequest
 from model_server.version_metrics import SHADOW_SKIPPED
 
 Feeds = Mapping[str, np.ndarray]
+GRPC_ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # gRPC metadata keys: lower case
 
 
 class Rigged(OnnxRuntimeBackend):
@@ -104,6 +112,13 @@ def traffic(candidate: str | None, stable: str | None = "v1", percent: int = 0,
             shadow: int = 0) -> dict[str, object]:  # fmt: skip
     return {"op": "traffic", "model": "mlp", "stable": stable, "candidate": candidate,
             "traffic_percent": percent, "shadow_percent": shadow}  # fmt: skip
+
+
+def load_with_policy(
+    v: Version, stable: str = "v1", percent: int = 0, shadow: int = 0
+) -> dict[str, object]:
+    """A canary's load: ``v`` and the policy with it as its candidate, in one op."""
+    return {**traffic(v.name, stable, percent, shadow), **load_request(v)}
 
 
 async def canary_of_v2(sock: Path, repo, percent: int = 0, shadow: int = 0) -> dict:  # type: ignore[no-untyped-def,type-arg]
@@ -294,6 +309,30 @@ async def test_a_request_under_a_policy_holds_its_version_until_it_ends(
         response = await held
         assert which_version(repo[1], x, await response.json()) == "v1"
         assert backend.closed == ["v1"]
+
+
+async def test_a_request_its_client_gave_up_on_is_not_the_versions_error(
+    repo, server_config: ServerConfig
+) -> None:
+    """A call cancelled while its version runs (a gRPC deadline, a client gone) is
+    counted by the server as 499, and never as a 5xx in the series a canary is judged
+    on: before, it counted as the version's 500."""
+    backend = Rigged()
+    async with serving(server_config, backend) as (client, server):
+        backend.gate("v1").clear()
+        x = np.ones((1, 8), dtype=np.float32)
+        body = HttpInferBody(server.plane.codec, memoryview(json.dumps(infer_body(x)).encode()))
+        call = asyncio.create_task(server.plane.infer("mlp", "mlp", body))
+        while backend.waiting["v1"] == 0:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        backend.gate("v1").set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        found = await metrics(client)
+        assert sample(found, "inference_requests_total", model="mlp", code="499") == 1
+        failed = [k for k in found if k[0] == canary.REQUESTS and ("code", "500") in k[1]]
+        assert all(found[k] == 0 for k in failed), failed
 
 
 class StaleRouter(TrafficRouter):
@@ -570,3 +609,343 @@ async def test_the_series_analysis_reads_exist_at_zero_from_the_load(
     for code in ("200", "500"):
         key = (canary.REQUESTS, frozenset({"model": "mlp", "version": "v2", "code": code}.items()))
         assert found.get(key) == 0.0, code
+    v2 = frozenset({"model": "mlp", "version": "v2"}.items())
+    assert found.get((f"{canary.ENGINE_LATENCY}_count", v2)) == 0.0
+
+
+# --- a load that carries its policy -----------------------------------------------------
+
+
+async def test_a_load_with_a_policy_never_lets_the_candidate_answer_outside_it(
+    repo, server_config: ServerConfig
+) -> None:
+    """trafficPercent 0: the candidate answers nothing, not even between its swap and its
+    policy. Six clients keep requests in flight across a full load of v2 with the policy,
+    a rollback, and a pointer swap back to v2 with the policy: every answer is v1's."""
+    async with serving(server_config) as (client, server):
+        sock = server_config.control_socket
+        done = asyncio.Event()
+        answered: Counter[str] = Counter()
+
+        async def keep_asking(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            while not done.is_set():
+                x = batch(rng)
+                response = await client.post("/v2/models/mlp/infer", json=infer_body(x))
+                assert response.status == 200, await response.text()
+                answered[which_version(repo[1], x, await response.json())] += 1
+
+        async def more_answers(count: int) -> None:
+            target = answered.total() + count
+            async with asyncio.timeout(60):
+                while answered.total() < target:
+                    await asyncio.sleep(0.005)
+
+        askers = [asyncio.create_task(keep_asking(seed)) for seed in range(6)]
+        try:
+            await more_answers(20)
+            loaded = await ask(sock, load_with_policy(repo[1]["v2"]))
+            assert loaded["ok"] and not loaded["instant"], loaded
+            await more_answers(50)
+            assert (await ask(sock, {"op": "rollback", "model": "mlp", "version": "v1"}))["ok"]
+            swapped = await ask(sock, load_with_policy(repo[1]["v2"]))
+            assert swapped["ok"] and swapped["instant"], swapped  # v2 was retained
+            await more_answers(50)
+        finally:
+            done.set()
+            await asyncio.gather(*askers)
+        health = await (await client.get("/v1/models/mlp/health")).json()
+        assert server.manager.slot("mlp").policy == TrafficPolicy("v1", "v2")
+    assert (health["version"], health["traffic"]) == ("v2", TrafficPolicy("v1", "v2").to_json())
+    assert answered["v2"] == 0 and answered["v1"] >= 120, answered
+    set_by_loads = [e for e in server.audit.events if e["action"] == "traffic"]
+    assert [(e["version"], e["from_version"], e["result"]) for e in set_by_loads] == [
+        ("v2", "v1", "success"),
+        ("v2", "v1", "success"),
+    ]
+
+
+class HeldRequest:
+    """A transport's request whose body is decoded only when the test lets it go, as a
+    large body waits for a JSON worker: routed before a swap, pinned after it. Its
+    answer is the version that ran it and the outputs."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+        self.decoding, self.release = asyncio.Event(), asyncio.Event()
+
+    async def decode(self, specs: tuple[TensorSpec, ...]) -> InferenceRequest:
+        self.decoding.set()
+        await self.release.wait()
+        return InferenceRequest({INPUT_NAME: self.x}, None, None)
+
+    async def encode(
+        self,
+        name: str,
+        version: str,
+        request_id: str,
+        outputs: dict[str, np.ndarray],
+        request: InferenceRequest,
+    ) -> tuple[str, dict[str, np.ndarray]]:
+        return version, outputs
+
+
+async def test_a_request_that_arrived_before_a_canary_swap_is_not_answered_by_the_candidate(
+    client: TestClient, model_server: ModelServer, repo, server_config
+) -> None:
+    """Routed while v1 served alone, decoded while v2 was swapped in under a policy that
+    gives v2 no request: the request is answered by v1, the version it was routed to."""
+    x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
+    held = HeldRequest(x)
+    answering = asyncio.create_task(model_server.plane.infer("mlp", "mlp", held))
+    async with asyncio.timeout(30):
+        await held.decoding.wait()
+    assert (await ask(server_config.control_socket, load_with_policy(repo[1]["v2"])))["ok"]
+    held.release.set()
+    version, outputs = (await answering).body
+    assert version == "v1"
+    assert np.allclose(outputs[OUTPUT_NAME], repo[1]["v1"].expected(x), atol=1e-4)
+
+
+async def test_a_load_whose_policy_cannot_hold_is_refused_before_any_work(
+    repo, server_config: ServerConfig
+) -> None:
+    v2 = repo[1]["v2"]
+    async with serving(server_config, retain=1) as (_client, server):
+        answer = await ask(server_config.control_socket, load_with_policy(v2))
+        slot = server.manager.slot("mlp")
+        assert (answer["ok"], answer["code"]) == (False, "conflict"), answer
+        assert "keeps 1 version" in answer["error"] and "held beside" in answer["error"]
+        assert [v.version for v in slot.loaded()] == ["v1"] and "v2" not in slot.states()
+    async with serving(server_config) as (_client, server):
+        sock, slot = server_config.control_socket, server.manager.slot("mlp")
+        for request, code, says in (
+            (load_with_policy(v2, stable="v3"), "conflict", "stable version 'v3' is not loaded"),
+            (load_with_policy(v2, stable="v2"), "bad_request", "not 'v2' and itself"),
+            ({**load_with_policy(v2), "candidate": "v3"}, "bad_request", "as its candidate"),
+        ):
+            answer = await ask(sock, request)
+            assert (answer["ok"], answer["code"]) == (False, code), (request, answer)
+            assert says in answer["error"], answer
+        assert [v.version for v in slot.loaded()] == ["v1"] and slot.policy is None
+        assert "v2" not in slot.states()
+        # the serving version loaded again with a policy: no swap, the policy is set
+        assert (await ask(sock, load_request(v2)))["ok"]
+        answer = await ask(sock, load_with_policy(v2, percent=30))
+        assert answer["ok"] and answer["instant"] and answer["from"] == "v2", answer
+        assert slot.policy == TrafficPolicy("v1", "v2", traffic_percent=30)
+
+
+async def test_a_load_with_a_policy_evicts_another_version_never_its_stable_one(
+    client: TestClient, model_server: ModelServer, repo, server_config
+) -> None:
+    """retain 2, v3 serving and v1 (the oldest) retained: v2 loaded under a policy whose
+    stable version is v1 evicts v3, not v1, and the split holds."""
+    sock = server_config.control_socket
+    assert (await ask(sock, load_request(repo[1]["v3"])))["ok"]
+    assert (await ask(sock, load_with_policy(repo[1]["v2"])))["ok"]
+    slot = model_server.manager.slot("mlp")
+    assert [v.version for v in slot.loaded()] == ["v1", "v2"]
+    assert slot.policy == TrafficPolicy("v1", "v2")
+    x = np.ones((1, 8), dtype=np.float32)
+    for _ in range(10):
+        answer = await (await client.post("/v2/models/mlp/infer", json=infer_body(x))).json()
+        assert which_version(repo[1], x, answer) == "v1"
+
+
+# --- the engine's own time --------------------------------------------------------------
+
+
+async def test_every_engine_run_live_or_shadow_is_timed_in_its_versions_series(
+    repo, server_config: ServerConfig
+) -> None:
+    """What the operator compares a shadowed candidate's SHADOW_LATENCY with: the
+    stable version's ENGINE_LATENCY, counted for its live runs; the candidate's counts
+    its shadow runs. Both exist at zero from the load (warm-up and golden runs are not
+    counted)."""
+    n = 12
+    async with serving(server_config, shadow_max_in_flight=n) as (client, server):
+        sock = server_config.control_socket
+        assert (await ask(sock, load_request(repo[1]["v2"])))["ok"]
+        found = await metrics(client)
+        for version in ("v1", "v2"):
+            labels = {"model": "mlp", "version": version}
+            key = (f"{canary.ENGINE_LATENCY}_count", frozenset(labels.items()))
+            assert found.get(key) == 0.0, version
+        assert (await ask(sock, traffic("v2", percent=0, shadow=100)))["ok"]
+        rng = np.random.default_rng(8)
+        for _ in range(n):
+            x = batch(rng)
+            answer = await (await client.post("/v2/models/mlp/infer", json=infer_body(x))).json()
+            assert which_version(repo[1], x, answer) == "v1"
+        await server.shadows.idle()
+        found = await metrics(client)
+    stable, candidate = {"model": "mlp", "version": "v1"}, {"model": "mlp", "version": "v2"}
+    assert sample(found, f"{canary.ENGINE_LATENCY}_count", **stable) == n
+    assert sample(found, f"{canary.ENGINE_LATENCY}_count", **candidate) == n
+    assert sample(found, f"{canary.SHADOW_LATENCY}_count", **candidate) == n
+    engine_s = sample(found, f"{canary.ENGINE_LATENCY}_sum", **stable)
+    assert 0 < engine_s <= sample(found, f"{canary.LATENCY}_sum", **stable)  # a part of it
+    top = sample(found, f"{canary.ENGINE_LATENCY}_bucket", le="+Inf", **candidate)
+    assert top == n
+
+
+# --- a restarted server resumes the policy of its volume --------------------------------
+
+
+def on_disk(repo, current: str, policy: str | None) -> None:  # type: ignore[no-untyped-def]
+    """The volume as a canary pod's sidecar leaves it: CURRENT and TRAFFIC."""
+    model_dir = repo[0] / "mlp"
+    (model_dir / CURRENT_FILE).write_text(f"{current}\n")
+    if policy is not None:
+        (model_dir / TRAFFIC_FILE).write_text(policy)
+
+
+async def test_a_restarted_server_splits_by_its_traffic_file_from_its_first_answer(
+    repo, server_config: ServerConfig
+) -> None:
+    """CURRENT names the candidate v2 and TRAFFIC a policy giving it no request: the
+    server loads v1, then v2 under the policy, before it is ready; so its first
+    answers, and every one after, are v1's, and the shadow runs go to v2."""
+    policy = TrafficPolicy("v1", "v2", traffic_percent=0, shadow_percent=100)
+    on_disk(repo, "v2", policy.to_annotation() + "\n")
+    spec = [ModelSpec("mlp")]  # as the pod runs it: CURRENT says which version
+    async with serving(server_config, models=spec, shadow_max_in_flight=20) as (client, server):
+        assert (await client.get("/v2/health/ready")).status == 200
+        x = np.ones((2, 8), dtype=np.float32)
+        for _ in range(20):
+            answer = await (await client.post("/v2/models/mlp/infer", json=infer_body(x))).json()
+            assert which_version(repo[1], x, answer) == "v1"
+        health = await (await client.get("/v1/models/mlp/health")).json()
+        await server.shadows.idle()
+        found = await metrics(client)
+    assert (health["version"], health["retained"]) == ("v2", ["v1"])
+    assert health["traffic"] == policy.to_json()
+    assert sample(found, canary.SHADOW_REQUESTS, model="mlp", version="v2") == 20
+    startup = [(e["action"], e["version"]) for e in server.audit.events if e["who"] == "startup"]
+    assert startup == [("load", "v1"), ("traffic", "v2"), ("load", "v2")]
+
+
+def _link_outside(repo) -> None:  # type: ignore[no-untyped-def]
+    outside = repo[0].parent / "planted-policy"
+    outside.write_text(TrafficPolicy("v1", "v2").to_annotation())
+    os.symlink(outside, repo[0] / "mlp" / TRAFFIC_FILE)
+
+
+def _a_directory(repo) -> None:  # type: ignore[no-untyped-def]
+    (repo[0] / "mlp" / TRAFFIC_FILE).mkdir()
+
+
+def _stable_corrupt(repo) -> None:  # type: ignore[no-untyped-def]
+    (repo[0] / "mlp" / TRAFFIC_FILE).write_text(TrafficPolicy("v1", "v2").to_annotation())
+    repo[1]["v1"].path.write_bytes(b"not an onnx model")  # its manifest's digest fails
+
+
+@pytest.mark.parametrize(
+    "policy, says",
+    [
+        ("{not json", "not JSON"),
+        ("[" * 60_000, "not JSON"),  # nested deeper than the parser goes
+        ('{"stable": "v1"}', "names its stable and candidate"),
+        ('{"stable": "v9", "candidate": "v2"}', "stable version is not on disk"),
+        ('{"stable": "v1", "candidate": "v3"}', "its candidate is not v2"),
+        ('{"stable": "v2", "candidate": "v2"}', "between one version and itself"),
+        (_link_outside, "symbolic link"),
+        (_a_directory, "not a regular file"),
+        (_stable_corrupt, "could not load mlp:v1, the stable version"),
+        (" " * (1 << 20) + "{}", "more than 65536"),  # refused unread, not parsed
+    ],
+)
+async def test_a_traffic_file_that_cannot_be_used_is_logged_and_the_server_serves_current(
+    repo, server_config: ServerConfig, caplog: pytest.LogCaptureFixture, policy, says: str
+) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="model_server")
+    if callable(policy):
+        on_disk(repo, "v2", None)
+        policy(repo)
+    else:
+        on_disk(repo, "v2", policy)
+    async with serving(server_config, models=[ModelSpec("mlp")]) as (client, _server):
+        assert (await client.get("/v2/health/ready")).status == 200
+        health = await (await client.get("/v1/models/mlp/health")).json()
+        x = np.ones((1, 8), dtype=np.float32)
+        answer = await (await client.post("/v2/models/mlp/infer", json=infer_body(x))).json()
+    assert (health["version"], health["retained"], health["traffic"]) == ("v2", [], None)
+    assert which_version(repo[1], x, answer) == "v2"
+    logged = [r.getMessage() for r in caplog.records if TRAFFIC_FILE in r.getMessage()]
+    assert any(says in message for message in logged), logged
+
+
+async def test_a_traffic_file_is_not_applied_to_a_version_named_by_the_flags(
+    repo, server_config: ServerConfig
+) -> None:
+    """``--model mlp=v2`` is not CURRENT: the TRAFFIC beside CURRENT is not its policy."""
+    on_disk(repo, "v1", TrafficPolicy("v1", "v2").to_annotation())
+    async with serving(server_config, models=[ModelSpec("mlp", "v2")]) as (client, _server):
+        health = await (await client.get("/v1/models/mlp/health")).json()
+    assert (health["version"], health["retained"], health["traffic"]) == ("v2", [], None)
+
+
+async def test_an_unloaded_canary_loaded_again_resumes_its_traffic_file(
+    repo, server_config: ServerConfig
+) -> None:
+    """The repository extension's unload, then load, comes back as a restart does: v1,
+    then v2 under TRAFFIC's policy (which gives v2 no request), not v2 alone; over HTTP
+    and over gRPC (tritonclient's unload_model/load_model), the same DataPlane call."""
+    policy = TrafficPolicy("v1", "v2", traffic_percent=0)
+    on_disk(repo, "v2", policy.to_annotation() + "\n")
+    x = np.ones((2, 8), dtype=np.float32)
+    changes = {"models": [ModelSpec("mlp")], "grpc_port": 0}
+    async with serving(server_config, **changes) as (client, server):
+        assert server.grpc is not None and server.grpc.port
+        grpc_client = InferenceServerClient(f"127.0.0.1:{server.grpc.port}")
+
+        async def over_http(op: str) -> None:
+            response = await client.post(f"/v2/repository/models/mlp/{op}", headers=ADMIN)
+            assert response.status == 200, await response.text()
+
+        async def over_grpc(op: str) -> None:  # tritonclient raises for a refusal
+            call = grpc_client.load_model if op == "load" else grpc_client.unload_model
+            await call("mlp", headers=GRPC_ADMIN)
+
+        try:
+            for transport, repository_call in (("http", over_http), ("grpc", over_grpc)):
+                await repository_call("unload")
+                health = await (await client.get("/v1/models/mlp/health")).json()
+                assert health["version"] is None, transport
+                await repository_call("load")
+                health = await (await client.get("/v1/models/mlp/health")).json()
+                assert (health["version"], health["retained"]) == ("v2", ["v1"]), transport
+                assert health["traffic"] == policy.to_json(), transport
+                for _ in range(10):
+                    response = await client.post("/v2/models/mlp/infer", json=infer_body(x))
+                    assert which_version(repo[1], x, await response.json()) == "v1", transport
+        finally:
+            await grpc_client.close()
+    admin = [(e["action"], e["version"], e["source"]) for e in server.audit.events
+             if e["who"] == "admin"]  # fmt: skip
+    assert admin == [
+        (action, version, source)
+        for source in ("http", "grpc")
+        for action, version in (("unload", "v2"), ("load", "v1"), ("traffic", "v2"),
+                                ("load", "v2"))
+    ]  # fmt: skip
+
+
+async def test_loading_a_canary_that_serves_under_its_traffic_file_changes_nothing(
+    repo, server_config: ServerConfig
+) -> None:
+    """A repository load of a model already serving CURRENT under TRAFFIC's policy swaps
+    nothing: its stable version, loaded already, is not swapped in on the way."""
+    policy = TrafficPolicy("v1", "v2", traffic_percent=0)
+    on_disk(repo, "v2", policy.to_annotation() + "\n")
+    async with serving(server_config, models=[ModelSpec("mlp")]) as (client, server):
+        response = await client.post("/v2/repository/models/mlp/load", headers=ADMIN)
+        assert response.status == 200, await response.text()
+        assert (await response.json())["from"] == "v2"
+        health = await (await client.get("/v1/models/mlp/health")).json()
+    assert (health["version"], health["retained"]) == ("v2", ["v1"])
+    assert health["traffic"] == policy.to_json()
+    admin = [(e["action"], e["version"], e["result"]) for e in server.audit.events
+             if e["who"] == "admin"]  # fmt: skip
+    assert admin == [("load", "v2", "noop")]

@@ -137,6 +137,28 @@ def test_control_messages_round_trip() -> None:
         assert parse_reply(encode(reply)) == reply
 
 
+def test_a_load_carries_a_traffic_policy_both_ways_and_only_its_own() -> None:
+    from model_rollout_contract.canary import InvalidPolicy, TrafficPolicy
+
+    policy = TrafficPolicy("v1", "v2", traffic_percent=10, shadow_percent=20)
+    with_policy = LoadRequest("m", "v2", "/models/m/v2/model.onnx", "a" * 64, policy)
+    assert parse_request(encode(with_policy)) == with_policy
+    assert json.loads(encode(with_policy))["traffic_percent"] == 10
+    plain = LoadRequest("m", "v2", None, "a" * 64)
+    assert "candidate" not in json.loads(encode(plain))  # the message as it always was
+    with pytest.raises(InvalidPolicy, match="the loaded version 'v2' as its candidate"):
+        LoadRequest("m", "v2", None, "a" * 64, TrafficPolicy("v1", "v3"))
+    load = {"op": "load", "model": "m", "version": "v2", "path": None, "sha256": "a" * 64}
+    for bad, why in (
+        ({"stable": "v1", "candidate": "v3"}, "as its candidate"),
+        ({"stable": "v1"}, "needs 'candidate'"),
+        ({"stable": "v1", "candidate": "v2", "traffic_percent": 101}, "trafficPercent"),
+        ({"stable": "../v1", "candidate": "v2"}, "invalid version"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            parse_request(json.dumps({**load, **bad}).encode())
+
+
 @pytest.mark.parametrize(
     "line",
     [
@@ -161,40 +183,67 @@ def test_states_serialise_as_plain_values() -> None:
     assert Phase("Degraded") is Phase.DEGRADED and Phase.CANARY.rolling
 
 
-def crd_spec_properties() -> dict:
+# every `default:` in the CRD's spec, and the contract value it repeats. An object's `{}`
+# makes the API server fill in its fields' defaults when the object is left out; a field
+# not listed has no default (spec.canary.analysis: absent means no analysis)
+CRD_DEFAULTS = {
+    "replicas": defaults.REPLICAS,
+    "backend": defaults.BACKEND,
+    "precision": defaults.PRECISION,
+    "resources.gpu": defaults.GPUS,
+    "canary": {},
+    "canary.percent": defaults.CANARY_PERCENT,
+    "canary.pauseSeconds": defaults.CANARY_PAUSE_SECONDS,
+    "canary.manualPromote": defaults.MANUAL_PROMOTE,
+    "canary.trafficPercent": defaults.CANARY_TRAFFIC_PERCENT,
+    "canary.shadowPercent": defaults.CANARY_SHADOW_PERCENT,
+    "canary.analysis.intervalSeconds": defaults.ANALYSIS_INTERVAL_SECONDS,
+    "canary.analysis.minRequests": defaults.ANALYSIS_MIN_REQUESTS,
+    "canary.analysis.failureLimit": defaults.ANALYSIS_FAILURE_LIMIT,
+    "canary.analysis.maxErrorRate": defaults.ANALYSIS_MAX_ERROR_RATE,
+    "canary.analysis.maxLatencyRatio": defaults.ANALYSIS_MAX_LATENCY_RATIO,
+    "canary.analysis.maxNonFinite": defaults.ANALYSIS_MAX_NON_FINITE,
+    "rollout": {},
+    "rollout.jitterSeconds": defaults.JITTER_SECONDS,
+    "rollout.maxUnavailable": defaults.MAX_UNAVAILABLE,
+    "rollout.progressDeadlineSeconds": defaults.PROGRESS_DEADLINE_SECONDS,
+    "retainVersions": defaults.RETAIN_VERSIONS,
+    "allowUnsigned": defaults.ALLOW_UNSIGNED,
+    "sidecar": {},
+    "sidecar.startJitterSeconds": defaults.START_JITTER_SECONDS,
+    "sidecar.backoffBaseSeconds": defaults.BACKOFF_BASE_SECONDS,
+    "sidecar.backoffMaxSeconds": defaults.BACKOFF_MAX_SECONDS,
+    "sidecar.maxConcurrentDownloads": defaults.MAX_CONCURRENT_DOWNLOADS,
+    "server": {},
+    "server.drainSeconds": defaults.DRAIN_SECONDS,
+    "server.batching": {},
+    "server.batching.maxBatchSize": defaults.MAX_BATCH_SIZE,
+    "server.batching.maxQueueDelayMicroseconds": defaults.MAX_QUEUE_DELAY_MICROSECONDS,
+}
+
+
+def crd_defaults() -> dict[str, object]:
+    """Every default of the CRD's spec, by the field's dotted path."""
     [crd] = [d for d in yaml.safe_load_all((ROOT / "deploy/crds/modeldeployment.yaml").read_text())]
     [version] = crd["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    found: dict[str, object] = {}
+
+    def walk(node: dict, path: str) -> None:
+        if "default" in node:
+            found[path] = node["default"]
+        for name, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{name}" if path else name)
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(version["schema"]["openAPIV3Schema"]["properties"]["spec"], "")
+    return found
 
 
 def test_crd_defaults_are_the_contract_defaults() -> None:
-    spec = crd_spec_properties()
-    canary, rollout = spec["canary"]["properties"], spec["rollout"]["properties"]
-    assert {
-        "replicas": spec["replicas"]["default"],
-        "backend": spec["backend"]["default"],
-        "precision": spec["precision"]["default"],
-        "gpu": spec["resources"]["properties"]["gpu"]["default"],
-        "canary.percent": canary["percent"]["default"],
-        "canary.pauseSeconds": canary["pauseSeconds"]["default"],
-        "canary.manualPromote": canary["manualPromote"]["default"],
-        "rollout.jitterSeconds": rollout["jitterSeconds"]["default"],
-        "rollout.maxUnavailable": rollout["maxUnavailable"]["default"],
-        "rollout.progressDeadlineSeconds": rollout["progressDeadlineSeconds"]["default"],
-        "retainVersions": spec["retainVersions"]["default"],
-    } == {
-        "replicas": defaults.REPLICAS,
-        "backend": defaults.BACKEND,
-        "precision": defaults.PRECISION,
-        "gpu": defaults.GPUS,
-        "canary.percent": defaults.CANARY_PERCENT,
-        "canary.pauseSeconds": defaults.CANARY_PAUSE_SECONDS,
-        "canary.manualPromote": defaults.MANUAL_PROMOTE,
-        "rollout.jitterSeconds": defaults.JITTER_SECONDS,
-        "rollout.maxUnavailable": defaults.MAX_UNAVAILABLE,
-        "rollout.progressDeadlineSeconds": defaults.PROGRESS_DEADLINE_SECONDS,
-        "retainVersions": defaults.RETAIN_VERSIONS,
-    }
+    """The whole table at once: a wrong value, a default the CRD lacks and one the table
+    does not know (a new field's, not in the contract) all fail it."""
+    assert crd_defaults() == CRD_DEFAULTS
 
 
 def test_the_operator_parses_an_empty_spec_to_the_contract_defaults() -> None:

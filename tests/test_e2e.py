@@ -7,29 +7,20 @@ refreshes Downward API files every 60 s, as a real kubelet does."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 
 import pytest
 
 from model_rollout_e2e.loadgen import LoadGenerator
-from model_rollout_e2e.scenario import Scenario, StoreSetup, available
-from model_rollout_e2e.seaweed import CREDENTIALS
-from model_sidecar.store import S3Store
+from model_rollout_e2e.s3_scenario import s3_scenario
+from model_rollout_e2e.scenario import available
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
 
 
 async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
-    s3_env.create_bucket("models")
-    store = S3Store("models", f"e2e-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
-    env = {
-        "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
-        "AWS_DEFAULT_REGION": CREDENTIALS["region_name"],
-    }
-    scenario = Scenario(StoreSetup.s3(store), env=env)
+    scenario = s3_scenario(s3_env, "e2e")
     scenario.publish("v1", seed=1)
     scenario.publish("v2", seed=2)
     phases: list[str] = []

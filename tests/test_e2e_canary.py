@@ -11,7 +11,6 @@ request fails, and the bad versions answer only the canary's share."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -20,9 +19,8 @@ import pytest
 from model_rollout_contract.canary import TRAFFIC_POLICY
 from model_rollout_e2e.kube_emulator import list_objects
 from model_rollout_e2e.loadgen import LoadGenerator
-from model_rollout_e2e.scenario import NAMESPACE, Scenario, StoreSetup, available
-from model_rollout_e2e.seaweed import CREDENTIALS
-from model_sidecar.store import S3Store
+from model_rollout_e2e.s3_scenario import s3_scenario
+from model_rollout_e2e.scenario import NAMESPACE, available
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
@@ -48,14 +46,7 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(s3_env) -> None:
-    s3_env.create_bucket("models")
-    store = S3Store("models", f"canary-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
-    env = {
-        "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
-        "AWS_DEFAULT_REGION": CREDENTIALS["region_name"],
-    }
-    scenario = Scenario(StoreSetup.s3(store), env=env)
+    scenario = s3_scenario(s3_env, "canary")
     scenario.publish("v1", seed=1)
     scenario.publish("v2-nan", seed=1, nan_above=0.5)  # NaN on real inputs (ones), not zeros
     scenario.publish("v2-other", seed=2)  # a model, but not the one v1 is

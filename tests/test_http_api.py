@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
-from aiohttp.test_utils import TestClient
+import yaml
+from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import ADMIN
-from helpers import infer_body, which_version
-from model_server.app import ModelServer
+from helpers import add_version, infer_body, which_version
+from model_server.app import SERVER, ModelServer
+from model_server.config import ServerConfig
 
 X = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
 
@@ -201,3 +204,178 @@ async def test_every_inference_is_counted_and_timed_refused_ones_too(client: Tes
     assert 'inference_requests_total{code="200",model="mlp"} 1.0' in metrics
     assert 'inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
     assert 'inference_request_duration_seconds_count{model="-bad"} 1.0' in metrics
+
+
+# --- the whole KServe v2 protocol over HTTP (issue 12) -------------------------------
+
+
+async def test_server_metadata(client: TestClient) -> None:
+    response = await client.get("/v2")
+    assert response.status == 200
+    assert (await response.json())["extensions"] == [
+        "binary_tensor_data",
+        "model_configuration",
+        "model_repository",
+        "statistics",
+    ]
+
+
+async def test_every_model_route_has_a_versioned_form(client: TestClient, repo) -> None:
+    assert (await client.post("/v1/reload?target_version=v2", headers=ADMIN)).status == 200
+    for version in ("v1", "v2"):  # v1 retained, v2 serving
+        base = f"/v2/models/mlp/versions/{version}"
+        assert (await (await client.get(f"{base}/ready")).json())["ready"] is True
+        meta = await (await client.get(base)).json()
+        assert meta["versions"] == ["v1", "v2"]
+        config = await (await client.get(f"{base}/config")).json()
+        assert config["input"][0]["dims"] == [-1, 8]
+        answer = await (await client.post(f"{base}/infer", json=infer_body(X))).json()
+        assert which_version(repo[1], X, answer) == version
+        stats = await (await client.get(f"{base}/stats")).json()
+        assert [s["version"] for s in stats["model_stats"]] == [version]
+    for path, method in (
+        ("", "GET"),
+        ("/ready", "GET"),
+        ("/config", "GET"),
+        ("/stats", "GET"),
+        ("/infer", "POST"),
+    ):
+        response = await client.request(
+            method, f"/v2/models/mlp/versions/v3{path}", json=infer_body(X)
+        )
+        assert response.status == 404, path  # on disk, not loaded
+        assert (await response.json())["code"] == "version_not_found", path
+    response = await client.get("/v2/models/mlp/versions/..%2Fetc/ready")
+    assert response.status == 400
+
+
+async def test_a_route_and_a_pin_naming_two_versions_are_refused(client: TestClient) -> None:
+    await client.post("/v1/reload?target_version=v2", headers=ADMIN)
+    response = await client.post(
+        "/v2/models/mlp/versions/v1/infer", json=infer_body(X), headers={"X-Model-Version": "v2"}
+    )
+    assert response.status == 400 and "X-Model-Version" in (await response.json())["error"]
+
+
+async def test_unload_and_load_again(client: TestClient, model_server: ModelServer, repo) -> None:
+    slot = model_server.manager.slot("mlp")
+    await client.post("/v1/reload?target_version=v2", headers=ADMIN)
+    response = await client.post("/v2/repository/models/mlp/unload", headers=ADMIN)
+    body = await response.json()
+    assert response.status == 200 and body["unloaded"] == ["v1", "v2"], body
+    assert slot.loaded() == [] and {"v1", "v2"} <= set(slot.closed_versions)
+    assert (await client.get("/v2/models/mlp/ready")).status == 503
+    assert (await client.get("/v2/health/ready")).status == 200  # unloaded on request
+    response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
+    assert response.status == 503 and (await response.json())["code"] == "not_ready"
+    again = await client.post("/v2/repository/models/mlp/unload", headers=ADMIN)
+    assert again.status == 200 and (await again.json())["unloaded"] == []
+
+    response = await client.post("/v2/repository/models/mlp/load", headers=ADMIN)
+    body = await response.json()
+    assert response.status == 200 and body["to"] == "v3", body  # no CURRENT: the newest
+    answer = await (await client.post("/v2/models/mlp/infer", json=infer_body(X))).json()
+    assert which_version(repo[1], X, answer) == "v3"
+    audit = await (await client.get("/v1/audit", headers=ADMIN)).json()
+    assert [(e["action"], e["result"]) for e in audit["events"][-3:]] == [
+        ("unload", "success"),
+        ("unload", "noop"),
+        ("load", "success"),
+    ]
+
+
+async def test_a_model_that_failed_to_load_at_start_holds_readiness_back(
+    server_config, repo
+) -> None:
+    """Readiness still waits for a model that never loaded: only an unload on request
+    lets it go."""
+    (repo[0] / "mlp" / "v1" / "model.onnx").write_bytes(b"not onnx")
+    async with TestClient(TestServer(ModelServer(server_config).make_app())) as client:
+        assert (await client.get("/v2/health/ready")).status == 503
+
+
+async def test_repository_requests_are_checked(client: TestClient, repo) -> None:
+    assert (await client.post("/v2/repository/index")).status == 401
+    assert (await client.post("/v2/repository/models/mlp/unload")).status == 401
+    for path, body in (
+        ("/v2/repository/index", b"[1]"),
+        ("/v2/repository/index", b'{"ready": "yes"}'),
+        ("/v2/repository/models/mlp/load", b"{not json"),
+        ("/v2/repository/models/mlp/load", b'{"parameters": {"file:1/model.onnx": "AAAA"}}'),
+        ("/v2/repository/models/mlp/unload", b'{"parameters": {"unload_dependents": 1}}'),
+        ("/v2/repository/models/mlp/unload", b'{"parameters": {"force": true}}'),
+    ):
+        response = await client.post(path, data=body, headers=ADMIN)
+        assert response.status == 400, (path, body)
+        assert (await response.json())["code"] == "bad_request"
+    assert (await client.get("/v2/models/mlp/ready")).status == 200  # none of that unloaded it
+    response = await client.post(
+        "/v2/repository/models/mlp/unload",
+        json={"parameters": {"unload_dependents": False}},
+        headers=ADMIN,
+    )
+    assert response.status == 200
+    current = repo[0] / "mlp" / "CURRENT"
+    current.write_text("../v1")
+    response = await client.post("/v2/repository/models/mlp/load", headers=ADMIN)
+    assert response.status == 400, await response.text()
+    current.unlink()
+    current.symlink_to(repo[0] / "elsewhere")  # a link in CURRENT's place is never followed
+    (repo[0] / "elsewhere").write_text("v2")
+    response = await client.post("/v2/repository/models/mlp/load", headers=ADMIN)
+    assert response.status == 403, await response.text()
+    index = await (
+        await client.post("/v2/repository/index", json={"ready": True}, headers=ADMIN)
+    ).json()
+    assert index == []
+
+
+async def test_statistics_start_from_zero_for_a_version_loaded_again(client: TestClient) -> None:
+    await client.post("/v2/models/mlp/infer", json=infer_body(X))
+    stats = await (await client.get("/v2/models/mlp/stats")).json()
+    assert stats["model_stats"][0]["inference_count"] == 1
+    await client.post("/v2/repository/models/mlp/unload", headers=ADMIN)
+    assert (await (await client.get("/v2/models/mlp/stats")).json()) == {"model_stats": []}
+    (Path(client.app[SERVER].repository.root) / "mlp" / "CURRENT").write_text("v1")
+    await client.post("/v2/repository/models/mlp/load", headers=ADMIN)
+    [stat] = (await (await client.get("/v2/models/stats")).json())["model_stats"]
+    assert (stat["version"], stat["inference_count"]) == ("v1", 0)
+
+
+async def test_tenants_see_their_own_statistics_and_the_admin_names_them(tmp_path) -> None:
+    root = tmp_path / "models"
+    add_version(root, "acme/mlp", "v1", seed=11)
+    add_version(root, "globex/mlp", "v1", seed=22)
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": {
+                    "acme": {"api_key": "key-acme", "models": ["mlp"]},
+                    "globex": {"api_key": "key-globex", "models": ["mlp"]},
+                }
+            }
+        )
+    )
+    token = tmp_path / "token"
+    token.write_text(ADMIN["Authorization"].removeprefix("Bearer "))
+    config = ServerConfig(repository=root, tenants_file=tenants, admin_token_file=token)
+    acme = {"X-API-Key": "key-acme"}
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        await client.post("/v2/models/mlp/infer", json=infer_body(X), headers=acme)
+        stats = await (await client.get("/v2/models/stats", headers=acme)).json()
+        assert [(s["name"], s["inference_count"]) for s in stats["model_stats"]] == [("mlp", 1)]
+        other = await (
+            await client.get("/v2/models/stats", headers={"X-API-Key": "key-globex"})
+        ).json()
+        assert [s["inference_count"] for s in other["model_stats"]] == [0]
+        assert (await client.get("/v2/models/stats")).status == 401
+        index = await (await client.post("/v2/repository/index", headers=ADMIN)).json()
+        assert [e["name"] for e in index] == ["acme/mlp", "globex/mlp"]
+        # a tenant's model, as tritonclient sends "acme/mlp" (unescaped) or escaped
+        for path in ("acme/mlp", "acme%2Fmlp"):
+            response = await client.post(f"/v2/repository/models/{path}/unload", headers=ADMIN)
+            assert response.status == 200, await response.text()
+        assert (await client.get("/v2/models/mlp/ready", headers=acme)).status == 503
+        ready = await client.get("/v2/models/mlp/ready", headers={"X-API-Key": "key-globex"})
+        assert ready.status == 200

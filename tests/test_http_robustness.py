@@ -1,17 +1,40 @@
 """Hostile requests get a 4xx JSON answer, never a plain-text 500 (issue 13, server
 robustness): shapes that overflow, element counts that wrap, unhashable output names,
-unknown charsets, deeply nested JSON, non-ASCII credentials, loosely typed data."""
+unknown charsets and codecs that are no text encoding, deeply nested JSON, non-ASCII
+credentials, loosely typed data; what a request allocates follows the bytes it sent,
+not what its shape or Content-Length announce; and a failure that is no client's fault
+(an engine raising) is a 500 JSON answer too."""
 
 from __future__ import annotations
 
+import asyncio
+import bz2
+import codecs
 import json
+import logging
+import tracemalloc
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 
+import aiohttp
+import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import ADMIN
+from helpers import RaisingBackend, infer_body
+from model_server.app import ModelServer
+from model_server.binary_codec import ALIGNMENT
+from model_server.config import ServerConfig
+from model_server.errors import BadRequest
+from model_server.http_body import BodyBuffer
 
 INFER = "/v2/models/mlp/infer"
+GUARD_S = 60.0  # hang guard, never a measured bound
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def body(shape: list[int], data: object, datatype: str = "FP32", **extra: object) -> dict:
@@ -91,3 +114,209 @@ async def test_ints_are_accepted_as_fp32(client: TestClient) -> None:
     nested = await client.post(INFER, json=body([1, 8], [[0.0] * 8]))
     assert nested.status == 200, await nested.text()
     assert ADMIN  # the fixture's token exists (admin paths are covered elsewhere)
+
+
+# --- charsets: text encodings only ------------------------------------------------------
+
+ONE_ROW = json.dumps(body([1, 8], [0.0] * 8)).encode()
+
+
+@pytest.mark.parametrize(
+    ("charset", "raw"),
+    [
+        ("rot13", codecs.encode(ONE_ROW.decode(), "rot13").encode()),
+        ("zlib", zlib.compress(ONE_ROW)),  # a body that would inflate into a valid one
+        ("bz2", bz2.compress(ONE_ROW)),
+        ("hex", ONE_ROW.hex().encode()),
+        ("base64", codecs.encode(ONE_ROW, "base64")),
+        ("uu", codecs.encode(ONE_ROW, "uu")),
+    ],
+)
+async def test_a_codec_that_is_no_text_encoding_is_415(
+    client: TestClient, charset: str, raw: bytes
+) -> None:
+    """Python's codecs that transform bytes are not charsets: each is refused unapplied."""
+    response = await client.post(
+        INFER, data=raw, headers={"Content-Type": f"application/json; charset={charset}"}
+    )
+    assert response.status == 415, await response.text()
+    payload = await answer(response)
+    assert payload["code"] == "unsupported_media_type" and "not a text encoding" in payload["error"]
+
+
+async def test_a_zlib_bomb_as_a_charset_is_never_inflated(client: TestClient) -> None:
+    """64 KiB of body that zlib inflates to 64 MiB: refused with nothing inflated."""
+    bomb = zlib.compress(b'{"inputs": [' + b" " * (64 << 20) + b"]}", 9)
+    with traced() as memory:
+        response = await client.post(
+            INFER, data=bomb, headers={"Content-Type": "application/json; charset=zlib"}
+        )
+    assert response.status == 415, await response.text()
+    assert memory.peak < 16 << 20, memory.peak
+
+
+@pytest.mark.parametrize(
+    ("charset", "raw"),
+    [("ascii", b"\xff\xfe{}"), ("utf-16", b"{\x00\x00"), ("utf-8", b"\xff{}")],
+)
+async def test_a_body_that_is_not_its_charset_is_400(
+    client: TestClient, charset: str, raw: bytes
+) -> None:
+    response = await client.post(
+        INFER, data=raw, headers={"Content-Type": f"application/json; charset={charset}"}
+    )
+    assert response.status == 400, await response.text()
+    assert (await answer(response))["code"] == "bad_request"
+
+
+@pytest.mark.parametrize("charset", ["utf-16", "latin-1", "utf-8-sig"])
+async def test_a_body_in_a_text_encoding_is_decoded(client: TestClient, charset: str) -> None:
+    response = await client.post(
+        INFER,
+        data=ONE_ROW.decode().encode(charset),
+        headers={"Content-Type": f"application/json; charset={charset}"},
+    )
+    assert response.status == 200, await response.text()
+
+
+# --- what a request allocates follows what it sent --------------------------------------
+
+
+@dataclass
+class Traced:
+    peak: int = 0  # the most bytes Python (and numpy) had allocated at once meanwhile
+
+
+@contextmanager
+def traced() -> Iterator[Traced]:
+    """Python's allocations (numpy's too) traced meanwhile: their peak, once it ends."""
+    found = Traced()
+    tracemalloc.start()
+    try:
+        yield found
+    finally:
+        found.peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+async def test_json_data_far_short_of_its_shape_allocates_for_the_data(
+    client: TestClient,
+) -> None:
+    """Eight values for a shape of 16 Mi FP32 (64 MiB): a 400, and the array was never
+    made at the shape's size."""
+    with traced() as memory:
+        response = await client.post(INFER, json=body([2 * 1024 * 1024, 8], [[0.0] * 8]))
+    assert response.status == 400, await response.text()
+    assert "8 values do not fill its shape" in (await answer(response))["error"]
+    assert memory.peak < 16 << 20, memory.peak
+
+
+def test_a_body_buffer_grows_with_the_bytes_received_and_ends_aligned() -> None:
+    length, chunk = 8 << 20, 64 << 10
+    data = np.random.default_rng(0).integers(0, 256, length, dtype=np.uint8).tobytes()
+    for align_after in (0, 5, 63):
+        buffer = BodyBuffer(length, align_after)
+        assert buffer.allocated == 0  # the announced length alone allocates nothing
+        for start in range(0, length, chunk):
+            buffer.add(data[start : start + chunk])
+            assert buffer.allocated <= 2 * buffer.received + ALIGNMENT
+        body = buffer.body()
+        assert body == data
+        assert (np.frombuffer(body, np.uint8).ctypes.data + align_after) % ALIGNMENT == 0
+
+
+def test_a_body_buffer_refuses_what_does_not_match_its_length() -> None:
+    buffer = BodyBuffer(10)
+    buffer.add(b"12345")
+    with pytest.raises(BadRequest, match="ended after 5 of its 10 bytes"):
+        buffer.body()
+    with pytest.raises(BadRequest, match="longer than its Content-Length 10"):
+        buffer.add(b"123456")
+    assert BodyBuffer(0).body() == b""
+
+
+@asynccontextmanager
+async def listening(app: web.Application) -> AsyncIterator[tuple[str, int]]:
+    """``app`` served as the server serves it (an ``AppRunner``: unlike aiohttp's test
+    server, it does not cancel a handler whose client left), on a free port."""
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield host, port
+    finally:
+        await runner.cleanup()
+
+
+async def test_connections_announcing_large_bodies_hold_only_what_they_sent(
+    server_config: ServerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four connections announce 64 MiB bodies and send 10 bytes each: once each
+    request's handler is reading its body, the server holds about those bytes, not
+    4 x 64 MiB. The clients then leave: that is logged as such, not as a server error,
+    and the server serves on."""
+    caplog.set_level(logging.INFO, logger="model_server")
+    app = ModelServer(server_config).make_app()
+    reading: list[web.Request] = []
+
+    @web.middleware
+    async def note_reading(request: web.Request, handler: Handler) -> web.StreamResponse:
+        reading.append(request)  # the handler runs in this step, up to its first wait
+        return await handler(request)
+
+    app.middlewares.append(note_reading)
+    head = (
+        f"POST {INFER} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {64 << 20}\r\n\r\n"
+    ).encode()
+    async with listening(app) as (host, port), asyncio.timeout(GUARD_S):
+        with traced() as memory:
+            connections = [await asyncio.open_connection(host, port) for _ in range(4)]
+            for _, writer in connections:
+                writer.write(head + b'{"inputs":')
+                await writer.drain()
+            while len(reading) < len(connections):
+                await asyncio.sleep(0.01)
+            while any(r.content.total_bytes < 10 for r in reading):  # all arrived
+                await asyncio.sleep(0.01)
+        assert memory.peak < 8 << 20, memory.peak
+        for _, writer in connections:
+            writer.close()
+        while sum("the client left" in r.getMessage() for r in caplog.records) < 4:
+            await asyncio.sleep(0.01)
+        async with aiohttp.ClientSession() as session:
+            x = np.ones((1, 8), np.float32)
+            url = f"http://{host}:{port}{INFER}"
+            async with session.post(url, json=infer_body(x)) as response:
+                assert response.status == 200, await response.text()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# --- failures that are no client's fault are JSON too -----------------------------------
+
+
+@pytest.fixture
+async def failing_client(server_config: ServerConfig) -> AsyncIterator[TestClient]:
+    app = ModelServer(server_config, RaisingBackend()).make_app()
+    async with TestClient(TestServer(app)) as test_client:
+        yield test_client
+
+
+async def test_an_engine_raising_is_a_500_json_answer_and_logged(
+    failing_client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="model_server")
+    x = np.full((1, 8), 1000.0, np.float32)
+    response = await failing_client.post(INFER, json=infer_body(x))
+    assert response.status == 500, await response.text()
+    payload = await answer(response)
+    assert payload == {
+        "error": f"internal error: {RaisingBackend.MESSAGE}",
+        "code": "internal_error",
+    }
+    [record] = [r for r in caplog.records if r.name == "model_server.http_api"]
+    assert record.exc_info is not None and "POST /v2/models/mlp/infer" in record.getMessage()
+    fine = await failing_client.post(INFER, json=infer_body(np.ones((1, 8), np.float32)))
+    assert fine.status == 200, await fine.text()

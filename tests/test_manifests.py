@@ -26,7 +26,6 @@ from helm_chart import lint_chart, render_chart
 from model_operator import spec as spec_module
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
-from model_rollout_contract import defaults
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import kube_emulator
 
@@ -183,6 +182,14 @@ BAD_SPECS = {
     "backoff max below base": {"sidecar": {"backoffBaseSeconds": 30, "backoffMaxSeconds": 10}},
     "no download at all": {"sidecar": {"maxConcurrentDownloads": 0}},
     "drain for ever": {"server": {"drainSeconds": 86400}},
+    # issue 12: dynamic batching
+    "a batch of a million rows": {"server": {"batching": {"maxBatchSize": 1_000_000}}},
+    "a negative batch size": {"server": {"batching": {"maxBatchSize": -1}}},
+    "a queue delay of an hour": {
+        "server": {"batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 3_600_000_000}}
+    },
+    "a fractional batch size": {"server": {"batching": {"maxBatchSize": 2.5}}},
+    "batching not an object": {"server": {"batching": 8}},
     "sidecar settings not an object": {"sidecar": "fast"},
     # issue 13 follow-up: credentials in the endpoint would be in the Deployment's env
     "credentials in the endpoint": {
@@ -295,32 +302,11 @@ def test_the_crd_patterns_are_the_operators() -> None:
         assert field["maxLength"] == spec_module.OBJECT_NAME_MAX
 
 
-def test_new_crd_defaults_are_the_contract_defaults() -> None:
-    """(tests/test_contract.py checks the older ones the same way.)"""
+def test_the_crd_limits_and_query_names_are_the_operators() -> None:
+    """(Its defaults are the contract's: tests/test_contract.py.)"""
     props = spec_schema()["properties"]
     sidecar, server = props["sidecar"]["properties"], props["server"]["properties"]
-    canary = props["canary"]["properties"]
-    analysis = canary["analysis"]["properties"]
-    assert {
-        "canary.trafficPercent": canary["trafficPercent"]["default"],
-        "canary.shadowPercent": canary["shadowPercent"]["default"],
-        "analysis.intervalSeconds": analysis["intervalSeconds"]["default"],
-        "analysis.minRequests": analysis["minRequests"]["default"],
-        "analysis.failureLimit": analysis["failureLimit"]["default"],
-        "analysis.maxErrorRate": analysis["maxErrorRate"]["default"],
-        "analysis.maxLatencyRatio": analysis["maxLatencyRatio"]["default"],
-        "analysis.maxNonFinite": analysis["maxNonFinite"]["default"],
-    } == {
-        "canary.trafficPercent": defaults.CANARY_TRAFFIC_PERCENT,
-        "canary.shadowPercent": defaults.CANARY_SHADOW_PERCENT,
-        "analysis.intervalSeconds": defaults.ANALYSIS_INTERVAL_SECONDS,
-        "analysis.minRequests": defaults.ANALYSIS_MIN_REQUESTS,
-        "analysis.failureLimit": defaults.ANALYSIS_FAILURE_LIMIT,
-        "analysis.maxErrorRate": defaults.ANALYSIS_MAX_ERROR_RATE,
-        "analysis.maxLatencyRatio": defaults.ANALYSIS_MAX_LATENCY_RATIO,
-        "analysis.maxNonFinite": defaults.ANALYSIS_MAX_NON_FINITE,
-    }
-    assert "default" not in canary["analysis"]  # absent: no analysis, as before issue 11
+    analysis = props["canary"]["properties"]["analysis"]["properties"]
     assert (analysis["intervalSeconds"]["maximum"], analysis["failureLimit"]["maximum"]) == (
         spec_module.MAX_ANALYSIS_INTERVAL_SECONDS,
         spec_module.MAX_FAILURE_LIMIT,
@@ -330,21 +316,6 @@ def test_new_crd_defaults_are_the_contract_defaults() -> None:
     assert analysis["prometheus"]["properties"]["url"]["pattern"] == (
         f"^{spec_module.ENDPOINT_URL.pattern}$"
     )
-    assert {
-        "allowUnsigned": props["allowUnsigned"]["default"],
-        "sidecar.startJitterSeconds": sidecar["startJitterSeconds"]["default"],
-        "sidecar.backoffBaseSeconds": sidecar["backoffBaseSeconds"]["default"],
-        "sidecar.backoffMaxSeconds": sidecar["backoffMaxSeconds"]["default"],
-        "sidecar.maxConcurrentDownloads": sidecar["maxConcurrentDownloads"]["default"],
-        "server.drainSeconds": server["drainSeconds"]["default"],
-    } == {
-        "allowUnsigned": defaults.ALLOW_UNSIGNED,
-        "sidecar.startJitterSeconds": defaults.START_JITTER_SECONDS,
-        "sidecar.backoffBaseSeconds": defaults.BACKOFF_BASE_SECONDS,
-        "sidecar.backoffMaxSeconds": defaults.BACKOFF_MAX_SECONDS,
-        "sidecar.maxConcurrentDownloads": defaults.MAX_CONCURRENT_DOWNLOADS,
-        "server.drainSeconds": defaults.DRAIN_SECONDS,
-    }
     assert (
         server["drainSeconds"]["maximum"],
         sidecar["startJitterSeconds"]["maximum"],
@@ -356,6 +327,11 @@ def test_new_crd_defaults_are_the_contract_defaults() -> None:
         spec_module.MAX_BACKOFF_SECONDS,
         spec_module.MAX_CONCURRENT_DOWNLOADS,
     )
+    batching = server["batching"]["properties"]
+    assert (
+        batching["maxBatchSize"]["maximum"],
+        batching["maxQueueDelayMicroseconds"]["maximum"],
+    ) == (spec_module.MAX_BATCH_SIZE, spec_module.MAX_QUEUE_DELAY_MICROSECONDS)
 
 
 async def _kubectl(server: str, path: Path) -> tuple[int, str]:
@@ -522,7 +498,13 @@ SPEC_FIELDS: dict[str, Any] = {
         "backoffMaxSeconds": _number(1, 3600),
         "maxConcurrentDownloads": _integer(1, 16),
     },
-    "server": {"drainSeconds": _number(0, 300)},
+    "server": {
+        "drainSeconds": _number(0, 300),
+        "batching": {
+            "maxBatchSize": _integer(0, 4096),
+            "maxQueueDelayMicroseconds": _integer(0, 1_000_000),
+        },
+    },
 }
 REQUIRED = ("model", "version", "image", "store")
 

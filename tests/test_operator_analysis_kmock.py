@@ -70,6 +70,16 @@ class Harness:
     async def events(self) -> list[dict[str, Any]]:
         return await list_objects(self.api, f"/api/v1/namespaces/{NS}/events")
 
+    async def events_of(self, reason: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+        """At least ``count`` events of ``reason``: kopf posts events on a task of its own,
+        so one may land after the status write it goes with."""
+        async with asyncio.timeout(timeout):
+            while (
+                len(found := [e for e in await self.events() if e.get("reason") == reason]) < count
+            ):
+                await asyncio.sleep(0.1)
+        return found
+
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
@@ -217,13 +227,14 @@ async def test_a_restarted_operator_continues_the_analysis_from_the_status(
     harness.start_operator(process=True)
     await roll_out_v2(harness, trafficPercent=50, analysis={"failureLimit": 3})
     status = await harness.wait(lambda s: (s.get("analysis") or {}).get("failures") == 1)
+    await harness.events_of("AnalysisCheckFailed", 1)  # posted, not only in the status
     await harness.stop_operator()
     kept = status["analysis"]
     assert kept["baseline"], kept  # the last scrape, to measure the next interval from
     harness.start_operator(process=True)
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
     assert status["analysis"]["failures"] == 3 and status["analysis"]["checks"] > kept["checks"]
-    failed = [e for e in await harness.events() if e.get("reason") == "AnalysisCheckFailed"]
+    failed = await harness.events_of("AnalysisCheckFailed", 3)
     numbers = sorted(int(re.match(r"check (\d+) failed", e["message"])[1]) for e in failed)  # type: ignore[index]
     assert len(numbers) == 3 and numbers == sorted(set(numbers)), numbers  # none repeated
 

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from model_operator.analysis import Sample
+from model_operator.canary_metrics import Figures
 from model_operator.planner import (
     BATCHES,
     CANARY,
@@ -41,8 +43,8 @@ class Cluster(SimCluster):
     def __init__(self, n: int, version: str = "v1", refuse: frozenset[str] = frozenset()) -> None:
         super().__init__(n, version, refuse=refuse)
 
-    def step(self, sp, promoted=None, delay=1, dt=1.0):  # type: ignore[no-untyped-def,override]
-        return super().step(sp, promoted, delay, dt)
+    def step(self, sp, promoted=None, delay=1, dt=1.0, read=None):  # type: ignore[no-untyped-def,override]
+        return super().step(sp, promoted, delay, dt, read)
 
 
 def test_spec_validation_lists_every_problem() -> None:
@@ -119,6 +121,77 @@ def test_manual_promotion_waits_for_the_annotation() -> None:
     plan = cluster.step(sp, promoted=token)
     assert plan.promotion_used and plan.state.stage == BATCHES
     assert cluster.run(sp).phase == "Available"
+
+
+# what a check reads of the canary (each the whole interval's figures, as Prometheus
+# gives them): too few requests, a good candidate, one answering 5xx
+FEW = Figures(3, 0, 0, 30, 0.01, 0.01, None, None, 0)
+GOOD = Figures(50, 0, 0, 200, 0.01, 0.01, None, None, 0)
+ERRORS = Figures(50, 25, 0, 200, 0.01, 0.01, None, None, 0)
+
+
+class Reader:
+    """The canary's figures at each check: ``figures`` until a test changes it."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+
+    def __call__(self, pods: object, analysis: object, now: float) -> Sample:
+        return Sample(now, figures=self.figures)
+
+
+def analysed_manual_spec():  # type: ignore[no-untyped-def]
+    analysis = {"intervalSeconds": 2, "minRequests": 10, "failureLimit": 2}
+    return spec(
+        version="v2",
+        canary={"percent": 25, "trafficPercent": 20, "manualPromote": True, "analysis": analysis},
+    )
+
+
+def test_with_analysis_the_promote_annotation_approves_and_a_passed_check_promotes() -> None:
+    """Flagger's manual gating: the annotation approves, the analysis must pass too, in
+    either order; the annotation is kept (not used up) while it waits."""
+    cluster, sp, read = Cluster(4), analysed_manual_spec(), Reader(FEW)
+    for _ in range(10):
+        plan = cluster.step(sp, read=read)
+    assert plan.reason == "AwaitingPromotion" and "after a passed check" in plan.message
+    token = plan.state.promotion
+    for _ in range(6):  # approved, but every check is inconclusive: the canary holds
+        plan = cluster.step(sp, promoted=token, read=read)
+        assert (plan.reason, plan.state.stage, plan.promotion_used) == (
+            "AwaitingAnalysis",
+            CANARY,
+            False,
+        )
+        assert "approved; waiting for analysis to pass (last: Inconclusive" in plan.message
+    read.figures = GOOD
+    for _ in range(4):  # passed, but the approval was withdrawn: it waits for one again
+        plan = cluster.step(sp, read=read)
+    assert plan.reason == "AwaitingPromotion" and plan.analysis is not None
+    assert plan.analysis.last_result == "Passed" and cluster.serving() == {"v1": 3, "v2": 1}
+    plan = cluster.step(sp, promoted=token, read=read)
+    assert plan.promotion_used and plan.state.stage == BATCHES
+    assert "CanaryPromoted" in [e.reason for e in plan.events]
+    assert cluster.run(sp).phase == "Available"
+
+
+def test_an_approval_never_overrides_a_failed_analysis() -> None:
+    cluster, sp, read = Cluster(4), analysed_manual_spec(), Reader(ERRORS)
+    token = cluster.step(sp).state.promotion
+    waiting = []
+    for _ in range(20):  # approved from the start
+        plan = cluster.step(sp, promoted=token, read=read)
+        assert not plan.promotion_used
+        if plan.reason == "AwaitingAnalysis":
+            waiting.append(plan.message)
+        if plan.state.stage == FAILED:
+            break
+    assert (plan.reason, plan.state.rolled_back) == ("AnalysisFailed", True)
+    assert "(last: no check yet)" in waiting[0] and "(last: Failed" in waiting[-1], waiting
+    for _ in range(3):
+        plan = cluster.step(sp, promoted=token)
+    assert cluster.serving() == {"v1": 4} and plan.state.stage == FAILED
+    assert BATCHES not in {p.state.stage for p in cluster.plans}
 
 
 def test_refusal_stops_the_rollout_and_rollback_is_fast() -> None:

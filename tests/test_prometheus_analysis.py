@@ -3,7 +3,7 @@ loopback) scraping real model servers: two server processes, a canary pod (v2 wi
 beside it, under a traffic policy that splits and mirrors requests) and a stable pod,
 take real requests; the figures the built-in queries read through Prometheus' HTTP API
 agree with those the operator computes from the servers' own /metrics, and lead to the
-same verdict."""
+same verdict; with live traffic and with shadowing only (engine time compared)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ import pytest
 from helpers import add_version, ask, infer_body
 from model_operator.analysis import Result, judge
 from model_operator.analysis_sources import query_prometheus, scrape
-from model_operator.canary_metrics import figures, increase
+from model_operator.canary_metrics import buckets, figures, increase, quantile
 from model_operator.pods import PodView
 from model_operator.spec import AnalysisSpec, PrometheusSpec
+from model_rollout_contract import canary
 from model_rollout_contract.canary import PIN_HEADER
 from model_rollout_e2e.binaries import BinaryNotFound, prometheus_binary
 from model_rollout_e2e.processes import ServerProcess, free_port
@@ -126,6 +127,23 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         )
         assert sample.figures is not None, sample.problem
         promql = sample.figures
+
+        # then shadowing only: the candidate's p99 is engine time, and so the stable's
+        answer = await ask(sock, {**policy, "traffic_percent": 0})
+        assert "error" not in answer, answer
+        before, started = await read_pods(servers), time.time()
+        assert set(await send(canary_url, 300)) == {200}
+        await asyncio.sleep(1)
+        after = await read_pods(servers)
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        shadow_window = increase(before, after)
+        pods_shadow = figures(shadow_window, "v1", "v2")
+        shadow_seconds = time.time() - started + 1.0
+        sample = await query_prometheus(
+            PrometheusSpec(prometheus.url), "ml", "mlp", VERSIONS, shadow_seconds, time.time()
+        )
+        assert sample.figures is not None, sample.problem
+        promql_shadow = sample.figures
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -154,6 +172,22 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         assert check.result is Result.FAILED and "drift p99" in check.message, check
     lenient = AnalysisSpec(min_requests=50, max_latency_ratio=100)
     assert judge(promql, lenient, seconds).result is Result.PASSED
+    assert not pods.engine_time and not promql.engine_time
+
+    # shadow runs only: both sources compare the candidate's shadow runs with the stable
+    # version's engine runs, which are a part of its request time
+    for measured in (pods_shadow, promql_shadow):
+        assert (measured.live_requests, measured.engine_time) == (0, True), measured
+        assert measured.shadow_requests > 60 and measured.latency_ratio is not None
+        check = judge(measured, lenient, shadow_seconds)
+        assert "engine time of its shadow runs" in check.message, check
+    assert close(pods_shadow.candidate_p99, promql_shadow.candidate_p99, 0.1)
+    assert close(pods_shadow.stable_p99, promql_shadow.stable_p99, 0.25)
+    stable = shadow_window["v1"]
+    engine = quantile(0.99, buckets(stable, canary.ENGINE_LATENCY))
+    request = quantile(0.99, buckets(stable, canary.LATENCY))
+    assert engine is not None and request is not None and engine <= request
+    assert pods_shadow.stable_p99 == engine
 
 
 async def test_an_unreachable_prometheus_is_inconclusive_not_a_failure() -> None:

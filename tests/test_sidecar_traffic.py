@@ -1,8 +1,9 @@
 """Issue 11, the sidecar's half of the exact traffic share: the pod's traffic policy
-relayed to the real server over its control socket once the server serves the
-candidate, cleared at promotion or when the target moves on, given back (with the stable
-version) to a restarted server, a malformed one reported and ignored, and the stable
-version kept on the volume while a policy names it.
+sent to the real server over its control socket with the candidate's load (after the
+stable version, when the server lacks it), written beside CURRENT (TRAFFIC) for a
+restarted server, cleared at promotion or when the target moves on, given back (with the
+stable version) to a server that lost it, a malformed one reported and ignored, and the
+stable version kept on the volume while a policy names it.
 
 The server's policy is read where the server shows it (``/v1/models/<m>/health``) and
 seen in its answers: under ``trafficPercent`` 0 every request is answered by the
@@ -25,11 +26,22 @@ from aiohttp.test_utils import TestClient
 from helpers import ask, infer_body
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
+from model_rollout_contract.control import (
+    LoadRequest,
+    Reply,
+    Request,
+    RollbackRequest,
+    TrafficRequest,
+)
+from model_rollout_contract.layout import TRAFFIC_FILE
 from model_rollout_e2e.kube_emulator import EmulatedCluster, kube_emulator
 from model_rollout_e2e.processes import ChildProcess, ServerProcess, wait_until
+from model_sidecar.control_client import ServerControl
 from model_sidecar.fetcher import Fetcher
+from model_sidecar.init_mode import pre_pull
 from model_sidecar.kube import PodApi
 from model_sidecar.pod_watch import PodWatch
+from model_sidecar.retry import Backoff
 from model_sidecar.store import LocalStore
 from model_sidecar.target import TargetSource
 from model_sidecar.watch import Watcher
@@ -45,6 +57,32 @@ from sidecar_helpers import (
 
 X = np.random.default_rng(11).standard_normal((1, 8)).astype(np.float32)
 ALL_STABLE = TrafficPolicy("v1", "v2", traffic_percent=0)  # the stable one answers all
+
+
+class RecordingControl(ServerControl):
+    """The sidecar's real control client, noting every request it sends the server."""
+
+    def __init__(self, socket_path: Path) -> None:
+        super().__init__(socket_path, Backoff(attempts=3, base_s=0.05, max_s=0.1))
+        self.sent: list[Request] = []
+
+    async def request(self, request: Request) -> Reply:
+        self.sent.append(request)
+        return await super().request(request)
+
+    def swaps(self) -> list[tuple[str, str | None, TrafficPolicy | None]]:
+        """Each request that changes what the server serves or splits by:
+        (op, version, policy)."""
+        return [
+            (r.op, r.version, r.policy)
+            if isinstance(r, LoadRequest)
+            else (r.op, r.version, None)
+            if isinstance(r, RollbackRequest)
+            else (r.op, None, r.policy)
+            for r in self.sent
+            if isinstance(r, LoadRequest | RollbackRequest)
+            or (isinstance(r, TrafficRequest) and r.policy is not None)
+        ]
 
 
 class Pod:
@@ -95,6 +133,36 @@ class Pod:
     def report(self) -> dict[str, Any]:
         return read_status(self.status_file)
 
+    @property
+    def traffic_file(self) -> Path:
+        return self.volume / "mlp" / TRAFFIC_FILE
+
+    def recording(self) -> RecordingControl:
+        """From now on the watcher's requests to the server are noted."""
+        control = RecordingControl(self.socket)
+        self.watcher.control = control
+        return control
+
+    async def answers_during(self, work: Any) -> tuple[Any, set[str]]:
+        """``work`` awaited while clients keep asking the server: its result and every
+        version that answered meanwhile."""
+        assert self.server is not None
+        server, seen, done = self.server, set(), asyncio.Event()
+
+        async def keep_asking() -> None:
+            while not done.is_set():
+                response = await server.post("/v2/models/mlp/infer", json=infer_body(X))
+                assert response.status == 200, await response.text()
+                seen.add((await response.json())["model_version"])
+
+        askers = [asyncio.create_task(keep_asking()) for _ in range(4)]
+        try:
+            result = await work
+        finally:
+            done.set()
+            await asyncio.gather(*askers)
+        return result, seen
+
     def sent(self, result: str) -> float:
         value: float = self.watcher.metrics.policies.labels("mlp", result)._value.get()
         return value
@@ -115,23 +183,32 @@ async def test_the_policy_reaches_the_server_once_it_serves_the_candidate_and_go
     assert await pod.watcher.step() == "ok"
     assert (await pod.health())["traffic"] is None
 
+    assert not pod.traffic_file.exists()
+
     set_target(pod.podinfo, "v2", ALL_STABLE)  # the operator's canary stage
-    assert await pod.watcher.step() == "ok"
+    control = pod.recording()
+    outcome, answered = await pod.answers_during(pod.watcher.step())
+    assert outcome == "ok"
+    assert answered == {"v1"}  # not one answer of v2's, even across its swap
+    assert control.swaps() == [("load", "v2", ALL_STABLE)]  # the policy goes with the load
     health = await pod.health()
     assert (health["version"], health["traffic"]) == ("v2", ALL_STABLE.to_json())
     assert await pod.answered_by() == {"v1"}  # the split is the server's, by the policy
     report = pod.report()
     assert (report["state"], report["serving"], report["code"]) == ("ok", "v2", None)
     assert report["retained"] == ["v1"]
+    assert pod.traffic_file.read_text() == ALL_STABLE.to_annotation() + "\n"
 
     assert await pod.watcher.step() == "ok"  # nothing changed: not sent again
     assert pod.sent("set") == 1
+    assert control.swaps() == [("load", "v2", ALL_STABLE)]
 
     set_target(pod.podinfo, "v2")  # promotion: the annotation is gone
     assert await pod.watcher.step() == "ok"
     assert (await pod.health())["traffic"] is None
     assert await pod.answered_by() == {"v2"}
     assert pod.sent("cleared") >= 1
+    assert not pod.traffic_file.exists()
 
 
 async def test_a_restarted_server_gets_the_stable_version_and_the_policy_back(
@@ -142,17 +219,89 @@ async def test_a_restarted_server_gets_the_stable_version_and_the_policy_back(
     assert await pod.watcher.step() == "ok"
     assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
 
-    await pod.restart()  # a crash: the new server loads CURRENT (v2) alone, no policy
+    await pod.restart()  # a crash: the new server resumes CURRENT (v2) and TRAFFIC
     fresh = await pod.health()
-    assert (fresh["version"], fresh["retained"], fresh["traffic"]) == ("v2", [], None)
-    assert await pod.answered_by() == {"v2"}
+    assert (fresh["version"], fresh["retained"]) == ("v2", ["v1"])
+    assert fresh["traffic"] == ALL_STABLE.to_json()
+    assert await pod.answered_by() == {"v1"}  # from its first answer, before the sidecar
 
+    control = pod.recording()
     assert await pod.watcher.step() == "ok"
+    assert control.swaps() == []  # nothing to give back: the server has it all
     health = await pod.health()
     assert (health["version"], health["retained"]) == ("v2", ["v1"])
     assert health["traffic"] == ALL_STABLE.to_json()
     assert await pod.answered_by() == {"v1"}
     assert (pod.volume / "mlp" / "CURRENT").read_text() == "v2\n"  # still the candidate
+
+
+async def test_a_server_that_lost_the_stable_version_gets_it_then_the_candidate_and_policy(
+    pod: Pod,
+) -> None:
+    """A server restarted without TRAFFIC (removed behind the sidecar's back) serves v2
+    alone: the sidecar loads v1, then v2 again with the policy in one step; never a
+    swap back to v2 without it."""
+    await pod.start("v1")
+    set_target(pod.podinfo, "v2", ALL_STABLE)
+    assert await pod.watcher.step() == "ok"
+    pod.traffic_file.unlink()
+    await pod.restart()
+    fresh = await pod.health()
+    assert (fresh["version"], fresh["retained"], fresh["traffic"]) == ("v2", [], None)
+
+    control = pod.recording()
+    assert await pod.watcher.step() == "ok"
+    assert control.swaps() == [("load", "v1", None), ("load", "v2", ALL_STABLE)]
+    health = await pod.health()
+    assert (health["version"], health["retained"]) == ("v2", ["v1"])
+    assert health["traffic"] == ALL_STABLE.to_json()
+    assert await pod.answered_by() == {"v1"}
+    assert pod.traffic_file.read_text() == ALL_STABLE.to_annotation() + "\n"
+    assert await pod.watcher.step() == "ok"
+    assert len(control.swaps()) == 2  # done: nothing sent again
+
+
+async def test_a_canary_of_a_pod_without_the_stable_version_loads_it_before_the_candidate(
+    pod: Pod,
+) -> None:
+    """The pod serves v3 and becomes a canary of v2 against the stable v1 it does not
+    hold: v1 is loaded first (the server serves it meanwhile, within the policy), then
+    v2 with the policy; v2 answers nothing on the way."""
+    await pod.start("v3")
+    set_target(pod.podinfo, "v3")
+    assert await pod.watcher.step() == "ok"
+    set_target(pod.podinfo, "v2", ALL_STABLE)
+    control = pod.recording()
+    outcome, answered = await pod.answers_during(pod.watcher.step())
+    assert outcome == "ok", pod.report()
+    assert answered <= {"v3", "v1"} and "v2" not in answered
+    assert control.swaps() == [("load", "v1", None), ("load", "v2", ALL_STABLE)]
+    health = await pod.health()
+    assert (health["version"], health["traffic"]) == ("v2", ALL_STABLE.to_json())
+    assert "v1" in health["retained"]
+    assert await pod.answered_by() == {"v1"}
+    assert (pod.volume / "mlp" / "CURRENT").read_text() == "v2\n"
+
+
+async def test_the_traffic_file_is_written_past_a_planted_link_never_through_it(
+    pod: Pod, tmp_path: Path
+) -> None:
+    await pod.start("v1")
+    set_target(pod.podinfo, "v2", ALL_STABLE)
+    assert await pod.watcher.step() == "ok"
+    outside = tmp_path / "outside"
+    outside.write_text("keep me")
+    pod.traffic_file.unlink()
+    pod.traffic_file.symlink_to(outside)
+    assert await pod.watcher.step() == "ok"
+    assert not pod.traffic_file.is_symlink()
+    assert pod.traffic_file.read_text() == ALL_STABLE.to_annotation() + "\n"
+    pod.traffic_file.unlink()
+    pod.traffic_file.symlink_to(outside)
+    set_target(pod.podinfo, "v2")  # promotion: the link is removed, not what it points to
+    assert await pod.watcher.step() == "ok"
+    assert not pod.traffic_file.exists() and not pod.traffic_file.is_symlink()
+    assert outside.read_text() == "keep me"
 
 
 async def test_the_policy_is_cleared_once_the_target_is_not_its_candidate(pod: Pod) -> None:
@@ -169,14 +318,26 @@ async def test_the_policy_is_cleared_once_the_target_is_not_its_candidate(pod: P
     assert (health["version"], health["traffic"]) == ("v2", None)
     assert await pod.answered_by() == {"v2"}
 
+    assert not pod.traffic_file.exists()
     set_target(pod.podinfo, "v2", ALL_STABLE)  # the canary again: the policy is back
+    control = pod.recording()
     assert await pod.watcher.step() == "ok"
     assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
+    assert control.swaps() == [("traffic", None, ALL_STABLE)]  # v2 serves: no swap
 
+    assert pod.traffic_file.exists()
     set_target(pod.podinfo, "v1")  # rollback: a pointer swap, then the policy goes
     assert await pod.watcher.step() == "ok"
     health = await pod.health()
     assert (health["version"], health["traffic"]) == ("v1", None)
+    assert not pod.traffic_file.exists()
+
+    set_target(pod.podinfo, "v2", ALL_STABLE)  # the canary once more: v2 is still held
+    control = pod.recording()
+    outcome, answered = await pod.answers_during(pod.watcher.step())
+    assert (outcome, answered) == ("ok", {"v1"})
+    assert control.swaps() == [("load", "v2", ALL_STABLE)]  # a pointer swap with the policy
+    assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
 
 
 @pytest.mark.parametrize(
@@ -249,26 +410,50 @@ async def test_a_policy_lost_without_a_sign_in_the_status_is_sent_again_each_hea
     assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
 
 
-async def test_a_server_that_cannot_hold_both_versions_is_an_error_not_a_swap_loop(
+async def test_a_server_that_cannot_hold_both_versions_is_an_error_and_keeps_the_stable(
     pod: Pod,
 ) -> None:
-    """A server that keeps one version: giving it the stable one back evicts the
-    candidate. Reported with its code; the next cycles serve the candidate and do
-    not load the stable one again."""
+    """A server that keeps one version cannot split: the load of the candidate with the
+    policy is refused before any work, reported with the server's reason each cycle,
+    and the stable version goes on answering everything; nothing is swapped."""
     await pod.start("v1", retain=1)
     set_target(pod.podinfo, "v2", ALL_STABLE)
-    assert await pod.watcher.step() == "error"
-    report = pod.report()
-    assert (report["state"], report["code"]) == ("error", "policy_cannot_hold_both"), report
-    assert "fewer versions" in report["reason"]
-    loads_before = pod.watcher.metrics.swaps.labels("mlp", "ok")._value.get()
-    for _ in range(2):
+    control = pod.recording()
+    for _ in range(3):
         assert await pod.watcher.step() == "error"
-        assert pod.report()["code"] == "policy_cannot_hold_both"
+        report = pod.report()
+        assert (report["state"], report["code"]) == ("error", "server_conflict"), report
+        assert "keeps 1 version" in report["reason"] and "beside" in report["reason"]
     health = await pod.health()
-    assert (health["version"], health["traffic"]) == ("v2", None)
-    # one more swap back to the candidate, then none: the stable one is not reloaded
-    assert pod.watcher.metrics.swaps.labels("mlp", "ok")._value.get() <= loads_before + 1
+    assert (health["version"], health["traffic"]) == ("v1", None)
+    assert await pod.answered_by() == {"v1"}
+    assert pod.watcher.metrics.swaps.labels("mlp", "ok")._value.get() == 0
+    assert control.swaps() == [("load", "v2", ALL_STABLE)] * 3
+    assert not pod.traffic_file.exists()
+
+
+async def test_init_pre_pulls_the_stable_version_and_the_policy_so_the_server_starts_split(
+    pod: Pod,
+) -> None:
+    """A canary pod (re)started: init fetches its target v3, the previous v2 and the
+    policy's stable v1, and writes TRAFFIC; the server's first answers are v1's."""
+    canary_of_v3 = TrafficPolicy("v1", "v3", traffic_percent=0)
+    assert await pre_pull(pod.fetcher, "mlp", "v3", None, policy=canary_of_v3) == 0
+    assert sorted(p.name for p in (pod.volume / "mlp").iterdir() if p.is_dir()) == [
+        "v1", "v2", "v3"
+    ]  # fmt: skip
+    assert pod.traffic_file.read_text() == canary_of_v3.to_annotation() + "\n"
+    await pod.restart()
+    health = await pod.health()
+    assert (health["version"], health["retained"]) == ("v3", ["v1"])
+    assert health["traffic"] == canary_of_v3.to_json()
+    assert await pod.answered_by() == {"v1"}
+
+    assert await pre_pull(pod.fetcher, "mlp", "v3", None) == 0  # promoted: no policy
+    assert not pod.traffic_file.exists()
+    other = TrafficPolicy("v1", "v2")  # for another target: not this pod's
+    assert await pre_pull(pod.fetcher, "mlp", "v3", None, policy=other) == 0
+    assert not pod.traffic_file.exists()
 
 
 # --- the policy arrives through the pod watch, as the target does ----------------------
@@ -372,6 +557,16 @@ def test_the_sidecar_process_relays_the_policy_to_a_server_process_across_its_cr
             answer: dict[str, Any] = json.loads(r.read())
             return answer
 
+    def first_answer() -> str:
+        request = urllib.request.Request(
+            f"{server.url}/v2/models/mlp/infer",
+            json.dumps(infer_body(X)).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as r:
+            version: str = json.loads(r.read())["model_version"]
+            return version
+
     def server_shows(version: str, policy: object) -> Callable[[], bool]:
         def check() -> bool:
             if not (server.running() and sidecar.running()):
@@ -390,6 +585,9 @@ def test_the_sidecar_process_relays_the_policy_to_a_server_process_across_its_cr
         server.kill()
         server.start()
         server.wait_ready()
+        resumed = health()  # ready: the policy is there already, from TRAFFIC
+        assert (resumed["traffic"], resumed["retained"]) == (ALL_STABLE.to_json(), ["v1"])
+        assert first_answer() == "v1"
         wait_until(server_shows("v2", ALL_STABLE.to_json()), 60, what="the policy again")
         assert health()["retained"] == ["v1"]
         set_target(podinfo, "v2")

@@ -105,6 +105,11 @@ class Memory:
                 )
 
         class DeviceBuffer(Buffer):
+            def __init__(self, nbytes: int, stream: Any = None) -> None:
+                super().__init__(nbytes)
+                self.stream = stream  # stream-ordered, as the real one
+                assert stream is not None and stream.open, "device buffers need the slot's stream"
+
             def copy_from(self, host: Buffer, nbytes: int, stream: Any) -> None:
                 assert self.mem is not None and host.mem is not None
                 self.mem[:nbytes] = host.mem[:nbytes]

@@ -44,6 +44,8 @@ class ServerArgs:
     # leaves exactly this after the preStop pause and the drain)
     inflight_grace_seconds: float = defaults.INFLIGHT_GRACE_SECONDS
     precision: str = defaults.PRECISION  # what the TensorRT backend builds
+    max_batch_size: int = defaults.MAX_BATCH_SIZE  # dynamic batching: rows per run, 0 = off
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
 
 
 def server_argv(a: ServerArgs) -> list[str]:
@@ -53,6 +55,7 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--model", a.model,
         "--host", "0.0.0.0",
         "--port", str(defaults.SERVER_PORT),
+        "--grpc-port", str(defaults.SERVER_GRPC_PORT),
         "--backend", a.backend,
         "--control-socket", CONTROL_SOCKET,
         "--retain", str(a.retain),
@@ -61,6 +64,8 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--drain-seconds", str(a.drain_seconds),
         "--inflight-grace-seconds", str(a.inflight_grace_seconds),
         "--precision", a.precision,
+        "--max-batch-size", str(a.max_batch_size),
+        "--max-queue-delay-us", str(a.max_queue_delay_us),
     ]  # fmt: skip
     if a.tenants:
         argv += ["--tenants-file", TENANTS_FILE]

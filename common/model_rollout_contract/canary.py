@@ -82,7 +82,7 @@ class TrafficPolicy:
     def from_annotation(cls, text: str) -> TrafficPolicy:
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise InvalidPolicy(f"traffic policy is not JSON: {exc}") from exc
         return cls.from_json(raw)
 

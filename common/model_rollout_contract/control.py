@@ -5,6 +5,8 @@ Requests::
 
     {"op": "load", "model": "m", "version": "v2", "path": "/models/m/v2/model.onnx",
      "sha256": "<hex>"}
+    {"op": "load", ..., "stable": "v1", "candidate": "v2", "traffic_percent": 10,
+     "shadow_percent": 20}          (a canary's load: the policy is set with the swap)
     {"op": "rollback", "model": "m", "version": "v1"}     (version optional)
     {"op": "status", "model": "m"}
     {"op": "traffic", "model": "m", "stable": "v1", "candidate": "v2",
@@ -42,17 +44,43 @@ def _shown(text: str) -> str:
     return text if len(text) <= _MAX_SHOWN else f"{text[:half]} ... {text[-half:]}"
 
 
+def _policy_fields(policy: TrafficPolicy | None) -> dict[str, Any]:
+    """A traffic policy as the flat fields of a request (``candidate`` None: none)."""
+    p = policy
+    return {
+        "stable": p.stable if p else None,
+        "candidate": p.candidate if p else None,
+        "traffic_percent": p.traffic_percent if p else 0,
+        "shadow_percent": p.shadow_percent if p else 0,
+    }
+
+
 @dataclass(frozen=True)
 class LoadRequest:
+    """Load ``version`` and swap it in. With ``policy`` (a canary pod's, whose candidate
+    is ``version``) the server sets the policy in the same step as the swap, so the
+    candidate never answers a request outside the policy's share."""
+
     model: str
     version: str
     path: str | None  # None: the version's directory in the server's repository
     sha256: str  # the server re-hashes the file and refuses a mismatch
+    policy: TrafficPolicy | None = None
     op = "load"
 
+    def __post_init__(self) -> None:
+        if self.policy is not None and self.policy.candidate != self.version:
+            raise InvalidPolicy(
+                f"a load's traffic policy has the loaded version {self.version!r} as its "
+                f"candidate, not {self.policy.candidate!r}"
+            )
+
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "model": self.model, "version": self.version,
+        body = {"op": self.op, "model": self.model, "version": self.version,
                 "path": self.path, "sha256": self.sha256}  # fmt: skip
+        if self.policy is not None:  # without one the message is as it always was
+            body |= _policy_fields(self.policy)
+        return body
 
 
 @dataclass(frozen=True)
@@ -87,15 +115,7 @@ class TrafficRequest:
     op = "traffic"
 
     def to_json(self) -> dict[str, Any]:
-        p = self.policy
-        return {
-            "op": self.op,
-            "model": self.model,
-            "stable": p.stable if p else None,
-            "candidate": p.candidate if p else None,
-            "traffic_percent": p.traffic_percent if p else 0,
-            "shadow_percent": p.shadow_percent if p else 0,
-        }
+        return {"op": self.op, "model": self.model, **_policy_fields(self.policy)}
 
 
 Request = LoadRequest | RollbackRequest | StatusRequest | TrafficRequest
@@ -180,11 +200,14 @@ def parse_request(line: bytes) -> Request:
         if op == "status":
             return StatusRequest(model)
         if op == "load":
+            if raw.get("candidate") is None and raw.get("stable") is not None:
+                raise ProtocolError("a load's traffic policy needs 'candidate' (the version)")
             return LoadRequest(
                 model,
                 check_name("version", _text(raw, "version", "'load'")),
                 _text(raw, "path", "'load'", optional=True),
                 _text(raw, "sha256", "'load'"),
+                _policy(raw),
             )
         if op == "rollback":
             version = _text(raw, "version", "'rollback'", optional=True)

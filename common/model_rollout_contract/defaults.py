@@ -40,12 +40,22 @@ ALLOW_UNSIGNED = False  # sidecars verify Ed25519 signatures unless spec.allowUn
 
 # --- pod layout (the operator writes it; server and sidecar are told by argv) -----------
 SERVER_PORT = 8000  # KServe v2 HTTP inside the pod
+# KServe v2 gRPC (inference.GRPCInferenceService) inside the pod: Triton's port beside its
+# HTTP 8000, where tritonclient.grpc looks (a server started without --grpc-port has none)
+SERVER_GRPC_PORT = 8001
 SIDECAR_METRICS_PORT = 9100  # the sidecar's /metrics
 
 # --- server ----------------------------------------------------------------------------
 SERVER_BACKEND = "onnxruntime"  # the embedded default: runs on any CPU
 SERVER_HOST = "127.0.0.1"  # listen on loopback unless told otherwise (pods say 0.0.0.0)
 INFERENCE_WORKERS = 4  # inference threads
+# dynamic batching (the server's --max-batch-size / --max-queue-delay-us, the CRD's
+# spec.server.batching): queued requests of one version run together, up to this many
+# rows (the first axis, as Triton's max_batch_size); 0 = off. A request waits at most
+# the delay for others (Triton's max_queue_delay_microseconds), and only while the
+# version has a free inference thread: busy, requests keep queueing
+MAX_BATCH_SIZE = 0
+MAX_QUEUE_DELAY_MICROSECONDS = 0
 # SIGTERM: readiness turns 503 at once, then the server keeps serving this long (so that
 # endpoints and load balancers stop sending), waits for in-flight requests, then exits
 DRAIN_SECONDS = 5.0

@@ -5,6 +5,11 @@ directory (``file:///dir``). Volume (the server's repository, written by the sid
 
     <volume>/[<tenant>/]<model>/<version>/...   verified versions (see manifest)
     <volume>/<model>/CURRENT                    the version a (re)started server serves
+    <volume>/<model>/TRAFFIC                    a canary pod's traffic policy (JSON, as the
+                                                pod annotation ``canary.TRAFFIC_POLICY``):
+                                                a restarted server whose CURRENT is its
+                                                candidate loads the stable version first,
+                                                then the candidate under the policy
     <volume>/<model>/.accepted-sequences.json   per version, the newest publish sequence
                                                 the sidecar accepted (older builds refused)
     <volume>/.incoming/                         downloads in progress, never served; swept
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 CURRENT_FILE = "CURRENT"
+TRAFFIC_FILE = "TRAFFIC"
 INCOMING_DIR = ".incoming"
 ACCEPTED_FILE = ".accepted-sequences.json"
 FILE_STORE_SCOPE = "file:"  # every directory store: see StoreUrl.scope

@@ -39,6 +39,12 @@ CREDENTIALS = {
     "aws_secret_access_key": "model-rollout",
     "region_name": "us-east-1",
 }
+# the same, as the environment the AWS SDKs read (a process given the store's access)
+CREDENTIALS_ENV = {
+    "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
+    "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
+    "AWS_DEFAULT_REGION": CREDENTIALS["region_name"],
+}
 
 
 class SeaweedFS:

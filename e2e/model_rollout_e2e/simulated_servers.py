@@ -28,11 +28,13 @@ OWNER = ("model", "version")
 
 @dataclass(frozen=True)
 class Behaviour:
-    """How a version answers: its latency, every how many answers one is a 500 (0:
-    never), NaN values per answer, and how far its outputs are from the stable
+    """How a version answers: its engine's time per run, the rest of a live request's
+    time (queueing, JSON; a shadow run has none), every how many answers one is a 500
+    (0: never), NaN values per answer, and how far its outputs are from the stable
     version's and whether their argmax agrees (seen on shadowed requests)."""
 
     latency_s: float = 0.010
+    overhead_s: float = 0.0
     error_every: int = 0
     non_finite: int = 0
     drift: float = 0.0
@@ -56,6 +58,7 @@ class _Metrics:
         self.compared = Counter(canary.SHADOW_ARGMAX_COMPARED, "compared", OWNER, registry=r)
         self.agreed = Counter(canary.SHADOW_ARGMAX_AGREED, "agreed", OWNER, registry=r)
         self.shadow_latency = Histogram(canary.SHADOW_LATENCY, "shadow time", OWNER, registry=r)
+        self.engine_latency = Histogram(canary.ENGINE_LATENCY, "engine time", OWNER, registry=r)
 
 
 def _every(count: int, percent: int) -> bool:
@@ -102,8 +105,9 @@ class SimulatedServer:
         m = self.metrics
         failed = self._fails(version, how)
         m.requests.labels(self.model, version, "500" if failed else "200").inc()
-        m.latency.labels(self.model, version).observe(how.latency_s)
-        if not failed:
+        m.latency.labels(self.model, version).observe(how.latency_s + how.overhead_s)
+        if not failed:  # the server times an engine's successful runs only
+            m.engine_latency.labels(self.model, version).observe(how.latency_s)
             m.values.labels(self.model, version).inc(10)
             m.nonfinite.labels(self.model, version).inc(how.non_finite)
 
@@ -114,6 +118,7 @@ class SimulatedServer:
             m.requests.labels(self.model, candidate, "500").inc()
             return
         m.shadow_latency.labels(self.model, candidate).observe(how.latency_s)
+        m.engine_latency.labels(self.model, candidate).observe(how.latency_s)
         m.requests.labels(self.model, candidate, "200").inc()
         finite = not (how.non_finite or stable.non_finite)
         drift = abs(how.drift - stable.drift) if finite else float("inf")

@@ -62,8 +62,9 @@ def describe(f: Figures) -> str:
         "error rate n/a"
         if f.error_rate is None
         else f"error rate {f.error_rate:.2%} ({f.errors} 5xx)",
-        f"p99 {_ms(f.candidate_p99)} vs stable {_ms(f.stable_p99)}"
-        + ("" if f.latency_ratio is None else f" (x{f.latency_ratio:.2f})"),
+        f"p99 {_ms(f.candidate_p99)} vs stable {_ms(f.stable_p99)} ("
+        + ("" if f.latency_ratio is None else f"x{f.latency_ratio:.2f}, ")
+        + f"{f.latency_basis})",
         f"non-finite outputs {f.non_finite}",
     ]
     if f.drift_p99 is not None:
@@ -86,7 +87,9 @@ def judge(f: Figures, spec: AnalysisSpec, seconds: float) -> Check:
     if f.error_rate is not None and f.error_rate > spec.max_error_rate:
         crossed.append(f"error rate {f.error_rate:.2%} > {spec.max_error_rate:.2%}")
     if f.latency_ratio is not None and f.latency_ratio > spec.max_latency_ratio:
-        crossed.append(f"p99 latency x{f.latency_ratio:.2f} > x{spec.max_latency_ratio:g}")
+        crossed.append(
+            f"p99 latency x{f.latency_ratio:.2f} > x{spec.max_latency_ratio:g} ({f.latency_basis})"
+        )
     if f.non_finite > spec.max_non_finite:
         crossed.append(f"non-finite outputs {f.non_finite} > {spec.max_non_finite}")
     drift, agreement = spec.max_output_drift, spec.min_argmax_agreement

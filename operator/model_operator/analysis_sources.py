@@ -95,6 +95,7 @@ DEFAULT_QUERIES = {
     "latencyP99": _p99(canary.LATENCY),
     "shadowRequests": _increase(canary.SHADOW_REQUESTS),
     "shadowLatencyP99": _p99(canary.SHADOW_LATENCY),
+    "engineLatencyP99": _p99(canary.ENGINE_LATENCY),  # asked of the stable version
     "drift": _p99(canary.SHADOW_DRIFT),
     "argmaxAgreement": (
         f"{_increase(canary.SHADOW_ARGMAX_AGREED)} / {_increase(canary.SHADOW_ARGMAX_COMPARED)}"
@@ -156,7 +157,9 @@ async def query_prometheus(
     seconds: float,
     at: float,
 ) -> Sample:
-    """The figures of the last ``seconds``, each a query of the stable or the candidate."""
+    """The figures of the last ``seconds``, each a query of the stable or the candidate;
+    latency as :func:`~.canary_metrics.figures` compares it (request time of live
+    answers, or with none live engine time: shadow runs against the stable's engine)."""
     stable, candidate = versions
     asked = [
         ("requests", candidate),
@@ -166,6 +169,7 @@ async def query_prometheus(
         ("latencyP99", candidate),
         ("shadowLatencyP99", candidate),
         ("latencyP99", stable),
+        ("engineLatencyP99", stable),
         ("drift", candidate),
         ("argmaxAgreement", candidate),
         ("nonFinite", candidate),
@@ -189,6 +193,7 @@ async def query_prometheus(
 
     shadowed = count(f"shadowRequests:{candidate}")
     live = max(0, count(f"requests:{candidate}") - shadowed)  # requests counts shadow runs
+    engine_time = shadowed > 0 and not live
     return Sample(
         at,
         figures=Figures(
@@ -197,12 +202,13 @@ async def query_prometheus(
             shadow_requests=shadowed,
             stable_requests=count(f"requests:{stable}"),
             candidate_p99=got[
-                f"latencyP99:{candidate}" if live else f"shadowLatencyP99:{candidate}"
+                f"shadowLatencyP99:{candidate}" if engine_time else f"latencyP99:{candidate}"
             ],
-            stable_p99=got[f"latencyP99:{stable}"],
+            stable_p99=got[f"engineLatencyP99:{stable}" if engine_time else f"latencyP99:{stable}"],
             drift_p99=got[f"drift:{candidate}"],
             argmax_agreement=got[f"argmaxAgreement:{candidate}"],
             non_finite=count(f"nonFinite:{candidate}"),
+            engine_time=engine_time,
         ),
     )
 

@@ -33,7 +33,7 @@ _COUNTERS = (
     canary.SHADOW_ARGMAX_COMPARED,
     canary.SHADOW_ARGMAX_AGREED,
 )
-_HISTOGRAMS = (canary.LATENCY, canary.SHADOW_DRIFT, canary.SHADOW_LATENCY)
+_HISTOGRAMS = (canary.LATENCY, canary.ENGINE_LATENCY, canary.SHADOW_DRIFT, canary.SHADOW_LATENCY)
 _READ = frozenset((*_COUNTERS, *(h + _BUCKET for h in _HISTOGRAMS)))
 # the labels that say whose series it is; any other label is part of the series' key
 _OWNER_LABELS = ("model", "version")
@@ -141,10 +141,14 @@ class Figures:
     shadow_requests: int  # stable answers also run on the candidate
     stable_requests: int  # answered by the stable version (the latency reference)
     candidate_p99: float | None  # seconds: its live answers, else its shadowed runs
-    stable_p99: float | None
+    stable_p99: float | None  # seconds: of what the candidate's is compared with
     drift_p99: float | None  # of the per-request max |stable - candidate|
     argmax_agreement: float | None  # None: no class-score outputs were compared
     non_finite: int  # NaN or infinite output values of the candidate
+    # the p99s are engine time (no live answer of the candidate, so its shadow runs
+    # against the stable version's engine runs), not request time (live answers of both):
+    # a shadow run has no queueing or JSON, so a request time would flatter it
+    engine_time: bool = False
 
     @property
     def requests(self) -> int:
@@ -156,6 +160,13 @@ class Figures:
         return self.errors / self.requests if self.requests else None
 
     @property
+    def latency_basis(self) -> str:
+        """What :attr:`latency_ratio` compares, in the words of the condition message."""
+        if self.engine_time:
+            return "engine time of its shadow runs vs the stable version's runs"
+        return "request time"
+
+    @property
     def latency_ratio(self) -> float | None:
         if self.candidate_p99 is None or not self.stable_p99:
             return None
@@ -163,11 +174,19 @@ class Figures:
 
 
 def figures(window: Mapping[str, Series], stable: str, candidate: str) -> Figures:
-    """The figures of one interval, from :func:`increase` of two snapshots."""
+    """The figures of one interval, from :func:`increase` of two snapshots. Latency
+    compares like with like: the candidate's live answers with the stable version's
+    (request time), or, with none live, its shadow runs with the stable version's engine
+    runs (engine time)."""
     cand, base = window.get(candidate, {}), window.get(stable, {})
     shadowed = round(_sum(cand, canary.SHADOW_REQUESTS))
     live = max(0, round(_sum(cand, canary.REQUESTS)) - shadowed)  # REQUESTS counts shadows
-    latency = buckets(cand, canary.LATENCY) if live else buckets(cand, canary.SHADOW_LATENCY)
+    engine_time = shadowed > 0 and not live
+    if engine_time:
+        latency = buckets(cand, canary.SHADOW_LATENCY)
+        reference = buckets(base, canary.ENGINE_LATENCY)
+    else:
+        latency, reference = buckets(cand, canary.LATENCY), buckets(base, canary.LATENCY)
     compared = _sum(cand, canary.SHADOW_ARGMAX_COMPARED)
     return Figures(
         live_requests=live,
@@ -175,8 +194,9 @@ def figures(window: Mapping[str, Series], stable: str, candidate: str) -> Figure
         shadow_requests=shadowed,
         stable_requests=round(_sum(base, canary.REQUESTS)),
         candidate_p99=quantile(0.99, latency),
-        stable_p99=quantile(0.99, buckets(base, canary.LATENCY)),
+        stable_p99=quantile(0.99, reference),
         drift_p99=quantile(0.99, buckets(cand, canary.SHADOW_DRIFT)),
         argmax_agreement=_sum(cand, canary.SHADOW_ARGMAX_AGREED) / compared if compared else None,
         non_finite=round(_sum(cand, canary.OUTPUT_NONFINITE)),
+        engine_time=engine_time,
     )

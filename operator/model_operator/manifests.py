@@ -15,7 +15,7 @@ from typing import Any
 from model_rollout_contract import argv, defaults
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
-from model_rollout_contract.defaults import SERVER_PORT, SIDECAR_METRICS_PORT
+from model_rollout_contract.defaults import SERVER_GRPC_PORT, SERVER_PORT, SIDECAR_METRICS_PORT
 
 from .admission_policy import sidecar_service_account
 from .spec import ModelDeploymentSpec
@@ -243,6 +243,8 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             drain_seconds=spec.server.drain_seconds,
             inflight_grace_seconds=defaults.INFLIGHT_GRACE_SECONDS,
             precision=spec.precision,
+            max_batch_size=spec.server.batching.max_batch_size,
+            max_queue_delay_us=spec.server.batching.max_queue_delay_us,
         )
     )
     sidecar_args = _sidecar_args(spec)
@@ -294,7 +296,10 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "image": spec.image,
                             "args": server_args,
                             "securityContext": container_security_context(),
-                            "ports": [{"name": "http", "containerPort": SERVER_PORT}],
+                            "ports": [
+                                {"name": "http", "containerPort": SERVER_PORT},
+                                {"name": "grpc", "containerPort": SERVER_GRPC_PORT},
+                            ],
                             "readinessProbe": {
                                 "httpGet": {"path": "/v2/health/ready", "port": "http"},
                                 "periodSeconds": 2,
@@ -338,7 +343,10 @@ def service(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, A
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name, spec)},
         "spec": {
             "selector": selector(name),
-            "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "grpc", "port": SERVER_GRPC_PORT, "targetPort": "grpc"},
+            ],
         },
     }
 

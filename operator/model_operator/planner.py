@@ -15,7 +15,8 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   away), wait until they serve the new version, hold for ``pauseSeconds`` or until
   promoted by the annotation ``serving.model-rollout.io/promote=<version>@<rollout id>``
   (``manualPromote``; the id is the rollout's start, so a promotion never carries over to
-  another rollout, and the operator clears the annotation once used). With
+  another rollout, and the operator clears the annotation once used; with ``analysis``
+  the annotation approves, and the promotion waits for a passed check too). With
   ``trafficPercent`` or ``shadowPercent`` the canary pods also carry the traffic policy
   (their servers split or mirror requests between the two versions), removed as soon as
   the canary ends, whichever way. With ``analysis`` the pause is also a series of checks
@@ -404,7 +405,16 @@ class _Tick:
                     Phase.CANARY,
                     "AwaitingPromotion",
                     f"canary healthy{verdict}; promote with annotation "
-                    f"{PROMOTE}={self.state.promotion}",
+                    f"{PROMOTE}={self.state.promotion}"
+                    + (" (it promotes after a passed check)" if spec is not None else ""),
+                )
+            if spec is not None and not self._passed():
+                checked = self.analysis is not None and self.analysis.last_result is not None
+                return self.plan(  # the annotation stays: it approves, the analysis decides
+                    Phase.CANARY,
+                    "AwaitingAnalysis",
+                    "canary healthy; approved; waiting for analysis to pass (last: "
+                    f"{self._verdict() if checked else 'no check yet'})",
                 )
             self.promotion_used = True
         elif self.now < healthy_at + self.spec.canary.pause_seconds:
@@ -412,9 +422,7 @@ class _Tick:
             return self.plan(
                 Phase.CANARY, "CanaryPause", f"canary healthy{verdict}; {left:.0f}s of pause left"
             )
-        elif spec is not None and (
-            self.analysis is None or self.analysis.last_result != Result.PASSED
-        ):
+        elif spec is not None and not self._passed():
             return self.plan(
                 Phase.CANARY,
                 "AnalysisHolding",
@@ -432,6 +440,10 @@ class _Tick:
             self.analysis = held.restart_window(self.now, spec)
         else:
             self.analysis = AnalysisState.start(self.state.promotion, self.now, spec)
+
+    def _passed(self) -> bool:
+        """Whether the last check of this canary passed: what a promotion waits for."""
+        return self.analysis is not None and self.analysis.last_result is Result.PASSED
 
     def _verdict(self) -> str:
         a = self.analysis

@@ -35,6 +35,8 @@ MAX_DRAIN_SECONDS = 300
 MAX_START_JITTER_SECONDS = 600
 MAX_BACKOFF_SECONDS = 3600
 MAX_CONCURRENT_DOWNLOADS = 16
+MAX_BATCH_SIZE = 4096  # spec.server.batching.maxBatchSize, rows
+MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000  # spec.server.batching: one second
 NO_SIGNING_KEY = (
     "spec.signingPublicKeySecret is required: a Secret holding public.pem, the Ed25519 key"
     " model versions must be signed with (or spec.allowUnsigned: true, for development only)"
@@ -64,6 +66,7 @@ PROMETHEUS_QUERIES = (
     "latencyP99",
     "shadowRequests",
     "shadowLatencyP99",
+    "engineLatencyP99",
     "drift",
     "argmaxAgreement",
     "nonFinite",
@@ -141,8 +144,17 @@ class SidecarSettings:
 
 
 @dataclass(frozen=True)
+class BatchingSettings:
+    """spec.server.batching: the server's dynamic batching (model_server.batching)."""
+
+    max_batch_size: int = defaults.MAX_BATCH_SIZE  # rows per engine run; 0 = off
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve unready this long
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
 
 
 @dataclass(frozen=True)
@@ -368,7 +380,8 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     sidecar = _sidecar_settings(_get(raw, "sidecar", dict, problems, "spec.", {}), problems)
     server_raw = _get(raw, "server", dict, problems, "spec.", {})
     server = ServerSettings(
-        _number(server_raw, "drainSeconds", problems, "spec.server.", defaults.DRAIN_SECONDS)
+        _number(server_raw, "drainSeconds", problems, "spec.server.", defaults.DRAIN_SECONDS),
+        _batching(_get(server_raw, "batching", dict, problems, "spec.server.", {}), problems),
     )
     _range(problems, "spec.server.drainSeconds", server.drain_seconds, 0, MAX_DRAIN_SECONDS)
 
@@ -396,6 +409,23 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         sidecar=sidecar,
         server=server,
     )
+
+
+def _batching(raw: dict[str, Any], problems: list[str]) -> BatchingSettings:
+    where = "spec.server.batching."
+    settings = BatchingSettings(
+        _get(raw, "maxBatchSize", int, problems, where, defaults.MAX_BATCH_SIZE),
+        _get(
+            raw, "maxQueueDelayMicroseconds", int, problems, where,
+            defaults.MAX_QUEUE_DELAY_MICROSECONDS,
+        ),
+    )  # fmt: skip
+    _range(problems, f"{where}maxBatchSize", settings.max_batch_size, 0, MAX_BATCH_SIZE)
+    _range(
+        problems, f"{where}maxQueueDelayMicroseconds", settings.max_queue_delay_us, 0,
+        MAX_QUEUE_DELAY_MICROSECONDS,
+    )  # fmt: skip
+    return settings
 
 
 def _signing(raw: dict[str, Any], problems: list[str]) -> tuple[str | None, bool]:

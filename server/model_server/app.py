@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -13,19 +14,23 @@ from model_rollout_contract.versions import newest
 from .audit import AuditLog
 from .auth import AccessPolicy
 from .backends import Backend, make_backend
+from .batching import BatchPolicy
 from .codec_workers import JsonCodec
-from .config import ModelSpec, ServerConfig
+from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig
 from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
 from .engine_manager import EngineManager
-from .errors import ServingError
 from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
 from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
 from .repository import ModelRepository
 from .shadow import ShadowRunner
+from .startup import load_at_start, resumed_policy
 from .traffic import TrafficRouter
 from .trusted_files import UntrustedPath
+
+if TYPE_CHECKING:
+    from .grpc_api import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,9 @@ class ModelServer:
             retain=config.retain,
             memory_budget_bytes=int(budget * 2**20) if budget else None,
             executor=self.executor,
+            batching=BatchPolicy.from_flags(
+                config.max_batch_size, config.max_queue_delay_us, config.workers
+            ),
         )
         self.codec = JsonCodec(config.json_workers, max_pending_decodes=config.json_max_pending)
         self.shadows = ShadowRunner(config.shadow_max_in_flight)
@@ -59,6 +67,13 @@ class ModelServer:
             if config.control_socket
             else None
         )
+        self.grpc: GrpcServer | None = None
+        if config.grpc_port is not None:
+            from .grpc_api import GrpcServer  # grpcio is needed only with the gRPC API on
+
+            self.grpc = GrpcServer(
+                self.plane, self.policy, config.host, config.grpc_port, MAX_REQUEST_BYTES
+            )
 
     def model_specs(self) -> list[ModelSpec]:
         specs = list(self.config.models)
@@ -95,14 +110,18 @@ class ModelServer:
             if version is None:
                 log.warning("model %s has no version yet; not ready until one is loaded", spec.key)
                 continue
-            try:
-                await self.manager.load(spec.key, version, who="startup", source="startup")
-            except ServingError as exc:
-                log.error("could not load %s:%s at start: %s", spec.key, version, exc.message)
+            # a version named by the flags is not CURRENT: TRAFFIC, written beside it, is not
+            # for it
+            policy = None if spec.version else resumed_policy(self.repository, spec.key, version)
+            await load_at_start(self.manager, spec.key, version, policy)
         if self.control is not None:
             await self.control.start()
+        if self.grpc is not None:  # once the models are loaded, as HTTP listens only then
+            await self.grpc.start()
 
     async def stop(self, app: web.Application) -> None:
+        if self.grpc is not None:  # calls still running after the grace are cancelled
+            await self.grpc.stop(0)
         if self.control is not None:
             await self.control.stop()
         self.shadows.close()
@@ -112,7 +131,7 @@ class ModelServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(
-            middlewares=[self.in_flight.middleware, json_errors], client_max_size=64 * 2**20
+            middlewares=[self.in_flight.middleware, json_errors], client_max_size=MAX_REQUEST_BYTES
         )
         app[PLANE] = self.plane
         app[POLICY] = self.policy

@@ -1,8 +1,10 @@
 """Large JSON bodies are decoded and encoded in worker processes, not on the event loop.
 
-``json`` (like every JSON library for Python) holds the GIL for a whole parse, so a
+orjson (like every JSON library for Python) holds the GIL for a whole parse, so a
 thread would not free the event loop: a 50 MB body measured zero loop turns in the half
-second its parse took on a thread. A worker process parses, checks the element counts
+second its parse took on a thread. Only the JSON goes to a worker: binary tensor data
+after it (:mod:`.binary_codec`) is read on the loop as views of the body, which costs
+no parse. A worker process parses, checks the element counts
 and builds the arrays; only the arrays come back (pickled as raw buffers), so the
 server's own memory never holds the millions of Python floats a large body becomes.
 Small bodies stay on the loop, where a parse costs less than the trip to a worker.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -26,7 +28,8 @@ import numpy as np
 
 from .backends.base import TensorSpec
 from .errors import Unavailable
-from .v2_codec import InferenceRequest, decode_request, encode_response, output_elements
+from .tensors import BinaryOutput
+from .v2_codec import Buffer, DecodedRequest, decode_header, encode_response, output_elements
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,23 +72,30 @@ class JsonCodec:
             )
 
     async def decode(
-        self, raw: bytes, charset: str, specs: tuple[TensorSpec, ...]
-    ) -> InferenceRequest:
+        self, raw: Buffer, charset: str, specs: tuple[TensorSpec, ...]
+    ) -> DecodedRequest:
+        """A request's JSON (the body, or the header before its binary data), decoded."""
         if len(raw) <= self.inline_body_bytes:
-            return decode_request(raw, charset, specs)
+            return decode_header(raw, charset, specs)
         self.check_room(len(raw))  # on the event loop, like the count: no race
         self.pending_decodes += 1
-        try:
-            return await self._in_worker(decode_request, raw, charset, specs)
+        try:  # a view cannot be pickled: the worker gets a copy of the JSON's bytes
+            data = bytes(raw) if isinstance(raw, memoryview) else raw
+            return await self._in_worker(decode_header, data, charset, specs)
         finally:
             self.pending_decodes -= 1
 
     async def encode(
-        self, name: str, version: str, request_id: str, outputs: dict[str, np.ndarray]
+        self,
+        name: str,
+        version: str,
+        request_id: str,
+        outputs: Mapping[str, np.ndarray | BinaryOutput],
     ) -> bytes:
+        """The response's JSON (binary outputs are only described there)."""
         if output_elements(outputs) <= self.inline_output_elements:
             return encode_response(name, version, request_id, outputs)
-        return await self._in_worker(encode_response, name, version, request_id, outputs)
+        return await self._in_worker(encode_response, name, version, request_id, dict(outputs))
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         pool = self._pool

@@ -28,6 +28,8 @@ class ModelSpec:
 
 
 Bounds = tuple[int, int, int]
+# the largest request: an HTTP body (413 beyond) or a gRPC message (RESOURCE_EXHAUSTED)
+MAX_REQUEST_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ServerConfig:
     models: list[ModelSpec] = field(default_factory=list)  # empty: every model found
     host: str = defaults.SERVER_HOST
     port: int = defaults.SERVER_PORT
+    grpc_port: int | None = None  # KServe v2 gRPC beside HTTP; None: none, 0: any free port
     backend: str = defaults.SERVER_BACKEND
     cache_dir: Path | None = None  # engine cache: the server's own, never a shared volume
     retain: int = defaults.RETAIN_VERSIONS  # versions kept loaded per model, serving included
@@ -87,6 +90,10 @@ class ServerConfig:
     json_max_pending: int | None = None  # large bodies decoding or queued (None: 2/worker)
     traffic_seed: int | None = None  # seeds the per-request split of a traffic policy
     shadow_max_in_flight: int = SHADOW_MAX_IN_FLIGHT  # shadow runs at once; more are skipped
+    # dynamic batching (model_server.batching): rows per engine run, 0 = off (the model
+    # configuration's max_batch_size); how long a request may wait for others
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
 
     def backend_options(self) -> dict[str, object]:
@@ -113,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default=ServerConfig.host)
     p.add_argument("--port", type=int, default=ServerConfig.port)
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        help="serve the KServe v2 gRPC API (inference.GRPCInferenceService) on this port too "
+        f"(pods: {defaults.SERVER_GRPC_PORT}); default: no gRPC",
+    )
     p.add_argument("--backend", choices=BACKEND_NAMES, default=ServerConfig.backend)
     p.add_argument(
         "--cache-dir",
@@ -176,6 +189,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="shadow runs on the candidate at once (on threads of their own); one more is "
         "skipped and counted",
     )
+    batching = p.add_argument_group("dynamic batching")
+    batching.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=ServerConfig.max_batch_size,
+        help="run queued requests of one version together, up to this many rows (the first "
+        "axis) per engine run; 0: off. Only models whose inputs and outputs all have a "
+        "dynamic first axis batch, and their rows must be independent",
+    )
+    batching.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=ServerConfig.max_queue_delay_us,
+        help="the longest a request waits for others to fill its batch, in microseconds "
+        "(Triton's max_queue_delay_microseconds); while every inference thread is busy, "
+        "requests queue regardless",
+    )
     trt = p.add_argument_group("TensorRT backend")
     trt.add_argument(
         "--precision",
@@ -217,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = build_parser()
     a = parse_with_environment(p, SERVER_ENV_PREFIX, argv)
+    if a.grpc_port is not None and not 0 <= a.grpc_port <= 65535:
+        p.error("--grpc-port must be a TCP port (0: any free one)")
     if a.retain < 1:
         p.error("--retain must be at least 1")
     if a.drain_seconds < 0:
@@ -229,6 +261,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--json-max-pending must be at least 1")
     if a.shadow_max_in_flight < 1:
         p.error("--shadow-max-in-flight must be at least 1")
+    if a.max_batch_size < 0:
+        p.error("--max-batch-size must not be negative (0: no batching)")
+    if a.max_queue_delay_us < 0:
+        p.error("--max-queue-delay-us must not be negative")
     if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
         p.error(f"--precision {a.precision} needs --backend tensorrt")
     if a.trt_contexts < 1:
@@ -242,6 +278,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         models=models,
         host=a.host,
         port=a.port,
+        grpc_port=a.grpc_port,
         backend=a.backend,
         cache_dir=optional_path(a.cache_dir),
         retain=a.retain,
@@ -257,6 +294,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         json_max_pending=a.json_max_pending,
         traffic_seed=a.traffic_seed,
         shadow_max_in_flight=a.shadow_max_in_flight,
+        max_batch_size=a.max_batch_size,
+        max_queue_delay_us=a.max_queue_delay_us,
         tensorrt=TensorRTConfig(
             precision=a.precision,
             contexts=a.trt_contexts,

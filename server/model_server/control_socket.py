@@ -9,7 +9,8 @@ audit log. A connection that sends nothing for ``idle_timeout_s`` is closed, and
 ``max_connections`` are served at once: one more is answered ``busy`` and closed.
 
 ``traffic`` sets a canary's traffic policy (its candidate must be serving and its stable
-version loaded, else ``conflict``) or clears it, and is answered with the status.
+version loaded, else ``conflict``) or clears it, and is answered with the status. A
+``load`` may carry the policy too: it is then set with the swap, in one step.
 """
 
 from __future__ import annotations
@@ -162,6 +163,6 @@ class ControlSocketServer:
         if isinstance(request, LoadRequest):
             path = Path(request.path) if request.path is not None else None
             return await self.plane.load(
-                request.model, request.version, caller, path, request.sha256
+                request.model, request.version, caller, path, request.sha256, request.policy
             )
         return await self.plane.rollback(request.model, request.version, caller)

@@ -1,7 +1,9 @@
 """The server's operations, independent of any transport (as KServe's
-``protocol/dataplane.py``): the HTTP API and the control socket both call this class,
-and a gRPC front end would be a third caller. Authentication and the mapping of names
-to tenants stay in the transports; every answer is built here once.
+``protocol/dataplane.py``): the HTTP API, the gRPC API and the control socket call this
+class. Authentication and the mapping of names to tenants stay in the transports; every
+answer is built here once, as the HTTP API's JSON (the gRPC API maps it to protobuf):
+health, server and model metadata, model configuration, statistics, inference, and the
+model repository extension (index, load, unload).
 
 An inference is answered by the version :mod:`.traffic` routes it to (a pinned one, or
 under a canary's traffic policy the candidate or the stable one) and counted in that
@@ -10,8 +12,10 @@ transport submits once the client has the answer (:mod:`.shadow`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,23 +26,39 @@ import numpy as np
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.control import StatusReply, SwapReply
 from model_rollout_contract.names import InvalidName, check_name
+from model_rollout_contract.versions import newest, sorted_versions
 
 from .audit import AuditEvent
 from .backends.base import TensorSpec
+from .batching import request_rows
 from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
-from .errors import BadRequest, ModelNotFound, ServingError, Unavailable
+from .errors import (
+    BadRequest,
+    Forbidden,
+    ModelNotFound,
+    ServingError,
+    Unavailable,
+    VersionNotFound,
+)
+from .inference_stats import RequestTiming, StatisticsBook
 from .metrics import ServerMetrics
-from .model_slot import LoadedVersion, ModelSlot
+from .model_slot import LoadedVersion, ModelSlot, VersionState
+from .protocol_metadata import model_config, server_metadata
 from .shadow import ShadowJob, ShadowRunner
+from .startup import load_resumed, resumed_policy
 from .tensors import select_outputs, spec_to_json
 from .traffic import Route, TrafficRouter
+from .trusted_files import UntrustedPath
 from .v2_codec import InferenceRequest
 
 # decodes of one request when swaps keep changing the model's inputs meanwhile
 DECODE_ATTEMPTS = 3
 SHADOW_MAX_IN_FLIGHT = 2  # shadow runs at once, unless the server is told otherwise
 R = TypeVar("R")
+# a request its client gave up on (a gRPC deadline, a cancelled call): nginx's code for it.
+# The server counts it; the version's series do not, since the client left, not the model
+CLIENT_CLOSED = "499"
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -74,28 +94,6 @@ class RequestCodec(Protocol[R_co]):
 
 
 @dataclass(frozen=True)
-class JsonBody:
-    """A KServe v2 JSON body over HTTP (decoded off the loop when large)."""
-
-    codec: JsonCodec
-    body: bytes
-    charset: str = "utf-8"
-
-    async def decode(self, specs: tuple[TensorSpec, ...]) -> InferenceRequest:
-        return await self.codec.decode(self.body, self.charset, specs)
-
-    async def encode(
-        self,
-        name: str,
-        version: str,
-        request_id: str,
-        outputs: dict[str, np.ndarray],
-        request: InferenceRequest,
-    ) -> bytes:
-        return await self.codec.encode(name, version, request_id, outputs)
-
-
-@dataclass(frozen=True)
 class Answer(Generic[R]):
     body: R  # the response, as the transport's codec encoded it
     shadow: ShadowJob | None = None  # to submit once the client has ``body``
@@ -103,10 +101,15 @@ class Answer(Generic[R]):
 
 @dataclass
 class _Served:
-    """The version that ran a request (for its series), once it is pinned: a request
-    refused before that (a full decode queue, a malformed body) is not that version's."""
+    """The version that ran a request (for its series and statistics), once it is
+    pinned: a request refused before that (a full decode queue, a malformed body) is not
+    that version's; and where the request's time went."""
 
     version: LoadedVersion | None = None
+    rows: int = 1  # what the statistics' inference_count counts it as
+    decode_ns: int = 0
+    run_ns: int = 0
+    encode_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,9 +134,13 @@ class DataPlane:
         self.codec = codec or JsonCodec()
         self.router = router or TrafficRouter()
         self.shadows = shadows or ShadowRunner(SHADOW_MAX_IN_FLIGHT)
+        self.statistics_book = StatisticsBook()
         self.draining = False  # after SIGTERM: unready, still serving
+        # models an admin unloaded (repository extension): they serve nothing, and do
+        # not hold the server's readiness back, until a version is loaded again
+        self.unloaded: set[str] = set()
 
-    # -- health -------------------------------------------------------------
+    # -- health and metadata --------------------------------------------------
     def model_keys(self) -> list[str]:
         return sorted(self.manager.slots)
 
@@ -142,23 +149,80 @@ class DataPlane:
         self.draining = True
 
     def ready(self) -> bool:
-        return not self.draining and self.manager.ready()
+        """Every model serves, but those an admin unloaded (as Triton, whose readiness
+        does not wait for a model unloaded on request)."""
+        slots = self.manager.slots
+        return (
+            not self.draining
+            and bool(slots)
+            and all(s.current is not None or k in self.unloaded for k, s in slots.items())
+        )
 
-    def model_ready(self, key: str) -> bool:
-        return self.manager.slot(key).current is not None
-
-    def model_metadata(self, key: str, name: str) -> dict[str, Any]:
+    def _version(self, key: str, version: str | None) -> LoadedVersion:
+        """The loaded ``version`` of ``key`` (None: the serving one): a version that is
+        not loaded is ``VersionNotFound``, a model with none ``ModelNotFound`` (404)."""
         slot = self.manager.slot(key)
+        if version is not None:
+            found = slot.get(check_name("version", version))
+            if found is None:
+                loaded = [v.version for v in slot.loaded()]
+                raise VersionNotFound(
+                    f"model {key!r} has no version {version!r} loaded (loaded: {loaded})"
+                )
+            return found
         current = slot.current
         if current is None:
-            raise ModelNotFound(f"model {key!r} has no version loaded yet")
+            raise ModelNotFound(f"model {key!r} has no version loaded")
+        return current
+
+    def model_ready(self, key: str, version: str | None = None) -> bool:
+        """Whether the model serves; with ``version``: that version is loaded and ready
+        (one that is not loaded is ``VersionNotFound``)."""
+        if version is None:
+            return self.manager.slot(key).current is not None
+        self._version(key, version)
+        return True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return server_metadata()
+
+    def model_metadata(self, key: str, name: str, version: str | None = None) -> dict[str, Any]:
+        """KServe's model metadata of the serving version, or of a loaded ``version``."""
+        chosen = self._version(key, version)
         return {
             "name": name,
-            "versions": [v.version for v in slot.loaded()],
-            "platform": current.engine.platform,
-            "inputs": [spec_to_json(s) for s in current.engine.inputs],
-            "outputs": [spec_to_json(s) for s in current.engine.outputs],
+            "versions": [v.version for v in self.manager.slot(key).loaded()],
+            "platform": chosen.engine.platform,
+            "inputs": [spec_to_json(s) for s in chosen.engine.inputs],
+            "outputs": [spec_to_json(s) for s in chosen.engine.outputs],
         }
+
+    def model_config(self, key: str, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration of the serving version, or of a loaded one."""
+        chosen = self._version(key, version)
+        batchers = self.manager.batchers
+        batched = batchers.batches(chosen)
+        return model_config(
+            name,
+            chosen.engine,
+            self.manager.backend.name,
+            self.manager.retain,
+            batchers.policy.max_batch_size if batched else 0,
+            round(batchers.policy.max_queue_delay_s * 1e6),
+        )
+
+    def statistics(self, keys: list[str], version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics (``model_stats``) of every loaded version of ``keys``, or
+        of one loaded ``version``; each model named as its namespace knows it."""
+        stats = []
+        for key in keys:
+            chosen = [self._version(key, version)] if version else self.manager.slot(key).loaded()
+            name, by_version = key.rsplit("/", 1)[-1], {v.version: v for v in chosen}
+            stats += [
+                self.statistics_book.of(by_version[v]).to_json(name, v)
+                for v in sorted_versions(by_version)
+            ]
+        return {"model_stats": stats}
 
     def health(self, key: str) -> dict[str, Any]:
         """The serving version, its digest, the retained ones, and every version's
@@ -188,6 +252,13 @@ class DataPlane:
             current.sha256 if current else None,
             tuple(v.version for v in slot.loaded()),
         )
+
+    def namespace_keys(self, tenant: str | None) -> list[str]:
+        """The keys of the models of one namespace: a tenant's, or (``None``) the default
+        one."""
+        if tenant is None:
+            return [k for k in sorted(self.manager.slots) if "/" not in k]
+        return [k for k in sorted(self.manager.slots) if k.startswith(f"{tenant}/")]
 
     def list_models(self, tenant: str | None) -> list[dict[str, Any]]:
         """The models of one namespace: a tenant's, or (``None``) the default one."""
@@ -232,11 +303,18 @@ class DataPlane:
         lenient = not route.pinned
         for _attempt in range(DECODE_ATTEMPTS):
             specs = slot.resolve(route.version, or_serving=lenient).engine.inputs
+            decoding = time.perf_counter_ns()
             request = await codec.decode(specs)
+            served.decode_ns = time.perf_counter_ns() - decoding
             with slot.pin(route.version, or_serving=lenient) as pinned:
                 if pinned.engine.inputs == specs:
                     served.version = pinned
-                    return pinned, request, await self.manager.run(pinned, request.feeds)
+                    if self.manager.batchers.batches(pinned):  # counted by rows, as Triton
+                        served.rows = request_rows(request.feeds) or 1
+                    running = time.perf_counter_ns()
+                    results = await self.manager.run(pinned, request.feeds)
+                    served.run_ns = time.perf_counter_ns() - running
+                    return pinned, request, results
         raise Unavailable(
             f"model {slot.key!r} changed its inputs {DECODE_ATTEMPTS} times while this request "
             "was decoded; retry",
@@ -255,17 +333,20 @@ class DataPlane:
         for it: ``version`` (a versioned route) or ``pin`` (the pin header) names it, else
         the traffic policy or the serving version chooses."""
         started = time.perf_counter()
+        started_ns = time.perf_counter_ns()
         code = "500"
         served = _Served()
         self.metrics.in_flight.labels(key).inc()
         try:
             slot = self.manager.slot(key)
-            route = self.router.route(slot.policy, _named_version(version, pin))
+            route = slot.route(self.router, _named_version(version, pin))
             pinned, request, results = await self._decode_and_run(slot, route, codec, served)
+            encoding = time.perf_counter_ns()
             outputs = select_outputs(results, request.outputs)
             response = await codec.encode(
                 name, pinned.version, request.id or str(uuid.uuid4()), outputs, request
             )
+            served.encode_ns = time.perf_counter_ns() - encoding
             code = "200"
             if route.shadow is not None and pinned.version == route.version:
                 return Answer(response, ShadowJob(slot, route.shadow, request.feeds, results))
@@ -273,13 +354,27 @@ class DataPlane:
         except ServingError as exc:
             code = str(exc.status)
             raise
+        except asyncio.CancelledError:
+            code = CLIENT_CLOSED
+            raise
         finally:
             elapsed = time.perf_counter() - started
             self.metrics.in_flight.labels(key).dec()
             self.metrics.requests.labels(key, code).inc()
             self.metrics.request_latency.labels(key).observe(elapsed)
-            if served.version is not None:
+            if served.version is not None and code != CLIENT_CLOSED:
                 served.version.metrics.request(code, elapsed)
+                self._count(served, code, time.perf_counter_ns() - started_ns)
+
+    def _count(self, served: _Served, code: str, total_ns: int) -> None:
+        """A request that reached its version, in that version's statistics."""
+        assert served.version is not None
+        stats = self.statistics_book.of(served.version)
+        if code != "200":
+            stats.failed(total_ns)
+            return
+        timing = RequestTiming(total_ns, served.decode_ns, served.run_ns, served.encode_ns)
+        stats.succeeded(timing, served.rows)
 
     def shadow(self, job: ShadowJob) -> None:
         """Mirror an answered request to the candidate (call once the client has it)."""
@@ -314,15 +409,110 @@ class DataPlane:
         caller: Caller,
         path: Path | None = None,
         sha256: str | None = None,
+        policy: TrafficPolicy | None = None,
     ) -> SwapReply:
+        """Load and swap in ``version``; with ``policy`` (its candidate is ``version``)
+        the traffic policy is set in the same step (``EngineManager.load``)."""
         result = await self.manager.load(
-            key, version, path=path, expected_sha256=sha256, who=caller.who, source=caller.source
-        )
+            key, version, path=path, expected_sha256=sha256, who=caller.who,
+            source=caller.source, policy=policy,
+        )  # fmt: skip
+        self.unloaded.discard(key)
         return swap_reply(result)
 
     async def rollback(self, key: str, version: str | None, caller: Caller) -> SwapReply:
         result = await self.manager.rollback(key, version, who=caller.who, source=caller.source)
+        self.unloaded.discard(key)
         return swap_reply(result)
+
+    # -- model repository extension -------------------------------------------
+    def repository_index(self, tenant: str | None, ready: bool = False) -> list[dict[str, Any]]:
+        """Every version of the models served, on disk or in memory, with its state
+        (Triton's ModelReadyState) and why: a tenant's models by name, or (``None``,
+        the admin's view) every model by its key (``tenant/name`` for a tenant's).
+        ``ready``: only the versions ready for inference."""
+        prefix = f"{tenant}/" if tenant else ""
+        index = []
+        for key, slot in sorted(self.manager.slots.items()):
+            if tenant is not None and not key.startswith(prefix):
+                continue
+            states = slot.states()
+            on_disk = self.manager.repository.versions(key)
+            for version in sorted_versions({*on_disk, *states}):
+                status = states.get(version)
+                state = status.state.value if status else VersionState.UNAVAILABLE.value
+                if ready and state != VersionState.READY.value:
+                    continue
+                reason = status.reason if status else "not loaded"
+                if version not in on_disk:
+                    reason += "; no longer in the repository"
+                index.append(
+                    {
+                        "name": key.removeprefix(prefix),
+                        "version": version,
+                        "state": state,
+                        "reason": reason,
+                    }
+                )
+        return index
+
+    async def repository_load(
+        self, key: str, caller: Caller, parameters: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Load (or load again) the model as a restart would: the version its ``CURRENT``
+        file names (what the sidecar last swapped to, so what this pod should serve),
+        else the newest in the repository, under the traffic policy of its ``TRAFFIC``
+        file on a canary pod (:mod:`.startup`); audited as any load. One already serving
+        so is a no-op."""
+        if parameters:
+            raise BadRequest(
+                f"load parameters are not supported (a model's files and configuration come "
+                f"from its repository): {sorted(parameters)}"
+            )
+        self.manager.slot(key)  # a model this server does not serve is a 404
+        repository = self.manager.repository
+        try:
+            version = repository.current_version(key) or newest(repository.versions(key))
+        except InvalidName as exc:  # CURRENT names no version
+            raise BadRequest(str(exc)) from None
+        except UntrustedPath as exc:  # a link or a special file in CURRENT's place
+            raise Forbidden(str(exc)) from None
+        if version is None:
+            raise VersionNotFound(f"model {key!r} has no version in the repository")
+        policy = resumed_policy(repository, key, version)
+        try:
+            result = await load_resumed(
+                self.manager, key, version, policy, who=caller.who, source=caller.source
+            )
+        finally:  # the policy's stable version may serve although its candidate failed
+            if self.manager.slot(key).current is not None:
+                self.unloaded.discard(key)
+        return swap_reply(result).fields()
+
+    async def repository_unload(
+        self, key: str, caller: Caller, parameters: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Unload every version of the model (Triton's unload): requests to it are 503
+        until it is loaded again (each version is freed once its requests in flight
+        end); the server stays ready for its other models. ``unload_dependents`` is
+        accepted: no model here has dependents."""
+        extra = sorted(set(parameters or {}) - {"unload_dependents"})
+        if extra:
+            raise BadRequest(f"unload parameters are not supported: {extra}")
+        dependents = (parameters or {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise BadRequest("'unload_dependents' must be a boolean")
+        slot = self.manager.slot(key)
+        current = slot.current.version if slot.current else ""
+        dropped = [v.version for v in slot.unload_all("unloaded on request")]
+        self.unloaded.add(key)
+        self.manager.audit.record(
+            AuditEvent(
+                "unload", key, current, caller.who, caller.source,
+                "success" if dropped else "noop", detail=",".join(dropped) or None,
+            )
+        )  # fmt: skip
+        return {"model": key, "unloaded": dropped}
 
 
 def _named_version(route_version: str | None, pin: str | None) -> str | None:

@@ -7,6 +7,11 @@ replacing one reference under a lock held for a few instructions. Up to ``retain
 versions stay loaded, so rolling back to one of them is a pointer swap, and such a swap
 never waits for a load in progress: a load that a swap overtook is not installed.
 
+A load may carry a canary's traffic policy (its candidate is the loaded version): the
+policy is checked before any work, set in the same step as the swap, and the policy's
+stable version is neither evicted for the load nor given up to the memory budget; so the
+candidate never answers outside the policy's share, from the first request on.
+
 Nothing is evicted for a load that fails: retained versions leave memory after the new
 version is in (``retain``), or before the load when the memory budget leaves no other
 way, and then a failed load reloads them from the repository (checked against the digest
@@ -25,8 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .audit import AuditLog
+from model_rollout_contract.canary import TrafficPolicy
+
+from .audit import AuditEvent, AuditLog
 from .backends.base import Backend
+from .batching import Batchers, BatchPolicy, run_to_completion
 from .errors import Conflict, ModelNotFound, ServingError
 from .load_pipeline import LoadPipeline, normalized_digest
 from .memory_budget import MemoryBudget, Reservation
@@ -58,6 +66,7 @@ class EngineManager:
         retain: int = 2,
         memory_budget_bytes: int | None = None,
         executor: Executor | None = None,
+        batching: BatchPolicy | None = None,
     ) -> None:
         self.backend = backend
         self.repository = repository
@@ -65,6 +74,11 @@ class EngineManager:
         self.audit = audit
         self.retain = retain
         self.executor = executor  # inference threads
+        self.batchers = Batchers(
+            batching or BatchPolicy(),
+            executor,
+            lambda model, rows: metrics.batch_size.labels(model).observe(rows),
+        )
         self.pipeline = LoadPipeline(backend, repository)
         self.budget = MemoryBudget(memory_budget_bytes, self.total_memory_bytes)
         self.reporter = Reporter(metrics, audit)
@@ -105,9 +119,13 @@ class EngineManager:
         self, version: LoadedVersion, feeds: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """Run one inference on a pinned version, off the event loop (its outputs are
-        counted in the version's series there too)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, version.infer, feeds)
+        counted in the version's series there too): in a batch with other requests
+        pinned to the same version when batching is on and the model batches
+        (:mod:`.batching`), else alone. A caller cancelled while the engine runs its
+        inputs waits for that run to end, so that its pin outlives it."""
+        if self.batchers.batches(version):
+            return await self.batchers.run(version, feeds)
+        return await run_to_completion(self.executor, lambda: version.infer(feeds))
 
     async def infer(
         self, key: str, feeds: Mapping[str, np.ndarray]
@@ -125,9 +143,12 @@ class EngineManager:
         expected_sha256: str | None = None,
         who: str = "system",
         source: str = "http",
+        policy: TrafficPolicy | None = None,
     ) -> SwapResult:
         """Load ``version`` beside the serving one and swap it in if it warms up; a
-        version already loaded with that digest is a pointer swap.
+        version already loaded with that digest is a pointer swap. With ``policy`` (a
+        canary's, naming ``version`` as its candidate) the policy is set with the swap,
+        or on the serving version when that is ``version`` already.
 
         On any failure the serving version is untouched and a ``ServingError`` is raised."""
         slot = self.slot(key)
@@ -137,16 +158,18 @@ class EngineManager:
             expected = normalized_digest(expected_sha256)
             if path is not None:  # the same checks whether or not the version is held
                 self.repository.check_model_path(path)
+            if policy is not None:
+                slot.check_load_policy(version, policy)
         except ServingError as exc:
             raise event.failed(exc) from None
         retained = slot.get(version)
         if retained is not None and expected in (None, retained.sha256):
-            return self._swap_to_retained(slot, retained, started, who, source)
+            return self._swap_to_retained(slot, retained, started, who, source, policy=policy)
         async with slot.load_lock:
             retained = slot.get(version)  # the load this one waited for may have been it
             if retained is not None and expected in (None, retained.sha256):
-                return self._swap_to_retained(slot, retained, started, who, source)
-            return await self._load_new(slot, version, path, expected, event)
+                return self._swap_to_retained(slot, retained, started, who, source, policy=policy)
+            return await self._load_new(slot, version, path, expected, event, policy)
 
     async def _load_new(
         self,
@@ -155,10 +178,14 @@ class EngineManager:
         path: Path | None,
         expected: str | None,
         event: _Event,
+        policy: TrafficPolicy | None = None,
     ) -> SwapResult:
         generation = slot.generation
         slot.loading(version)
         reservation: Reservation | None = None
+        # the policy's stable version must stay: it answers the requests the candidate
+        # does not, so it is never made room of
+        evictable = [v for v in slot.retained() if policy is None or v.version != policy.stable]
         try:
             checked = await self.pipeline.read(slot.key, version, path, expected)
             event.digest = checked.model.sha256
@@ -166,7 +193,7 @@ class EngineManager:
             reservation = self.budget.reserve(
                 f"{slot.key}:{version}",
                 estimate,
-                slot.retained(),
+                evictable,
                 lambda old: slot.evict(old, f"evicted to make room for {version}"),
             )
             loaded = await self.pipeline.load(slot.key, version, checked, estimate)
@@ -194,8 +221,25 @@ class EngineManager:
             slot.refused(version, overtaken.message)
             await self._restore(slot, version, reservation.evicted)
             raise event.failed(overtaken)
-        previous, _evicted = slot.install(loaded)
+        try:
+            previous, _evicted = slot.install(loaded, policy)
+        except Conflict as refused:  # its stable version left memory while it loaded
+            loaded.engine.close()
+            slot.refused(version, refused.message)
+            await self._restore(slot, version, reservation.evicted)
+            raise event.failed(refused) from None
+        self._audit_policy(slot, policy, event)
         return event.succeeded(previous, loaded.sha256, instant=False)
+
+    def _audit_policy(self, slot: ModelSlot, policy: TrafficPolicy | None, event: _Event) -> None:
+        """A policy set by a load is audited as the ``traffic`` op's are."""
+        if policy is None:
+            return
+        set_by_load = AuditEvent(
+            "traffic", slot.key, policy.candidate, event.who, event.source, "success",
+            from_version=policy.stable, detail=policy.to_annotation(),
+        )  # fmt: skip
+        self.audit.record(set_by_load)
 
     async def _restore(self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion]) -> None:
         """Load again, as retained versions, what was evicted for a load that failed."""
@@ -257,14 +301,24 @@ class EngineManager:
         who: str,
         source: str,
         action: str = "load",
+        *,
+        policy: TrafficPolicy | None = None,
     ) -> SwapResult:
         event = _Event(self, slot, target.version, who, source, started, action)
-        if target is slot.current:
-            return event.noop(target.sha256)
-        previous, _ = slot.install(target)
+        try:
+            if target is slot.current:
+                if policy is not None and policy != slot.policy:
+                    slot.set_policy(policy)
+                    self._audit_policy(slot, policy, event)
+                return event.noop(target.sha256)
+            previous, _ = slot.install(target, policy)
+        except ServingError as exc:
+            raise event.failed(exc) from None
+        self._audit_policy(slot, policy, event)
         return event.succeeded(previous, target.sha256, instant=True)
 
     def close(self) -> None:
+        self.batchers.close()  # queued requests fail with 503; runs under way finish
         for task in self._restoring:
             task.cancel()
         for slot in self.slots.values():

@@ -21,7 +21,8 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
                                                 Retry-After)
 
 A name that breaks the contract's rule (``model_rollout_contract.names.InvalidName``,
-a ``ValueError``) is answered as ``BadRequest``.
+a ``ValueError``) is answered as ``BadRequest``; any other exception (an engine failing
+at run time, a bug) as ``ServingError`` itself, through :func:`internal_error`.
 """
 
 from __future__ import annotations
@@ -108,3 +109,16 @@ class Unavailable(ServingError):
     def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+INTERNAL_MESSAGE_CHARS = 300  # of an unexpected exception's message, told to the client
+
+
+def internal_error(exc: Exception) -> ServingError:
+    """What a client is told of an exception that is no ``ServingError``: 500
+    ``internal_error`` with the exception's message (cut short), not its type or
+    traceback, which the transport logs."""
+    message = str(exc) or "no message"
+    if len(message) > INTERNAL_MESSAGE_CHARS:
+        message = message[: INTERNAL_MESSAGE_CHARS - 3] + "..."
+    return ServingError(f"internal error: {message}")

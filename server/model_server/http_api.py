@@ -1,9 +1,16 @@
-"""HTTP API: KServe v2 inference protocol plus v1 control endpoints, a thin transport
-over :class:`~model_server.data_plane.DataPlane` (authentication and tenant routing
-happen here; every answer is built there)."""
+"""HTTP API: the KServe v2 / Open Inference Protocol (health, server and model
+metadata, inference with the binary tensor data extension, model configuration,
+statistics, the model repository extension; each model route also under
+``/versions/{version}``) plus v1 control endpoints, a thin transport over
+:class:`~model_server.data_plane.DataPlane` (authentication and tenant routing happen
+here; every answer is built there).
+
+``/v2/models/stats`` is the statistics of every model, as in Triton: a model named
+``stats`` has its metadata at ``/v2/models/stats/versions/{v}`` only."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,11 +23,16 @@ from model_rollout_contract.control import SwapReply
 from model_rollout_contract.names import InvalidName, check_name
 
 from .auth import AccessPolicy
-from .data_plane import Caller, DataPlane, JsonBody
-from .errors import BadRequest, ServingError
+from .binary_codec import HEADER_LENGTH, declared_header_length, header_length
+from .data_plane import CLIENT_CLOSED, Caller, DataPlane
+from .errors import BadRequest, ServingError, internal_error
+from .http_body import read_body
+from .http_codec import HttpInferBody
 from .metrics import ServerMetrics
 from .repository import model_key
+from .v2_codec import parse_json
 
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PLANE = web.AppKey("plane", DataPlane)
@@ -34,9 +46,12 @@ def error_response(status: int, code: str, message: str) -> web.Response:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure becomes a JSON body with a 4xx/5xx status, never an HTML page.
-    While the server drains, every answer also closes its connection, so that clients
-    holding kept-alive connections go elsewhere instead of finding them closed later."""
+    """Every failure becomes a JSON body with a 4xx/5xx status, never an HTML page or
+    aiohttp's plain-text 500: an exception that is no ``ServingError`` (an engine failing
+    at run time, a bug) is 500 ``internal_error`` with its message, logged with its
+    traceback; a client that left mid-request is only logged. While the server drains,
+    every answer also closes its connection, so that clients holding kept-alive
+    connections go elsewhere instead of finding them closed later."""
     try:
         response = await handler(request)
     except ServingError as exc:
@@ -49,14 +64,63 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         response = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and _client_left(request):
+            log.info("%s %s: the client left: %s", request.method, request.path, exc)
+            response = web.Response(status=int(CLIENT_CLOSED))  # nobody reads it
+        else:
+            log.exception("%s %s failed", request.method, request.path)
+            error = internal_error(exc)
+            response = error_response(error.status, error.code, error.message)
     if request.app[PLANE].draining:
         response.force_close()
     return response
 
 
+def _client_left(request: web.Request) -> bool:
+    """Whether the request's connection is gone (its body cut short, say)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 def _tenant_model(request: web.Request) -> str:
     tenant = request.app[POLICY].tenant_for(request.headers)
     return model_key(request.match_info["name"], tenant)
+
+
+def _route_version(request: web.Request) -> str | None:
+    """The version a ``/versions/{version}`` route names (None: the serving one)."""
+    version = request.match_info.get("version")
+    return check_name("version", version) if version is not None else None
+
+
+def _repository_model(request: web.Request) -> str:
+    """The model a repository call names: ``name``, or a tenant's as ``tenant/name``
+    (two path segments, or one with the slash escaped): the admin token is no tenant's
+    key, so the name carries the namespace."""
+    name = request.match_info["name"]
+    tenant = request.match_info.get("tenant")
+    if tenant is None and "/" in name:
+        tenant, _, name = name.partition("/")
+    return model_key(name, tenant)
+
+
+async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
+    """A small JSON object body (empty: ``{}``), as the repository calls take."""
+    raw = await read_body(request)
+    if not raw.nbytes:
+        return {}
+    body = parse_json(raw, request.charset or "utf-8")
+    if not isinstance(body, dict):
+        raise BadRequest(f"{what}: the body must be a JSON object")
+    return body
+
+
+def _parameters(body: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = body.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"{what}: 'parameters' must be an object")
+    return parameters
 
 
 def _admin_model(request: web.Request) -> str:
@@ -85,16 +149,39 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
 
 
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response(request.app[PLANE].server_metadata())
+
+
 async def model_metadata(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    return web.json_response(request.app[PLANE].model_metadata(_tenant_model(request), name))
+    metadata = request.app[PLANE].model_metadata(
+        _tenant_model(request), name, _route_version(request)
+    )
+    return web.json_response(metadata)
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    is_ready = request.app[PLANE].model_ready(_tenant_model(request))
-    return web.json_response(
-        {"name": request.match_info["name"], "ready": is_ready}, status=200 if is_ready else 503
-    )
+    version = _route_version(request)
+    is_ready = request.app[PLANE].model_ready(_tenant_model(request), version)
+    answer: dict[str, Any] = {"name": request.match_info["name"], "ready": is_ready}
+    if version is not None:
+        answer["version"] = version
+    return web.json_response(answer, status=200 if is_ready else 503)
+
+
+async def model_config(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    config = request.app[PLANE].model_config(_tenant_model(request), name, _route_version(request))
+    return web.json_response(config)
+
+
+async def statistics(request: web.Request) -> web.Response:
+    plane = request.app[PLANE]
+    tenant = request.app[POLICY].tenant_for(request.headers)
+    name = request.match_info.get("name")
+    keys = [model_key(name, tenant)] if name is not None else plane.namespace_keys(tenant)
+    return web.json_response(plane.statistics(keys, _route_version(request)))
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -102,19 +189,22 @@ async def infer(request: web.Request) -> web.Response:
     started, key = time.perf_counter(), name
     try:
         key = _tenant_model(request)
-        plane.check_body_room(request.content_length)  # a full queue: 503 before reading
-        body = await request.read()  # over client_max_size: aiohttp's 413
+        version = _route_version(request)
+        declared = request.headers.get(HEADER_LENGTH)
+        json_part = declared_header_length(declared)  # where the binary part starts (checked)
+        # a full queue: 503 before reading (only the JSON part may wait for a worker)
+        plane.check_body_room(json_part or request.content_length)
+        body = await read_body(request, json_part)  # too large: 413
+        length = header_length(declared, body.nbytes)
     except (ServingError, InvalidName, web.HTTPException) as exc:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400
         plane.count_rejected(key, status, time.perf_counter() - started)
         raise
-    answer = await plane.infer(
-        key,
-        name,
-        JsonBody(plane.codec, body, request.charset or "utf-8"),
-        request.headers.get(PIN_HEADER),
-    )
-    response = web.Response(body=answer.body, content_type="application/json")
+    codec = HttpInferBody(plane.codec, body, request.charset or "utf-8", length)
+    answer = await plane.infer(key, name, codec, request.headers.get(PIN_HEADER), version)
+    response = web.Response(body=answer.body.body, content_type=answer.body.content_type)
+    if answer.body.header_length is not None:
+        response.headers[HEADER_LENGTH] = str(answer.body.header_length)
     if answer.shadow is not None:  # mirrored to the candidate once the client has its answer
         if plane.draining:
             response.force_close()
@@ -175,19 +265,62 @@ async def audit(request: web.Request) -> web.Response:
     return web.json_response({"events": request.app[PLANE].audit_events()})
 
 
+async def repository_index(request: web.Request) -> web.Response:
+    request.app[POLICY].check_admin(request.headers)
+    body = await _json_object(request, "repository index")
+    ready = body.get("ready", False)
+    if not isinstance(ready, bool):
+        raise BadRequest("repository index: 'ready' must be a boolean")
+    return web.json_response(request.app[PLANE].repository_index(None, ready=ready))
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    who = request.app[POLICY].check_admin(request.headers)
+    key = _repository_model(request)
+    parameters = _parameters(await _json_object(request, "load"), "load")
+    reply = await request.app[PLANE].repository_load(key, Caller(who, "http"), parameters)
+    return web.json_response({"status": "ok", **reply})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    who = request.app[POLICY].check_admin(request.headers)
+    key = _repository_model(request)
+    parameters = _parameters(await _json_object(request, "unload"), "unload")
+    reply = await request.app[PLANE].repository_unload(key, Caller(who, "http"), parameters)
+    return web.json_response({"status": "ok", **reply})
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+MODEL = "/v2/models/{name}"
+VERSION = "/v2/models/{name}/versions/{version}"
+REPOSITORY_MODEL = ("/v2/repository/models/{name}", "/v2/repository/models/{tenant}/{name}")
+
+
 def add_routes(app: web.Application) -> None:
     app.add_routes(
         [
+            web.get("/v2", server_metadata),
             web.get("/v2/health/live", live),
             web.get("/v2/health/ready", ready),
-            web.get("/v2/models/{name}", model_metadata),
-            web.get("/v2/models/{name}/ready", model_ready),
-            web.post("/v2/models/{name}/infer", infer),
+            web.get("/v2/models/stats", statistics),  # before {name}: Triton's route
+            *(
+                route
+                for base in (MODEL, VERSION)
+                for route in (
+                    web.get(base, model_metadata),
+                    web.get(f"{base}/ready", model_ready),
+                    web.post(f"{base}/infer", infer),
+                    web.get(f"{base}/config", model_config),
+                    web.get(f"{base}/stats", statistics),
+                )
+            ),
+            web.post("/v2/repository/index", repository_index),
+            *(web.post(f"{base}/load", repository_load) for base in REPOSITORY_MODEL),
+            *(web.post(f"{base}/unload", repository_unload) for base in REPOSITORY_MODEL),
             web.get("/v1/models", list_models),
             web.get("/v1/models/{name}/health", model_health),
             web.post("/v1/reload", reload),

@@ -59,6 +59,7 @@ class LoadedVersions(Collector):
 
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(13))  # 1 to 4096 rows
 
 
 class ServerMetrics:
@@ -95,6 +96,13 @@ class ServerMetrics:
             "inference_requests_in_flight",
             "Inference requests being served",
             ["model"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "inference_batch_size",
+            "Rows per engine run under dynamic batching (a batch, or a request run alone)",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
 

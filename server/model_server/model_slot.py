@@ -10,7 +10,11 @@ memory, and :meth:`ModelSlot.memory_bytes` counts it.
 A canary's traffic policy (:class:`~model_rollout_contract.canary.TrafficPolicy`) is
 kept here too, under the same lock as the versions it names, so that it holds only while
 its candidate serves and its stable version is retained: any swap to another version (a
-rollback to the stable one included) or the unloading of either clears it.
+rollback to the stable one included) or the unloading of either clears it. A load that
+carries a policy installs its version and the policy in one step under that lock (and
+never evicts the policy's stable version for it), and each request is routed on one view
+of both (:meth:`ModelSlot.route`): no request is answered by a candidate outside its
+policy's share, not even one that arrived during the swap.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from model_rollout_contract.canary import TrafficPolicy
 
 from .backends.base import Engine
 from .errors import BadRequest, Conflict, NotReady, VersionNotFound
+from .traffic import Route, TrafficRouter
 from .version_metrics import VersionMetrics
 
 log = logging.getLogger(__name__)
@@ -71,10 +76,19 @@ class LoadedVersion:
     def __post_init__(self) -> None:
         self.metrics = VersionMetrics(self.model, self.version)
 
-    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the engine (on the caller's thread) and count its outputs in this
-        version's series."""
+    def run_engine(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the engine (on the caller's thread) and count its time in this version's
+        series (``ENGINE_LATENCY``): every run, live, batched or shadow, so that a
+        shadowed candidate's time can be compared with the stable version's. A run
+        that raises is not timed."""
+        started = time.perf_counter()
         outputs = self.engine.infer(feeds)
+        self.metrics.engine_latency.observe(time.perf_counter() - started)
+        return outputs
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`run_engine`, its outputs counted in this version's series."""
+        outputs = self.run_engine(feeds)
         self.metrics.outputs(outputs)
         return outputs
 
@@ -171,6 +185,38 @@ class ModelSlot:
                     raise Conflict(f"traffic policy for {self.key!r} refused: {problem}")
             self._policy = policy
 
+    def check_load_policy(self, version: str, policy: TrafficPolicy) -> None:
+        """Refuse, before any work, a load of ``version`` carrying ``policy`` that
+        :meth:`install` could not honour: ``BadRequest`` for a policy that is not this
+        version's, ``Conflict`` for one the slot cannot hold (its stable version not
+        loaded, or no room to keep it beside the candidate)."""
+        if policy.candidate != version:
+            raise BadRequest(
+                f"a load's traffic policy has {version!r} as its candidate, not "
+                f"{policy.candidate!r}"
+            )
+        if policy.stable == version:
+            raise BadRequest(
+                f"a traffic policy splits between two versions, not {version!r} and itself"
+            )
+        with self._lock:
+            problem = self._install_problem(version, policy)
+        if problem:
+            raise Conflict(f"{self.key}:{version} with a traffic policy refused: {problem}")
+
+    def _install_problem(self, version: str, policy: TrafficPolicy) -> str | None:
+        """Why ``version`` cannot be installed under ``policy`` (called under the lock)."""
+        if policy.candidate != version or policy.stable == version:
+            return f"the policy {policy.to_annotation()} is not one for {version!r}"
+        if self.retain < 2:
+            return (
+                f"the server keeps {self.retain} version per model; a traffic policy needs "
+                f"its stable version {policy.stable!r} held beside the candidate {version!r}"
+            )
+        if policy.stable not in self._loaded:
+            return f"its stable version {policy.stable!r} is not loaded ({list(self._loaded)})"
+        return None
+
     def _policy_problem(self, policy: TrafficPolicy) -> str | None:
         """Why ``policy`` cannot hold now (None: it can); called under the lock."""
         current = self._current.version if self._current else None
@@ -187,6 +233,17 @@ class ModelSlot:
         if policy is not None and problem:
             self._policy = None
             log.info("%s: traffic policy %s cleared: %s", self.key, policy.to_annotation(), problem)
+
+    def route(self, router: TrafficRouter, pinned: str | None = None) -> Route:
+        """Where one request goes, decided on one view of the policy and the serving
+        version (under the lock that swaps them): a request not split by a policy goes
+        to the version serving *now*, by name, so one that arrived just before a swap
+        that installed a candidate under a policy is not answered by that candidate."""
+        with self._lock:
+            route = router.route(self._policy, pinned)
+            if route.version is None and self._current is not None:
+                return Route(self._current.version)
+            return route
 
     def resolve(self, version: str | None = None, *, or_serving: bool = False) -> LoadedVersion:
         """The loaded ``version`` (None: the serving one). One not loaded raises
@@ -230,11 +287,22 @@ class ModelSlot:
         if drained:
             self._close(version)
 
-    def install(self, version: LoadedVersion) -> tuple[str | None, list[LoadedVersion]]:
+    def install(
+        self, version: LoadedVersion, policy: TrafficPolicy | None = None
+    ) -> tuple[str | None, list[LoadedVersion]]:
         """Make ``version`` the serving one (atomically) and evict beyond ``retain``.
+        With ``policy`` (whose candidate is ``version``), the policy is set in the same
+        step and its stable version is not evicted; a policy that cannot hold is refused
+        (``Conflict``) and nothing changes.
 
         Returns the previous serving version and the evicted ones."""
         with self._lock:
+            problem = self._install_problem(version.version, policy) if policy else None
+            if problem:
+                raise Conflict(
+                    f"{self.key}:{version.version} not swapped in with its traffic policy: "
+                    f"{problem}"
+                )
             previous = self._current.version if self._current else None
             replaced = self._loaded.get(version.version)  # the same version, other bytes
             self._loaded[version.version] = version
@@ -244,10 +312,15 @@ class ModelSlot:
             self._set_state(version.version, VersionState.READY, "serving")
             if previous is not None and previous != version.version:
                 self._set_state(previous, VersionState.READY, "retained for rollback")
+            kept = {version.version, policy.stable} if policy else {version.version}
             evicted = []
             while len(self._loaded) > self.retain:
-                _, oldest = self._loaded.popitem(last=False)
-                evicted.append(oldest)
+                oldest = next((v for v in self._loaded if v not in kept), None)
+                if oldest is None:  # only what the policy needs: retain >= 2 holds it
+                    break
+                evicted.append(self._loaded.pop(oldest))
+            if policy is not None:
+                self._policy = policy
             self._keep_policy_consistent()
         if replaced is not None and replaced is not version:
             self.retire(replaced, "replaced by a new load of the same version")
@@ -308,3 +381,18 @@ class ModelSlot:
             self._policy = None
         for version in held:
             self.retire(version, "server shutting down")
+
+    def unload_all(self, reason: str) -> list[LoadedVersion]:
+        """Drop every version, the serving one too (the model repository's unload): the
+        model serves nothing until a version is loaded again, each version closes once
+        its requests in flight end, and a load in progress is overtaken (not swapped
+        in). Returns the versions dropped."""
+        with self._lock:
+            held = list(self._loaded.values())
+            self._loaded.clear()
+            self._current = None
+            self._policy = None
+            self.generation += 1
+        for version in held:
+            self.retire(version, reason)
+        return held

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_rollout_contract.canary import GOLDEN_FILE
-from model_rollout_contract.layout import CURRENT_FILE
+from model_rollout_contract.canary import GOLDEN_FILE, InvalidPolicy, TrafficPolicy
+from model_rollout_contract.layout import CURRENT_FILE, TRAFFIC_FILE
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
     MODEL_FILE_NAMES,
@@ -31,6 +31,9 @@ from .trusted_files import (
     read_regular,
     relative_parts,
 )
+
+# CURRENT and TRAFFIC are a line of JSON or a name: a larger one is not the sidecar's
+SMALL_FILE_LIMIT = 64 * 1024
 
 
 def model_key(name: str, tenant: str | None = None) -> str:
@@ -70,21 +73,43 @@ class ModelRepository:
             and any((p / n).is_file() for n in MODEL_FILE_NAMES)
         )
 
+    def _model_file(self, key: str, name: str) -> tuple[Path, bytes | None]:
+        """The model directory's file ``name`` (its path for messages, and its bytes or
+        None if there is none), read like model files: a link is refused, never
+        followed (``UntrustedPath``)."""
+        parts = check_model_key(key).split("/")
+        shown = self.root.joinpath(*parts, name)
+        try:
+            with open_directory(self.root, parts) as directory:
+                return shown, read_regular(directory, name, str(shown), SMALL_FILE_LIMIT)
+        except (FileNotFoundError, NotADirectoryError):
+            return shown, None
+
     def current_version(self, key: str) -> str | None:
         """The version the model's ``CURRENT`` file names (the sidecar writes it on every
         swap, so a restarted server serves what was served), or None if there is none.
         Read like model files: a link in its place is refused, never followed."""
-        parts = check_model_key(key).split("/")
-        shown = self.root.joinpath(*parts, CURRENT_FILE)
-        try:
-            with open_directory(self.root, parts) as directory:
-                text = read_regular(directory, CURRENT_FILE, str(shown))
-        except (FileNotFoundError, NotADirectoryError):
+        shown, text = self._model_file(key, CURRENT_FILE)
+        if text is None:
             return None
         try:
             return check_name("version", text.decode("utf-8", "replace").strip())
         except InvalidName as exc:
             raise InvalidName(f"{shown}: {exc}") from None
+
+    def traffic_policy(self, key: str) -> TrafficPolicy | None:
+        """The canary traffic policy in the model's ``TRAFFIC`` file (the sidecar writes it
+        beside ``CURRENT`` on a canary pod, so that a restarted server splits from its
+        first request), or None if there is none. Read like ``CURRENT``; raises
+        ``InvalidPolicy`` for a file that is not a policy, ``UntrustedPath`` for a link or
+        a special file, ``OSError`` when it cannot be read."""
+        shown, text = self._model_file(key, TRAFFIC_FILE)
+        if text is None:
+            return None
+        try:
+            return TrafficPolicy.from_annotation(text.decode("utf-8", "replace"))
+        except InvalidPolicy as exc:
+            raise InvalidPolicy(f"{shown}: {exc}") from None
 
     def read_version(self, key: str, version: str) -> VersionFiles:
         """The model file and manifest of ``key:version``, from the same directory

@@ -3,10 +3,11 @@
 A pod's endpoints learn of its termination only after the kubelet has sent SIGTERM, so
 the server keeps serving for ``drain_seconds`` with readiness at 503 (every answer now
 closes its connection, so clients with kept-alive connections move on), then stops
-listening, lets the requests in flight finish for up to ``inflight_grace_seconds`` (what
-the pod's grace period leaves after the preStop pause and the drain:
-``model_rollout_contract.defaults.INFLIGHT_GRACE_SECONDS``), cancels any still running,
-and exits with status 0. A second signal ends the drain at once.
+listening (HTTP and gRPC: gRPC clients get a GOAWAY then), lets the requests in flight
+finish for up to ``inflight_grace_seconds`` (what the pod's grace period leaves after the
+preStop pause and the drain: ``model_rollout_contract.defaults.INFLIGHT_GRACE_SECONDS``),
+cancels any still running, and exits with status 0. A second signal ends the drain at
+once.
 """
 
 from __future__ import annotations
@@ -55,13 +56,17 @@ async def serve(config: ServerConfig) -> None:
 
 async def _finish_in_flight(runner: web.AppRunner, app: web.Application, grace_s: float) -> None:
     """Stop listening, close idle kept-alive connections, and give the requests in flight
-    up to ``grace_s`` to finish."""
+    up to ``grace_s`` to finish (gRPC's too)."""
     for site in list(runner.sites):
         await site.stop()
     if runner.server is not None:
         runner.server.pre_shutdown()  # no new request on a kept-alive connection
+    grpc = app[SERVER].grpc
+    grpc_stopped = asyncio.ensure_future(grpc.stop(grace_s)) if grpc is not None else None
     log.info("drained: no new connections; finishing the requests in flight")
     left = await app[SERVER].in_flight.wait(grace_s)
+    if grpc_stopped is not None:
+        await grpc_stopped  # its calls done, or cancelled after the same grace
     if left:
         log.warning(
             "%d request(s) still in flight after the %g s grace: cancelling them", left, grace_s

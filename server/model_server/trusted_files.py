@@ -75,15 +75,22 @@ def open_directory(root: Path, parts: Sequence[str]) -> Iterator[int]:
         os.close(fd)
 
 
-def read_regular(directory: int, name: str, shown: str) -> bytes:
+def read_regular(directory: int, name: str, shown: str, limit: int | None = None) -> bytes:
     """The bytes of the regular file ``name`` in the open ``directory``, read once from
-    the descriptor that was checked. ``FileNotFoundError`` if there is none."""
+    the descriptor that was checked. ``FileNotFoundError`` if there is none; a file of
+    more than ``limit`` bytes is refused unread (``UntrustedPath``)."""
     fd = _open_below(directory, name, _FILE_FLAGS, shown)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise UntrustedPath(f"{shown} is not a regular file")
+        if limit is not None and status.st_size > limit:
+            raise UntrustedPath(f"{shown} is {status.st_size} bytes, more than {limit}")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+        if limit is not None and len(data) > limit:  # grown since the fstat
+            raise UntrustedPath(f"{shown} is more than {limit} bytes")
+        return data
     finally:
         os.close(fd)
 

@@ -51,8 +51,8 @@ def output_statistics(outputs: Mapping[str, np.ndarray]) -> tuple[int, int, floa
 
 
 class VersionMetrics:
-    """The request, latency, output and shadow series of one loaded version (for the
-    shadow ones, the version is the candidate that was run)."""
+    """The request, latency, engine time, output and shadow series of one loaded version
+    (for the shadow ones, the version is the candidate that was run)."""
 
     def __init__(self, model: str, version: str) -> None:
         lv = self._lv = (model, version)
@@ -68,6 +68,12 @@ class VersionMetrics:
             self._requests.labels(*lv, code)
         self.latency = self._histogram(
             canary.LATENCY, "Latency of the requests this version answered", LATENCY_BUCKETS
+        )
+        self.engine_latency = self._histogram(
+            canary.ENGINE_LATENCY,
+            "The engine's own time per successful run of this version, live or shadow "
+            "(no queueing, no decoding)",
+            LATENCY_BUCKETS,
         )
         self.output_values = self._counter(canary.OUTPUT_VALUES, "Floating-point output values")
         self.output_nonfinite = self._counter(

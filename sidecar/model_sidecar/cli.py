@@ -10,6 +10,7 @@ import sys
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from model_rollout_contract.canary import TRAFFIC_POLICY, InvalidPolicy
 from model_rollout_contract.redact import redact
 
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
@@ -94,8 +95,13 @@ async def _init(config: InitConfig) -> int:
         log.error("no target version: pass --version or an annotations/configmap file")
         return 2
     previous = config.previous or source.previous()
+    try:
+        policy = source.policy()
+    except InvalidPolicy as exc:  # the watch loop reports it (bad_policy)
+        log.warning("pod annotation %s ignored: %s", TRAFFIC_POLICY, exc)
+        policy = None
     return await pre_pull(
-        _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds
+        _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds, policy=policy
     )
 
 

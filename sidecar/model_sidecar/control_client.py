@@ -140,9 +140,16 @@ class ServerControl:
         return reply
 
     async def load(
-        self, model: str, version: str, path: Path, sha256: str
+        self,
+        model: str,
+        version: str,
+        path: Path,
+        sha256: str,
+        policy: TrafficPolicy | None = None,
     ) -> SwapReply | ErrorReply:
-        reply = await self.request(LoadRequest(model, version, str(path), sha256))
+        """Load ``version`` and swap it in; with ``policy`` (whose candidate it is) the
+        server sets the traffic policy in the same step."""
+        reply = await self.request(LoadRequest(model, version, str(path), sha256, policy))
         if isinstance(reply, StatusReply):
             raise ControlFailure(
                 "protocol_error", f"load of {model}:{version} answered with a status: {reply}"

@@ -4,7 +4,13 @@ Leftovers of a killed download are swept first. Unless the target is already ver
 the volume (a restarted pod), a random pause of up to ``start_jitter_s`` comes before the
 first store request, so a fleet created at once does not hit the store at once. The
 target and the previous version are fetched side by side, as many at once as the
-fetcher's download limit allows."""
+fetcher's download limit allows.
+
+On a canary pod (a traffic policy whose candidate is the target) the policy's stable
+version is pre-pulled too and the policy written to ``TRAFFIC`` before ``CURRENT``, so the
+server starts with both versions and the split (:mod:`.current`); a stale ``TRAFFIC`` is
+removed otherwise. A stable version that cannot be fetched leaves no ``TRAFFIC`` (the
+watch loop gives it to the server later) and does not fail the init."""
 
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ import asyncio
 import logging
 import random
 
+from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.versions import predecessor as previous_in_order
 
-from .current import write_current
+from .current import write_current, write_traffic
 from .errors import SidecarError, StoreError
 from .fetcher import Fetcher, FetchResult
 from .retry import start_jitter
@@ -35,8 +42,13 @@ async def pre_pull(
     previous: str | None,
     start_jitter_s: float = 0.0,
     rng: random.Random | None = None,
+    policy: TrafficPolicy | None = None,
 ) -> int:
-    """Fetch ``target`` (required) and ``previous`` (best effort); returns an exit code."""
+    """Fetch ``target`` (required), ``previous`` and the stable version of ``policy``
+    (best effort); returns an exit code."""
+    if policy is not None and (policy.candidate != target or policy.stable == target):
+        log.warning("traffic policy %s is not one for %s; ignored", policy.to_annotation(), target)
+        policy = None
     try:
         await asyncio.to_thread(fetcher.sweep_incoming)
         present = await asyncio.to_thread(fetcher.verified_local, model, target)
@@ -50,15 +62,19 @@ async def pre_pull(
             previous = await asyncio.to_thread(predecessor, fetcher.store, model, target)
         except StoreError as exc:
             log.warning("cannot list %s versions: %s", model, exc)
-    fetches = [fetcher.fetch(model, target)]
-    if previous and previous != target:
-        fetches.append(fetcher.fetch(model, previous))
-    results = await asyncio.gather(*fetches, return_exceptions=True)
-    for version, result in zip((target, previous), results, strict=False):
+    stable = policy.stable if policy else None
+    versions = list(dict.fromkeys(v for v in (target, previous, stable) if v))
+    results = await asyncio.gather(
+        *(fetcher.fetch(model, v) for v in versions), return_exceptions=True
+    )
+    fetched = dict(zip(versions, results, strict=True))
+    for version, result in fetched.items():
         if isinstance(result, BaseException) and not isinstance(result, SidecarError | OSError):
             raise result
         if isinstance(result, BaseException) and version != target:
-            log.warning("previous version %s:%s not pre-pulled: %s", model, version, result)
+            log.warning("version %s:%s not pre-pulled: %s", model, version, result)
+    if policy is not None and isinstance(fetched[policy.stable], BaseException):
+        policy = None  # the server cannot split without it: the watch loop sees to it
     outcome = results[0]
     if isinstance(outcome, BaseException):
         code = getattr(outcome, "code", "volume_error")
@@ -73,8 +89,9 @@ async def pre_pull(
         "downloaded" if outcome.downloaded_bytes else "already present",
     )
     try:
+        await asyncio.to_thread(write_traffic, fetcher.volume, model, policy)  # CURRENT after
         await asyncio.to_thread(write_current, fetcher.volume, model, target)
     except (SidecarError, OSError) as exc:
-        log.error("cannot write CURRENT for %s: %s", model, exc)
+        log.error("cannot write CURRENT or TRAFFIC for %s: %s", model, exc)
         return 1
     return 0

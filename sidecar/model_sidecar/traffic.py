@@ -1,16 +1,21 @@
 """The canary's traffic policy, relayed from the pod's annotation to its server.
 
 The operator puts :data:`~model_rollout_contract.canary.TRAFFIC_POLICY` on a canary pod
-whose target is the policy's candidate. Once the server serves that candidate, the
-sidecar sends it the policy (the ``traffic`` op); when the annotation goes away
-(promotion) or the target is no longer the candidate (rollback, a new rollout), it sends
-``TrafficRequest(model, None)`` to clear it. A malformed annotation is reported
-(``bad_policy``) and treated as no policy.
+whose target is the policy's candidate. The sidecar loads the candidate *with* the policy
+(the ``load`` op carries it; the server sets it in the same step as the swap), so the
+candidate never answers a request outside the policy's share, and writes it to the
+volume beside ``CURRENT`` (``TRAFFIC``) so that a restarted server resumes it before its
+first answer. When the annotation goes away (promotion) or the target is no longer the
+candidate (rollback, a new rollout), it sends ``TrafficRequest(model, None)`` to clear
+it; a change of the shares is sent with the ``traffic`` op. A malformed annotation is
+reported (``bad_policy``) and treated as no policy.
 
-The server can only split between versions it holds, so the stable one is kept loaded
-beside the candidate (:func:`hold_stable`): a server that restarted holds only the
-version ``CURRENT`` names (the candidate), and is given the stable one back — loaded
-from the volume, where retention keeps it — then swapped back to the candidate.
+The server can only split between versions it holds, so the stable one is loaded first
+(:meth:`PolicyRelay.load_stable`, from the volume, where retention keeps it): the server
+then serves the stable version, which is within any policy, until the candidate is
+swapped in with the policy. A server that lost the stable version (one restarted without
+``TRAFFIC``, say) is given it back the same way (:meth:`PolicyRelay.hold_stable`):
+stable first, then the candidate and the policy in one step, never the candidate alone.
 
 When to send: the server's status does not say which policy it holds, so the relay
 sends when what it wants differs from what the server last accepted; when the server's
@@ -27,7 +32,6 @@ from __future__ import annotations
 import logging
 import time
 
-from model_rollout_contract import defaults
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.control import ErrorReply, StatusReply
 from model_rollout_contract.report import HEARTBEAT_SECONDS
@@ -58,21 +62,13 @@ def _view(status: StatusReply) -> View:
 class PolicyRelay:
     """What the server was last told, and whether it must be told again."""
 
-    def __init__(
-        self,
-        model: str,
-        resend_s: float = HEARTBEAT_SECONDS,
-        unholdable_retry_s: float = defaults.BACKOFF_MAX_SECONDS,
-    ) -> None:
+    def __init__(self, model: str, resend_s: float = HEARTBEAT_SECONDS) -> None:
         self.model = model
         self.resend_s = resend_s
-        self.unholdable_retry_s = unholdable_retry_s
         self._known = False  # False: the server's policy is not known (start, failure)
         self._sent: TrafficPolicy | None = None
         self._seen: View | None = None  # the server's status after it accepted _sent
         self._sent_at = 0.0  # monotonic
-        # (stable, candidate) the server could not hold both of, and when that was found
-        self._unholdable: tuple[str, str, float] | None = None
 
     def due(self, wanted: TrafficPolicy | None, status: StatusReply) -> bool:
         if not self._known or wanted != self._sent:
@@ -82,8 +78,16 @@ class PolicyRelay:
         return _view(status) != self._seen or time.monotonic() - self._sent_at >= self.resend_s
 
     def forget(self) -> None:
-        """The server must be told again (it was given its stable version back)."""
+        """The server must be told again (what it holds is not known)."""
         self._known = False
+
+    def loaded_with(self, policy: TrafficPolicy | None, status: StatusReply | None) -> None:
+        """A load carrying ``policy`` was answered; ``status``: the server's after it
+        (``None``: not known, so the policy is sent again)."""
+        if policy is not None and status is not None:
+            self._accepted(policy, status)
+        elif policy is not None:
+            self.forget()
 
     async def sync(
         self, control: ServerControl, wanted: TrafficPolicy | None, status: StatusReply
@@ -116,23 +120,15 @@ class PolicyRelay:
         self._known, self._sent, self._seen = True, policy, _view(status)
         self._sent_at = time.monotonic()
 
-    async def hold_stable(
+    async def load_stable(
         self, control: ServerControl, fetcher: Fetcher, policy: TrafficPolicy
-    ) -> StatusReply:
+    ) -> None:
         """Load the policy's stable version (from the volume; fetched if it is not
-        there) and swap back to the candidate: the server then holds both. Raises
-        ``PolicyNotApplied``; a server that cannot hold both is not asked again for
-        pair before ``unholdable_retry_s`` (it would evict the candidate every cycle)."""
-        model, stable, candidate = self.model, policy.stable, policy.candidate
-        if self._unholdable is not None:
-            *pair, found_at = self._unholdable
-            if pair == [stable, candidate] and (
-                time.monotonic() - found_at < self.unholdable_retry_s
-            ):
-                raise PolicyNotApplied(
-                    "cannot_hold_both", f"the server cannot hold {stable} beside {candidate}"
-                )
-        log.info("%s: loading the stable %s beside the candidate %s", model, stable, candidate)
+        there): the server serves it until the candidate is swapped in with the policy.
+        Raises ``PolicyNotApplied``."""
+        model, stable = self.model, policy.stable
+        log.info("%s: loading the stable %s before the candidate %s", model, stable,
+                 policy.candidate)  # fmt: skip
         try:
             fetched = await fetcher.fetch(model, stable)
         except SidecarError as exc:
@@ -140,18 +136,36 @@ class PolicyRelay:
                 exc.code, f"the policy's stable {model}:{stable} is not usable: {exc.message}"
             ) from exc
         local = fetched.local
+        self.forget()  # whatever the answer, the server's versions change
         loaded = await control.load(model, stable, local.file, local.manifest.sha256)
         if isinstance(loaded, ErrorReply):
             raise PolicyNotApplied(
                 loaded.code, f"server did not load the stable {stable}: {loaded.error}"
             )
-        back = await control.swap_to_retained(model, candidate)
-        if isinstance(back, ErrorReply):
-            self._unholdable = (stable, candidate, time.monotonic())
+
+    async def hold_stable(
+        self, control: ServerControl, fetcher: Fetcher, policy: TrafficPolicy
+    ) -> StatusReply:
+        """Give a server that serves the candidate without the stable version both back:
+        the stable version loaded (:meth:`load_stable`), then the candidate swapped in
+        again *with* the policy (a pointer swap: the server still holds it, unless it
+        keeps too few versions, which it then says). Raises ``PolicyNotApplied``."""
+        model, candidate = self.model, policy.candidate
+        await self.load_stable(control, fetcher, policy)
+        try:
+            fetched = await fetcher.fetch(model, candidate)
+        except SidecarError as exc:
             raise PolicyNotApplied(
-                "cannot_hold_both",
-                f"loading the stable {stable} made the server drop {candidate} "
-                f"({back.error}); it keeps fewer versions than a traffic policy needs",
+                exc.code, f"the policy's candidate {model}:{candidate} is not usable: {exc.message}"
+            ) from exc
+        local = fetched.local
+        back = await control.load(model, candidate, local.file, local.manifest.sha256, policy)
+        if isinstance(back, ErrorReply):
+            raise PolicyNotApplied(
+                back.code,
+                f"server did not take {candidate} back with the traffic policy "
+                f"{policy.to_annotation()} (it serves the stable {policy.stable}): {back.error}",
             )
-        self.forget()
-        return await control.status(model)
+        status = await control.status(model)
+        self._accepted(policy, status)
+        return status

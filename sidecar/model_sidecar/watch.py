@@ -16,9 +16,11 @@ versions finishing requests) — are ``error`` and the next cycle waits longer e
 while the old version keeps serving. Between cycles the report is refreshed as a
 heartbeat.
 
-Traffic policy (a canary pod's, :mod:`.traffic`): each cycle brings the server's policy
-in line with the pod's annotation once the server serves the candidate, and clears it
-when the annotation goes or the target moves on; a malformed annotation is reported
+Traffic policy (a canary pod's, :mod:`.traffic`): the candidate is loaded with the policy,
+after the stable version when the server lacks it, so it never answers outside the
+policy's share; each cycle then brings the server's policy, and the volume's ``TRAFFIC``
+file (what a restarted server resumes), in line with the pod's annotation, and clears
+both when the annotation goes or the target moves on; a malformed annotation is reported
 (``bad_policy``) and ignored, a policy the server does not take is an ``error``.
 
 Retention: after a swap the volume keeps the serving version, the previous good one,
@@ -44,8 +46,8 @@ from model_rollout_contract.server_codes import REFUSED_BYTES, is_permanent
 from model_rollout_contract.states import SidecarState
 
 from .control_client import ServerControl
-from .current import read_current, write_current
-from .errors import LoadNotDone, SidecarError, StoreError, VerificationError
+from .current import read_current, read_traffic, traffic_text, write_current, write_traffic
+from .errors import LoadNotDone, SidecarError, StoreError, VerificationError, VolumeError
 from .fetcher import Fetcher
 from .metrics import SidecarMetrics
 from .retry import Backoff, start_jitter
@@ -232,10 +234,12 @@ class Watcher:
         if status is None:
             status = await self.control.status(model)
         wanted = wanted_policy(self._policy, self._last_target, status.version)
+        await self._keep_traffic(wanted)
         try:
             if wanted is not None and wanted.stable not in status.loaded:
                 status = await self.relay.hold_stable(self.control, self.fetcher, wanted)
                 self._held(status.loaded, status.version)
+                self.metrics.policies.labels(model, "set").inc()
             after = await self.relay.sync(self.control, wanted, status)
         except SidecarError:
             self.metrics.policies.labels(model, "error").inc()
@@ -290,6 +294,23 @@ class Watcher:
             await asyncio.sleep(self.rng.uniform(0, self.settings.jitter_s))  # spread the pulls
         return await self._switch(target, serving)
 
+    async def _keep_traffic(self, policy: TrafficPolicy | None) -> None:
+        """``TRAFFIC`` holds ``policy`` (removed for ``None``), rewritten if anything else
+        changed it (a link in its place is replaced, never followed)."""
+        volume, model = self.fetcher.volume, self.settings.model
+        try:
+            written = await asyncio.to_thread(read_traffic, volume, model)
+        except VolumeError:  # a link, not a file, too large: not the sidecar's, replaced
+            written = "unreadable"
+        if written != traffic_text(policy):
+            await asyncio.to_thread(write_traffic, volume, model, policy)
+
+    def _load_policy(self, target: str) -> TrafficPolicy | None:
+        """The policy a load of ``target`` carries: the pod's, when ``target`` is its
+        candidate."""
+        policy = self._policy
+        return policy if policy is not None and policy.candidate == target else None
+
     async def _keep_current(self, serving: str) -> None:
         """``CURRENT`` names the serving version (rewritten if anything else changed it)."""
         volume, model = self.fetcher.volume, self.settings.model
@@ -300,10 +321,13 @@ class Watcher:
         """Nothing to fetch or verify: the server verified this version when it loaded it.
         The critical path of a rollback is this one local call."""
         model = self.settings.model
+        if self._load_policy(target) is not None:  # the policy goes with the swap: a load
+            return await self._switch(target, serving)  # (the server swaps to what it holds)
         answer = await self.control.swap_to_retained(model, target)
         if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
             return await self._switch(target, serving)
+        await self._keep_traffic(None)
         await self._relay(await self._swapped(target, serving))
         await self._report(target, target, SidecarState.OK)
         return "ok"
@@ -338,15 +362,23 @@ class Watcher:
         self.metrics.bytes.labels(model).inc(fetched.downloaded_bytes)
         sha256 = fetched.local.manifest.sha256
         await self._report(target, serving, SidecarState.LOADING, sha256=sha256)
+        policy = self._load_policy(target)
+        if policy is not None and policy.stable not in (serving, *self._retained):
+            serving = await self._give_stable(policy, serving)
         try:
-            answer = await self.control.load(model, target, fetched.local.file, sha256)
+            answer = await self.control.load(model, target, fetched.local.file, sha256, policy)
         except SidecarError:
             self.metrics.swaps.labels(model, "error").inc()
+            self.relay.forget()
             raise
         if isinstance(answer, ErrorReply):
             return await self._load_failed(target, serving, answer)
         self._server_refused.discard(target)
+        await self._keep_traffic(policy)  # before CURRENT names the candidate
         after = await self._swapped(target, serving)
+        self.relay.loaded_with(policy, after)
+        if policy is not None:
+            self.metrics.policies.labels(model, "set").inc()
         await asyncio.to_thread(
             self.fetcher.prune,
             model,
@@ -357,6 +389,17 @@ class Watcher:
         await self._relay(after)
         await self._report(target, target, SidecarState.OK, sha256=sha256)
         return "ok"
+
+    async def _give_stable(self, policy: TrafficPolicy, serving: str | None) -> str:
+        """Load the policy's stable version before its candidate (the server serves it
+        meanwhile: within any policy); returns it, the version now serving."""
+        try:
+            await self.relay.load_stable(self.control, self.fetcher, policy)
+        except SidecarError:
+            self.metrics.policies.labels(self.settings.model, "error").inc()
+            raise
+        await self._swapped(policy.stable, serving)
+        return policy.stable
 
     def _protected(self, target: str) -> set[str]:
         """What retention keeps whatever its age: the target, what the server holds, the

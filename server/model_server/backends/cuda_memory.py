@@ -143,18 +143,29 @@ class CudaStream:
 
 
 class DeviceBuffer:
-    """A device allocation reused across requests by one execution context."""
+    """A device allocation reused across requests by one execution context.
 
-    def __init__(self, nbytes: int = 0) -> None:
+    With a ``stream`` it is stream-ordered (``cudaMallocAsync``/``cudaFreeAsync``): plain
+    ``cudaMalloc`` is an implicit synchronization point between streams and ``cudaFree``
+    waits for the whole device, so a version loading or closing would stall the requests
+    of the version serving beside it."""
+
+    def __init__(self, nbytes: int = 0, stream: CudaStream | None = None) -> None:
         self.ptr = 0
         self.nbytes = 0
+        self.stream = stream
         if nbytes:
             self.ensure(nbytes)
 
     def ensure(self, nbytes: int) -> int:
         if nbytes > self.nbytes:
             self.free()
-            self.ptr = int(_check(_runtime().cudaMalloc(max(nbytes, 1))))
+            cudart = _runtime()
+            size = max(nbytes, 1)
+            if self.stream is None:
+                self.ptr = int(_check(cudart.cudaMalloc(size)))
+            else:
+                self.ptr = int(_check(cudart.cudaMallocAsync(size, self.stream.handle)))
             self.nbytes = nbytes
         return self.ptr
 
@@ -184,8 +195,13 @@ class DeviceBuffer:
         )
 
     def free(self) -> None:
+        """Stream-ordered buffers are freed after the work queued on their stream."""
         if self.ptr:
-            _check(_runtime().cudaFree(self.ptr))
+            cudart = _runtime()
+            if self.stream is None:
+                _check(cudart.cudaFree(self.ptr))
+            else:
+                _check(cudart.cudaFreeAsync(self.ptr, self.stream.handle))
             self.ptr = 0
             self.nbytes = 0
 

@@ -10,7 +10,9 @@ message saying what is missing (TensorRT, cuda-python, a driver that matches it,
   non-blocking CUDA stream, its own optimization profile (required for concurrent use
   with dynamic shapes), and device and pinned host buffers allocated once at that
   profile's maximum shapes; a request is two async copies, one enqueue and one
-  synchronize.
+  synchronize. Device buffers are allocated and freed in stream order on that stream, so
+  a version loading or closing never waits for the device (nor makes the serving
+  version's requests wait).
 * ``device_memory_bytes`` counts what the engine really holds: weights, each context's
   scratch memory and the I/O buffers.
 """
@@ -138,10 +140,11 @@ class _ExecutionSlot:
     def close(self) -> None:
         self.context = None  # the context keeps the engine alive: drop it first
         for buffer in (*self.device.values(), *self.host.values()):
-            buffer.free()
+            buffer.free()  # device buffers: queued on this slot's stream
         self.device.clear()
         self.host.clear()
         if self.stream is not None:
+            self.stream.synchronize()  # the frees are done: the memory is back now
             self.stream.close()
             self.stream = None
 
@@ -265,7 +268,7 @@ class TensorRTEngine:
         self, slot: _ExecutionSlot, name: str, shape: tuple[int, ...], dtype: Any
     ) -> None:
         nbytes = _volume(shape) * np.dtype(dtype).itemsize
-        slot.device[name] = self._cuda.DeviceBuffer(nbytes)
+        slot.device[name] = self._cuda.DeviceBuffer(nbytes, slot.stream)  # stream-ordered
         slot.host[name] = self._cuda.PinnedBuffer(nbytes)
         if not slot.context.set_tensor_address(name, slot.device[name].ptr):
             raise RuntimeError(f"TensorRT refused the device address of tensor {name}")

@@ -4,18 +4,45 @@ It runs the dense subset of ONNX that MLP-style models use (MatMul, Gemm, Add, R
 ...), which is what lets the engine manager's double buffering be measured with real GPU
 memory on machines that have CUDA and torch but no TensorRT. Graphs with other
 operators are refused at load time with the list of what is missing.
+
+A load must not slow down the version that is serving meanwhile, so on a GPU
+(:mod:`.torch_gpu`):
+
+* the weights are read without one long protobuf parse (:mod:`.onnx_weights`) and copied
+  on the load's own CUDA stream, through two reused pinned staging buffers of
+  ``chunk_bytes``; the load waits for its own stream only, never for the device;
+* each inference thread has its own stream and pinned I/O buffers, made on its first
+  request: a request is one async copy in per input, its kernels, one async copy out per
+  output and one synchronize of that stream;
+* its kernels are one CUDA graph replay where a graph for its input shapes is free
+  (warm-up captures them, on the loader's thread, for the batch-1 shapes; other shapes,
+  such as dynamic batching's, run their kernels one by one: captures on request threads
+  broke the CUDA context under load);
+* per request only the activations get a dictionary; the weights are bound to the graph's
+  nodes once, at load.
+
+On the CPU the same code runs without streams and graphs (the staging buffers are then
+plain memory), so the chunked load is tested on machines without a GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from . import onnx_weights, torch_gpu
 from .base import BackendUnavailable, ModelFile, TensorSpec
+
+log = logging.getLogger(__name__)
+
+GRAPHS_PER_SHAPE = 8  # concurrent requests of one shape that replay a graph
+GRAPH_SHAPES = 1  # input shapes captured per engine: the batch-1 ones, at warm-up
 
 
 def import_torch() -> Any:
@@ -42,7 +69,9 @@ def _gemm(torch: Any, ins: list[Any], attrs: dict[str, Any]) -> Any:
     return out
 
 
-_OPS: dict[str, Callable[[Any, list[Any], dict[str, Any]], Any]] = {
+Op = Callable[[Any, list[Any], dict[str, Any]], Any]
+
+_OPS: dict[str, Op] = {
     "MatMul": lambda t, i, a: t.matmul(i[0], i[1]),
     "Gemm": _gemm,
     "Add": lambda t, i, a: i[0] + i[1],
@@ -70,57 +99,262 @@ def _value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(value.name, np.dtype(dtype), shape)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One node: its op, each input as a weight tensor or an activation's name."""
+
+    op: Op
+    inputs: tuple[tuple[bool, Any], ...]  # (is_weight, tensor or name)
+    output: str
+    attrs: dict[str, Any]
+
+
+def _shape_key(arrays: Mapping[str, np.ndarray]) -> torch_gpu.ShapeKey:
+    return tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
+
+
 class TorchEngine:
     platform = "pytorch_onnx_subset"
 
-    def __init__(self, torch: Any, model: onnx.ModelProto, device: str) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        data: bytes,
+        device: str,
+        chunk_bytes: int = torch_gpu.CHUNK_BYTES,
+        io: torch_gpu.PerThreadIO | None = None,
+        graphs: torch_gpu.GraphPool | None = None,
+    ) -> None:
+        """``io``: the backend's per-thread streams and buffers; ``graphs``: where this
+        engine keeps its CUDA graphs (None: none are captured)."""
         self._torch = torch
-        self._device = device
+        self._device = torch.device(device)
+        self._gpu = self._device.type == "cuda"
+        model, weights = onnx_weights.load(data)
         graph = model.graph
         unsupported = sorted({n.op_type for n in graph.node} - set(_OPS))
         if unsupported:
             raise ValueError(f"torch backend does not support operators {unsupported}")
-        self._weights: dict[str, Any] | None = {
-            init.name: torch.from_numpy(numpy_helper.to_array(init).copy()).to(device)
-            for init in graph.initializer
-        }
-        self._nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in graph.node]
+        self.upload_pieces = 0
+        self._held_bytes = 0
+        self._weights: dict[str, Any] | None = self._upload(weights, chunk_bytes)
+        self._steps: list[_Step] | None = [self._step(n) for n in graph.node]
         self.inputs = tuple(_value_spec(v) for v in graph.input if v.name not in self._weights)
         self.outputs = tuple(_value_spec(v) for v in graph.output)
+        if self._gpu:
+            self._io: torch_gpu.PerThreadIO | None = io or torch_gpu.PerThreadIO(
+                torch, self._device
+            )
+        else:
+            self._io = None
+        self._graphs = graphs if self._gpu else None
+
+    def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
+        """All the weights in one allocation (one ``cudaMalloc`` rather than one per
+        tensor), each a view at an aligned offset, filled through the staged upload."""
+        torch = self._torch
+        stream = None
+        if self._gpu:
+            stream = torch.cuda.Stream(device=self._device, priority=torch_gpu.LOAD_PRIORITY)
+        upload = torch_gpu.StagedUpload(torch, chunk_bytes, stream)
+        offsets, total = [], 0
+        for weight in weights:
+            offsets.append(total)
+            total += torch_gpu.aligned(weight.nbytes)
+        tensors = {}
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            flat = torch.empty(total, dtype=torch.uint8, device=self._device)
+            for weight, at in zip(weights, offsets, strict=True):
+                dtype = getattr(torch, str(weight.dtype))
+                tensor = flat[at : at + weight.nbytes].view(dtype).view(weight.shape)
+                upload.copy(tensor, weight.data)
+                tensors[weight.name] = tensor
+        upload.finish()
+        self.upload_pieces = upload.pieces
+        self._held_bytes = total
+        return tensors
+
+    def _step(self, node: onnx.NodeProto) -> _Step:
+        weights = self._weights or {}
+        inputs = tuple(
+            (True, weights[name]) if name in weights else (False, name)
+            for name in node.input
+            if name  # an empty name is an omitted optional input
+        )
+        return _Step(_OPS[node.op_type], inputs, node.output[0], _attrs(node))
 
     @property
     def device_memory_bytes(self) -> int:
-        weights = self._weights or {}
-        return sum(int(w.element_size() * w.nelement()) for w in weights.values())
+        """The weights' allocation (each tensor rounded up to the alignment)."""
+        return self._held_bytes if self._weights is not None else 0
+
+    @property
+    def graphs_captured(self) -> int:
+        return self._graphs.count() if self._graphs is not None else 0
+
+    def weight(self, name: str) -> np.ndarray:
+        """A copy of one weight as the engine holds it (for tests and tools)."""
+        if self._weights is None:
+            raise RuntimeError("engine is closed")
+        return self._weights[name].cpu().numpy().copy()
+
+    def _run(self, steps: list[_Step], activations: dict[str, Any]) -> None:
+        torch = self._torch
+        for step in steps:
+            args = [value if is_weight else activations[value] for is_weight, value in step.inputs]
+            activations[step.output] = step.op(torch, args, step.attrs)
+
+    def _value(self, activations: dict[str, Any], name: str) -> Any:
+        if name in activations:
+            return activations[name]
+        return (self._weights or {})[name]  # an output that is a weight itself
+
+    def _outputs(self, steps: list[_Step], inputs: dict[str, Any]) -> list[Any]:
+        activations = dict(inputs)
+        self._run(steps, activations)
+        return [self._value(activations, spec.name) for spec in self.outputs]
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        torch = self._torch
-        weights = self._weights
-        if weights is None:
+        steps = self._steps
+        if steps is None:
             raise RuntimeError("engine is closed")
-        with torch.inference_mode():
-            values = dict(weights)
-            for name, array in feeds.items():
-                values[name] = torch.from_numpy(np.ascontiguousarray(array)).to(self._device)
-            for op, ins, outs, attrs in self._nodes:
-                values[outs[0]] = _OPS[op](torch, [values[i] for i in ins if i], attrs)
-            return {s.name: values[s.name].cpu().numpy() for s in self.outputs}
+        arrays = {name: np.ascontiguousarray(array) for name, array in feeds.items()}
+        with self._torch.inference_mode():
+            if self._io is None:
+                return self._infer_cpu(steps, arrays)
+            return self._infer_gpu(steps, arrays, self._io.get())
+
+    def _infer_cpu(
+        self, steps: list[_Step], arrays: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        inputs = {name: self._torch.from_numpy(array) for name, array in arrays.items()}
+        results = self._outputs(steps, inputs)
+        # copies: an output may share memory with an input or a weight
+        return {s.name: r.numpy().copy() for s, r in zip(self.outputs, results, strict=True)}
+
+    def _infer_gpu(
+        self, steps: list[_Step], arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO
+    ) -> dict[str, np.ndarray]:
+        key = _shape_key(arrays)
+        graphs = self._graphs
+        captured = graphs.borrow(key) if graphs is not None else None
+        if graphs is not None and captured is not None:
+            try:
+                return captured.run(self._torch, io.stream, arrays, self.outputs)
+            finally:
+                graphs.give_back(key, captured)
+        with self._torch.cuda.stream(io.stream):
+            staged = self._stage_inputs(arrays, io)
+            inputs = {n: t.to(self._device, non_blocking=True) for n, t in staged.items()}
+            answer = self._fetch_outputs(self._outputs(steps, inputs), io)
+            io.stream.synchronize()  # the one wait of a request, on this thread's stream
+        return {s.name: a.numpy().copy() for s, a in zip(self.outputs, answer, strict=True)}
+
+    def _stage_inputs(self, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO) -> dict:
+        """The inputs, copied into this thread's pinned buffer (as pinned tensors)."""
+        torch = self._torch
+        buffer = io.host(sum(torch_gpu.aligned(a.nbytes) for a in arrays.values()))
+        host = buffer.numpy()
+        staged, at = {}, 0
+        for name, array in arrays.items():
+            np.copyto(host[at : at + array.nbytes].view(array.dtype).reshape(array.shape), array)
+            pinned = buffer[at : at + array.nbytes].view(getattr(torch, str(array.dtype)))
+            staged[name] = pinned.view(array.shape)
+            at += torch_gpu.aligned(array.nbytes)
+        return staged
+
+    def _fetch_outputs(self, results: list[Any], io: torch_gpu.ThreadIO) -> list[Any]:
+        """Queue the copies of ``results`` into pinned memory; valid once the stream is
+        synchronized. They may reuse the inputs' bytes: the stream read those first."""
+        buffer = io.host(sum(torch_gpu.aligned(r.numel() * r.element_size()) for r in results))
+        copies, at = [], 0
+        for result in results:
+            nbytes = result.numel() * result.element_size()
+            into = buffer[at : at + nbytes].view(result.dtype).view(result.shape)
+            into.copy_(result, non_blocking=True)
+            copies.append(into)
+            at += torch_gpu.aligned(nbytes)
+        return copies
+
+    def _capture(
+        self,
+        steps: list[_Step],
+        arrays: dict[str, np.ndarray],
+        results: list[Any],
+        io: torch_gpu.ThreadIO,
+    ) -> torch_gpu.Captured | None:
+        """A graph for these input shapes, on this thread's stream, which has just run
+        the same kernels eagerly (``results``: their outputs, for the output buffers). A
+        graph that cannot be captured is logged, not fatal: requests of that shape run
+        without one."""
+        try:
+            return torch_gpu.capture(
+                self._torch,
+                io.stream,
+                lambda inputs: self._outputs(steps, inputs),
+                arrays,
+                results,
+                self._device,
+            )
+        except Exception as exc:  # the runtime can refuse a capture with several types
+            log.warning("no CUDA graph for input shapes %s: %s", _shape_key(arrays), exc)
+            return None
+
+    def warm_up(self) -> None:
+        """Capture the graphs of batch-1 requests now, on the loader's thread, rather than
+        on the first requests after the swap (the load pipeline calls this)."""
+        steps, graphs, io = self._steps, self._graphs, self._io
+        if steps is None or graphs is None or io is None:
+            return
+        arrays = {spec.name: spec.example() for spec in self.inputs}
+        self.infer(arrays)  # runs the kernels on this thread's stream
+        key = _shape_key(arrays)
+        thread = io.get()
+        with self._torch.inference_mode(), self._torch.cuda.stream(thread.stream):
+            results = self._outputs(steps, {
+                name: self._torch.from_numpy(a).to(self._device, non_blocking=True)
+                for name, a in arrays.items()
+            })  # fmt: skip
+            while graphs.reserve(key):
+                captured = self._capture(steps, arrays, results, thread)
+                graphs.give_back(key, captured)
+                if captured is None:
+                    break
+            thread.stream.synchronize()
 
     def close(self) -> None:
+        """Drop the weights and graphs: their device memory goes back to torch's
+        allocator at once (the engine manager closes a version after its last request,
+        whose stream was synchronized). ``torch.cuda.empty_cache()`` is not called: it
+        frees with ``cudaFree``, which waits for the whole device, and ``close`` runs on
+        the event loop; the allocator reuses the cached blocks for the next load."""
+        self._steps = None
         self._weights = None
-        if self._device.startswith("cuda"):
-            self._torch.cuda.empty_cache()
+        if self._graphs is not None:
+            self._graphs.close()
 
 
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(
+        self,
+        device: str | None = None,
+        chunk_bytes: int = torch_gpu.CHUNK_BYTES,
+        cuda_graphs: bool = True,
+    ) -> None:
         self._torch = import_torch()
         self.device = device or ("cuda" if self._torch.cuda.is_available() else "cpu")
+        self.chunk_bytes = chunk_bytes
+        self.cuda_graphs = cuda_graphs
+        gpu = self._torch.device(self.device).type == "cuda"
+        self._io = (
+            torch_gpu.PerThreadIO(self._torch, self._torch.device(self.device)) if gpu else None
+        )
 
     def estimate_memory_bytes(self, model: ModelFile) -> int:
         return int(model.size * 1.25)
 
     def load(self, model: ModelFile) -> TorchEngine:
-        return TorchEngine(self._torch, onnx.load_model_from_string(model.data), self.device)
+        graphs = torch_gpu.GraphPool(GRAPHS_PER_SHAPE, GRAPH_SHAPES) if self.cuda_graphs else None
+        return TorchEngine(self._torch, model.data, self.device, self.chunk_bytes, self._io, graphs)

@@ -1,0 +1,280 @@
+"""The torch backend: answers equal to ONNX Runtime's, the weights read without a full
+protobuf parse and copied in bounded chunks byte for byte, threads, and close.
+
+Each engine test runs on the CPU here and on CUDA too where there is a GPU (that case
+is marked ``gpu``); the stream discipline on a GPU is in ``test_torch_backend_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import add_version
+from model_server.backends import onnx_weights
+from model_server.backends.base import ModelFile
+
+torch = pytest.importorskip("torch", reason="torch not installed")
+
+from model_server.backends.torch_backend import TorchBackend, TorchEngine  # noqa: E402
+
+NO_CUDA = "needs torch with CUDA and a GPU (run on the device machine)"
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA),
+        ],
+    ),
+]
+
+
+def ort_answer(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return [np.asarray(out) for out in session.run(None, feeds)]
+
+
+def save(model: onnx.ModelProto, path: Path) -> ModelFile:
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return ModelFile.read(path)
+
+
+def gemm_graph(seed: int) -> onnx.ModelProto:
+    """Every operator the backend runs, Gemm with transB/alpha/beta, and one weight in
+    typed ``float_data`` rather than ``raw_data``."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    c = rng.standard_normal(6).astype(np.float32)
+    m = rng.standard_normal((6, 6)).astype(np.float32)
+    scale = rng.standard_normal(6).astype(np.float32)
+    typed = helper.make_tensor("shift", TensorProto.FLOAT, [6], rng.standard_normal(6).tolist())
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "c"], ["g"], transB=1, alpha=0.5, beta=2.0),
+        helper.make_node("Tanh", ["g"], ["t"]),
+        helper.make_node("MatMul", ["t", "m"], ["mm"]),
+        helper.make_node("Mul", ["mm", "scale"], ["mu"]),
+        helper.make_node("Sub", ["mu", "shift"], ["s"]),
+        helper.make_node("Sigmoid", ["s"], ["sg"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("Add", ["sg", "r"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["sm"], axis=1),
+        helper.make_node("Identity", ["sm"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "all_ops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(c, "c"),
+            numpy_helper.from_array(m, "m"),
+            numpy_helper.from_array(scale, "scale"),
+            typed,
+        ],
+    )
+    return _readable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _readable(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.ir_version = 8  # what older ONNX Runtime releases read, as the MLPs have
+    return model
+
+
+def weights_model(sizes: dict[str, int], seed: int = 0) -> tuple[onnx.ModelProto, dict]:
+    """Initializers of the given byte sizes (any bit patterns, NaNs included), and a graph
+    that uses the first; metadata after the graph, so the walk has to keep what follows."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        name: rng.integers(0, 256, size, dtype=np.uint8).view(np.float32)
+        for name, size in sizes.items()
+    }
+    first = next(iter(arrays))
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", first], ["y"])],
+        "weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [sizes[first] // 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [sizes[first] // 4])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+        doc_string="a graph",
+    )
+    model = _readable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    helper.set_model_props(model, {"owner": "tests"})
+    return model, arrays
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_answers_equal_onnx_runtime_on_an_mlp(device: str, tmp_path: Path) -> None:
+    version = add_version(tmp_path, "mlp", "v1", seed=4, hidden=64, depth=4)
+    model = ModelFile.read(version.path)
+    engine = TorchBackend(device).load(model)
+    for batch in (1, 3, 17):
+        x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
+        (want,) = ort_answer(model.data, {"input": x})
+        got = engine.infer({"input": x})["output"]
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    engine.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_operator_equals_onnx_runtime(device: str, tmp_path: Path) -> None:
+    model = save(gemm_graph(seed=7), tmp_path / "ops" / "model.onnx")
+    engine = TorchBackend(device).load(model)
+    x = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    (want,) = ort_answer(model.data, {"x": x})
+    np.testing.assert_allclose(engine.infer({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+    assert [s.name for s in engine.inputs] == ["x"]  # the weights are not inputs
+    engine.close()
+
+
+CHUNK = 64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        # around one chunk, and around two
+        {"a": CHUNK - 4, "b": CHUNK, "c": CHUNK + 4, "d": 2 * CHUNK - 4, "e": 2 * CHUNK + 4},
+        # small tensors packed into one buffer until one straddles its end
+        {"a": 4, "b": CHUNK - 8, "c": 8, "d": 4},
+        # exactly filling a buffer, then many buffers for one tensor
+        {"a": CHUNK, "b": 9 * CHUNK + 12, "c": 4},
+    ],
+    ids=["boundaries", "packed", "many-chunks"],
+)
+def test_a_chunked_load_gives_identical_weights(
+    device: str, sizes: dict[str, int], tmp_path: Path
+) -> None:
+    model, arrays = weights_model(sizes)
+    engine = TorchBackend(device, chunk_bytes=CHUNK).load(save(model, tmp_path / "w.onnx"))
+    for name, array in arrays.items():
+        got = engine.weight(name)
+        assert got.shape == array.shape
+        assert got.view(np.uint8).tobytes() == array.view(np.uint8).tobytes(), name
+    total = sum(sizes.values())
+    assert engine.upload_pieces >= -(-total // CHUNK)  # never more than a chunk at a time
+    # one allocation holds them all, each at an aligned offset
+    assert total <= engine.device_memory_bytes < total + 256 * len(sizes)
+    engine.close()
+
+
+def test_the_walk_gives_what_onnx_parses(tmp_path: Path) -> None:
+    """Weights equal numpy_helper's; the rest of the model, metadata after the graph
+    included, equals onnx's parse of the whole file without the raw bytes."""
+    model, arrays = weights_model({"a": 16, "b": 40, "c": 4})
+    model.graph.initializer.append(helper.make_tensor("typed", TensorProto.FLOAT, [2], [1.5, -2]))
+    data = model.SerializeToString()
+    skeleton, weights = onnx_weights.load(data)
+    assert [w.name for w in weights] == ["a", "b", "c", "typed"]
+    for weight in weights:
+        want = numpy_helper.to_array(
+            onnx.load_model_from_string(data).graph.initializer[
+                [w.name for w in weights].index(weight.name)
+            ]
+        )
+        assert weight.array().tobytes() == want.tobytes()
+    for name in arrays:  # raw bytes are views of the file's bytes: nothing was copied
+        assert next(w for w in weights if w.name == name).data.obj is data
+    full = onnx.load_model_from_string(data)
+    for tensor in full.graph.initializer:
+        tensor.ClearField("raw_data")
+    assert skeleton == full
+    assert skeleton.metadata_props[0].key == "owner"
+
+
+def test_bytes_the_walk_cannot_follow_go_to_onnx() -> None:
+    with pytest.raises(DecodeError):
+        onnx_weights.load(b"\x3a\xff\xff\xff\x0f garbage")  # a graph longer than the file
+    with pytest.raises(ValueError, match="bytes"):  # raw data that does not fill the shape
+        tensor = helper.make_tensor("w", TensorProto.FLOAT, [4], b"\0" * 12, raw=True)
+        graph = helper.make_graph([], "g", [], [], [tensor])
+        onnx_weights.load(helper.make_model(graph).SerializeToString())
+
+
+def test_unsupported_operators_are_refused_by_name(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 1])],
+        [numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"\['Conv'\]"):
+        TorchBackend("cpu").load(save(model, tmp_path / "conv.onnx"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_threads_get_their_own_answers(device: str, tmp_path: Path) -> None:
+    """Eight threads at once, each with its own batch size and inputs (on a GPU each has
+    its own stream and pinned buffers): every answer is the reference for its input."""
+    version = add_version(tmp_path, "mlp", "v1", seed=9, hidden=32)
+    engine = TorchBackend(device).load(ModelFile.read(version.path))
+    wrong: list[str] = []
+
+    def worker(index: int) -> None:
+        rng = np.random.default_rng(index)
+        for _ in range(40):
+            x = rng.standard_normal((1 + index, 8)).astype(np.float32)
+            got = engine.infer({"input": x})["output"]
+            if got.shape != (1 + index, 4) or not np.allclose(got, version.expected(x), atol=1e-4):
+                wrong.append(f"thread {index}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert wrong == []
+    engine.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_close_frees_the_weights_and_refuses_requests(device: str, tmp_path: Path) -> None:
+    version = add_version(tmp_path, "mlp", "v1", seed=3)
+    engine: TorchEngine = TorchBackend(device).load(ModelFile.read(version.path))
+    x = np.ones((1, 8), np.float32)
+    engine.infer({"input": x})
+    held = [weakref.ref(t) for t in (engine._weights or {}).values()]
+    assert held and engine.device_memory_bytes > 0
+    engine.close()
+    assert [ref() for ref in held] == [None] * len(held)  # nothing else keeps a weight alive
+    assert engine.device_memory_bytes == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.infer({"input": x})
+
+
+def test_the_graph_pool_lends_each_graph_to_one_request_at_a_time() -> None:
+    from model_server.backends.torch_gpu import Captured, GraphPool
+
+    pool = GraphPool(per_shape=2, max_shapes=1)
+    one, other = (("x", (1, 8), "<f4"),), (("x", (2, 8), "<f4"),)
+    assert pool.borrow(one) is None  # nothing captured: a request never captures
+    assert pool.reserve(one) and pool.reserve(one)  # warm-up: two places for one shape
+    assert not pool.reserve(one)  # two per shape
+    assert not pool.reserve(other)  # one shape only
+    first, second = Captured("g1", {}, [], {}, []), Captured("g2", {}, [], {}, [])
+    pool.give_back(one, first)
+    pool.give_back(one, None)  # a failed capture keeps its place: no retry storm
+    assert pool.borrow(one) is first
+    assert pool.borrow(one) is None  # lent out
+    pool.give_back(one, first)
+    assert pool.count() == 1
+    pool.close()
+    pool.give_back(one, second)  # a request finishing after close: dropped
+    assert pool.count() == 0 and pool.borrow(one) is None
