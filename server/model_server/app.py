@@ -38,8 +38,14 @@ log = logging.getLogger(__name__)
 class ModelServer:
     def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
         self.config = config
-        self.policy = AccessPolicy.from_files(config.admin_token_file, config.tenants_file)
         self.metrics = ServerMetrics()
+        self.policy = AccessPolicy.from_files(
+            config.admin_token_file,
+            config.tenants_file,
+            config.jwt,
+            on_rate_limited=lambda tenant: self.metrics.rate_limited.labels(tenant).inc(),
+        )
+        self.metrics.watch_tenants(self.policy.tenants, self.policy.rate_limits.buckets)
         self.audit = AuditLog(config.audit_log)
         self.repository = ModelRepository(config.repository)
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="infer")

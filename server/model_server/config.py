@@ -13,6 +13,14 @@ from model_rollout_contract.names import InvalidName, check_model_key, check_nam
 
 from .backends import BACKEND_NAMES
 from .data_plane import SHADOW_MAX_IN_FLIGHT
+from .jwt_auth import (
+    DEFAULT_ALGORITHMS,
+    DEFAULT_LEEWAY_S,
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MIN_REFRESH_S,
+    DEFAULT_TENANT_CLAIM,
+    JwtConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class ServerConfig:
     control_socket: Path | None = None  # where the sidecar announces new versions
     admin_token_file: Path | None = None  # without it the admin API is off
     tenants_file: Path | None = None  # tenants.yaml: API keys and models per tenant
+    jwt: JwtConfig | None = None  # tenants' JWTs beside their API keys (None: API keys only)
     audit_log: Path | None = None  # JSON lines, one per load, swap, rollback or refusal
     workers: int = defaults.INFERENCE_WORKERS  # inference threads
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve this long unready
@@ -174,6 +183,40 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="large bodies being decoded or waiting for a JSON worker; past it 503 with "
         "Retry-After (default: 2 per worker)",
+    )
+    jwt = p.add_argument_group(
+        "tenants' JWTs (beside API keys; a bearer token shaped as a JWT is verified as one)"
+    )
+    jwks = jwt.add_mutually_exclusive_group()
+    jwks.add_argument("--jwks-file", help="JWKS file of the issuer's keys (re-read on change)")
+    jwks.add_argument("--jwks-url", help="JWKS URL of the issuer's keys (cached)")
+    jwt.add_argument(
+        "--jwks-min-refresh-seconds",
+        type=float,
+        default=DEFAULT_MIN_REFRESH_S,
+        help="a JWKS URL is fetched at most this often (an unknown kid asks for a fetch)",
+    )
+    jwt.add_argument(
+        "--jwks-max-age-seconds",
+        type=float,
+        default=DEFAULT_MAX_AGE_S,
+        help="a JWKS URL's keys are fetched again once this old",
+    )
+    jwt.add_argument("--jwt-issuer", help="the tokens' iss (required with a JWKS)")
+    jwt.add_argument("--jwt-audience", help="the tokens' aud (required with a JWKS)")
+    jwt.add_argument(
+        "--jwt-algorithms",
+        default=",".join(DEFAULT_ALGORITHMS),
+        help="allowed signature algorithms, comma-separated (asymmetric only)",
+    )
+    jwt.add_argument(
+        "--jwt-leeway-seconds",
+        type=float,
+        default=DEFAULT_LEEWAY_S,
+        help="clock skew allowed on exp and nbf",
+    )
+    jwt.add_argument(
+        "--jwt-tenant-claim", default=DEFAULT_TENANT_CLAIM, help="the claim naming the tenant"
     )
     canary = p.add_argument_group("canary traffic policy")
     canary.add_argument(
@@ -273,6 +316,26 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         models = [ModelSpec.parse(m) for m in a.model]
     except InvalidName as exc:
         p.error(f"--model: {exc}")
+    jwt: JwtConfig | None = None
+    if a.jwks_file or a.jwks_url:
+        if not a.tenants_file:
+            p.error("--jwks-file/--jwks-url need --tenants-file (a token names a tenant)")
+        try:
+            jwt = JwtConfig(
+                issuer=a.jwt_issuer or "",
+                audience=a.jwt_audience or "",
+                jwks_file=optional_path(a.jwks_file),
+                jwks_url=a.jwks_url,
+                algorithms=tuple(x.strip() for x in a.jwt_algorithms.split(",") if x.strip()),
+                leeway_s=a.jwt_leeway_seconds,
+                tenant_claim=a.jwt_tenant_claim,
+                min_refresh_s=a.jwks_min_refresh_seconds,
+                max_age_s=a.jwks_max_age_seconds,
+            )
+        except ValueError as exc:
+            p.error(str(exc))
+    elif a.jwt_issuer or a.jwt_audience:
+        p.error("--jwt-issuer/--jwt-audience need --jwks-file or --jwks-url")
     return ServerConfig(
         repository=Path(a.repository),
         models=models,
@@ -286,6 +349,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         control_socket=optional_path(a.control_socket),
         admin_token_file=optional_path(a.admin_token_file),
         tenants_file=optional_path(a.tenants_file),
+        jwt=jwt,
         audit_log=optional_path(a.audit_log),
         workers=a.workers,
         drain_seconds=a.drain_seconds,

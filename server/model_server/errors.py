@@ -15,6 +15,8 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     │   ├── GoldenMismatch (422 golden_mismatch)   its answers to its golden set are
     │   │                                       outside the set's tolerance
     │   └── MemoryBudgetExceeded (507 memory_budget_exceeded)
+    ├── RateLimited (429 rate_limited)          a tenant over its request rate (with
+    │                                           Retry-After)
     ├── NotReady (503 not_ready)                no version loaded yet
     └── Unavailable (503 unavailable)           a JSON worker process was lost, or the
                                                 queue of large bodies is full (with
@@ -92,6 +94,18 @@ class GoldenMismatch(LoadRefused):
 class MemoryBudgetExceeded(LoadRefused):
     status = 507
     code = "memory_budget_exceeded"
+
+
+class RateLimited(ServingError):
+    """A tenant sent more requests than its rate limit allows; retry after
+    ``retry_after_s`` seconds."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class NotReady(ServingError):

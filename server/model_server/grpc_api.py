@@ -3,8 +3,8 @@
 :class:`~model_server.data_plane.DataPlane`, like :mod:`.http_api`, with the same
 operations, authentication, tenants, metrics and audit.
 
-A call's metadata stands for the HTTP headers: ``authorization: Bearer <key or admin
-token>`` (or ``x-api-key``) for tenants and the repository extension, and
+A call's metadata stands for the HTTP headers: ``authorization: Bearer <key, JWT or
+admin token>`` (or ``x-api-key``) for tenants and the repository extension, and
 ``x-model-version`` to pin a version as over HTTP. A refusal is the gRPC status of its
 HTTP status (:data:`STATUS_CODES`), with the error's message as details and its stable
 code in the trailing metadata ``error-code`` (plus ``retry-after`` in seconds when the
@@ -51,7 +51,7 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.FAILED_PRECONDITION,  # the version was refused; the old one serves
-    429: grpc.StatusCode.UNAVAILABLE,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a tenant over its rate limit (retry-after)
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     507: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -144,9 +144,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.plane = plane
         self.policy = policy
 
-    def _key(self, name: str, context: aio.ServicerContext) -> str:
-        """The model a caller's name stands for (its tenant's, by its API key)."""
-        return model_key(name, self.policy.tenant_for(call_headers(context)))
+    async def _key(self, name: str, context: aio.ServicerContext) -> str:
+        """The model a caller's name stands for (its tenant's, by its API key or JWT)."""
+        return model_key(name, await self.policy.tenant_for(call_headers(context)))
 
     def _admin(self, context: aio.ServicerContext) -> Caller:
         return Caller(self.policy.check_admin(call_headers(context)), "grpc")
@@ -160,7 +160,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> Any:
-        key = self._key(request.name, context)
+        key = await self._key(request.name, context)
         return pb.ModelReadyResponse(ready=self.plane.model_ready(key, _version(request)))
 
     @_rpc
@@ -169,19 +169,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
-        key = self._key(request.name, context)
+        key = await self._key(request.name, context)
         metadata = self.plane.model_metadata(key, request.name, _version(request))
         return _message(metadata, pb.ModelMetadataResponse())
 
     @_rpc
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> Any:
-        key = self._key(request.name, context)
+        key = await self._key(request.name, context)
         config = self.plane.model_config(key, request.name, _version(request))
         return _message({"config": config}, pb.ModelConfigResponse())
 
     @_rpc
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
-        tenant = self.policy.tenant_for(call_headers(context))
+        tenant = await self.policy.tenant_for(call_headers(context))
         if request.name:
             keys = [model_key(request.name, tenant)]
         else:  # every model of the caller's namespace
@@ -195,7 +195,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         started, key = time.perf_counter(), request.model_name
         try:
             headers = call_headers(context)
-            key = model_key(request.model_name, self.policy.tenant_for(headers))
+            tenant = await self.policy.tenant_for(headers)
+            key = model_key(request.model_name, tenant)
+            self.policy.admit(tenant)  # over its rate limit: RESOURCE_EXHAUSTED
         except (ServingError, InvalidName) as exc:  # counted as the HTTP API counts them
             status = exc.status if isinstance(exc, ServingError) else BadRequest.status
             self.plane.count_rejected(key, status, time.perf_counter() - started)

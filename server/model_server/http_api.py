@@ -83,8 +83,8 @@ def _client_left(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def _tenant_model(request: web.Request) -> str:
-    tenant = request.app[POLICY].tenant_for(request.headers)
+async def _tenant_model(request: web.Request) -> str:
+    tenant = await request.app[POLICY].tenant_for(request.headers)
     return model_key(request.match_info["name"], tenant)
 
 
@@ -156,14 +156,14 @@ async def server_metadata(request: web.Request) -> web.Response:
 async def model_metadata(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     metadata = request.app[PLANE].model_metadata(
-        _tenant_model(request), name, _route_version(request)
+        await _tenant_model(request), name, _route_version(request)
     )
     return web.json_response(metadata)
 
 
 async def model_ready(request: web.Request) -> web.Response:
     version = _route_version(request)
-    is_ready = request.app[PLANE].model_ready(_tenant_model(request), version)
+    is_ready = request.app[PLANE].model_ready(await _tenant_model(request), version)
     answer: dict[str, Any] = {"name": request.match_info["name"], "ready": is_ready}
     if version is not None:
         answer["version"] = version
@@ -172,13 +172,14 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def model_config(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    config = request.app[PLANE].model_config(_tenant_model(request), name, _route_version(request))
+    key = await _tenant_model(request)
+    config = request.app[PLANE].model_config(key, name, _route_version(request))
     return web.json_response(config)
 
 
 async def statistics(request: web.Request) -> web.Response:
     plane = request.app[PLANE]
-    tenant = request.app[POLICY].tenant_for(request.headers)
+    tenant = await request.app[POLICY].tenant_for(request.headers)
     name = request.match_info.get("name")
     keys = [model_key(name, tenant)] if name is not None else plane.namespace_keys(tenant)
     return web.json_response(plane.statistics(keys, _route_version(request)))
@@ -188,7 +189,10 @@ async def infer(request: web.Request) -> web.Response:
     plane, name = request.app[PLANE], request.match_info["name"]
     started, key = time.perf_counter(), name
     try:
-        key = _tenant_model(request)
+        policy = request.app[POLICY]
+        tenant = await policy.tenant_for(request.headers)
+        key = model_key(name, tenant)
+        policy.admit(tenant)  # over its rate limit: 429 before the body is read
         version = _route_version(request)
         declared = request.headers.get(HEADER_LENGTH)
         json_part = declared_header_length(declared)  # where the binary part starts (checked)
@@ -215,7 +219,7 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def model_health(request: web.Request) -> web.Response:
-    health = request.app[PLANE].health(_tenant_model(request))
+    health = request.app[PLANE].health(await _tenant_model(request))
     return web.json_response(health, status=503 if health["status"] == "loading" else 200)
 
 
@@ -256,7 +260,7 @@ async def rollback(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    tenant = request.app[POLICY].tenant_for(request.headers)
+    tenant = await request.app[POLICY].tenant_for(request.headers)
     return web.json_response({"models": request.app[PLANE].list_models(tenant)})
 
 

@@ -5,16 +5,22 @@ What is loaded (``current_model_version``, ``model_versions_loaded``,
 ``model_memory_bytes``) is read from the slots at each scrape, so the series always
 describe the versions in memory now: an unloaded version has no series left, and a
 version evicted or refused is never counted. The per-version request, output and shadow
-series of canary analysis are gathered the same way (:mod:`.version_metrics`)."""
+series of canary analysis are gathered the same way (:mod:`.version_metrics`), and so
+are the per-tenant sums of the request series (:class:`TenantRequests`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 
@@ -55,6 +61,57 @@ class LoadedVersions(Collector):
             loaded.add_metric([model], counts[model])
             memory.add_metric([model], held[model])
         yield from (current, loaded, memory)
+
+
+class TenantRequests(Collector):
+    """``tenant_inference_requests_total{tenant,code}`` and
+    ``tenant_inference_request_duration_seconds{tenant}``: the per-model request counter
+    and latency histogram summed by tenant at each scrape (a tenant's models are keyed
+    ``tenant/name``; ``""`` is the default namespace). Summed rather than a ``tenant``
+    label added to the per-model series, whose label sets dashboards and the canary
+    analysis match exactly; the label's values are the configured tenants only (any other
+    prefix, as an unauthenticated caller's name may carry, counts under ``""``), so its
+    cardinality is the configuration's."""
+
+    def __init__(self, requests: Counter, latency: Histogram, tenants: Collection[str]) -> None:
+        self.requests = requests
+        self.latency = latency
+        self.tenants = frozenset(tenants)
+
+    def tenant_of(self, model_key: str) -> str:
+        tenant, slash, _ = model_key.partition("/")
+        return tenant if slash and tenant in self.tenants else ""
+
+    def collect(self) -> Iterator[Metric]:
+        counts: dict[tuple[str, str], float] = defaultdict(float)
+        for family in self.requests.collect():
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    counts[(self.tenant_of(s.labels["model"]), s.labels["code"])] += s.value
+        requests = CounterMetricFamily(
+            "tenant_inference_requests",
+            "Inference requests by tenant and result",
+            labels=["tenant", "code"],
+        )
+        for (tenant, code), value in sorted(counts.items()):
+            requests.add_metric([tenant, code], value)
+        buckets: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        sums: dict[str, float] = defaultdict(float)
+        for family in self.latency.collect():
+            for s in family.samples:
+                tenant = self.tenant_of(s.labels["model"])
+                if s.name.endswith("_bucket"):
+                    buckets[tenant][s.labels["le"]] += s.value  # same bounds for every model
+                elif s.name.endswith("_sum"):
+                    sums[tenant] += s.value
+        latency = HistogramMetricFamily(
+            "tenant_inference_request_duration_seconds",
+            "Inference request latency by tenant",
+            labels=["tenant"],
+        )
+        for tenant in sorted(buckets):
+            latency.add_metric([tenant], list(buckets[tenant].items()), sums[tenant])
+        yield from (requests, latency)
 
 
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -105,6 +162,20 @@ class ServerMetrics:
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
+
+        self.rate_limited = Counter(
+            "tenant_rate_limited",
+            "Inference requests refused (429) for their tenant's rate limit",
+            ["tenant"],
+            registry=r,
+        )
+
+    def watch_tenants(self, tenants: Collection[str], limited: Collection[str]) -> None:
+        """Report the per-tenant request sums of ``tenants``, and ``rate_limited`` from
+        zero for each tenant with a rate limit (so that ``increase()`` sees the first)."""
+        self.registry.register(TenantRequests(self.requests, self.request_latency, tenants))
+        for tenant in limited:
+            self.rate_limited.labels(tenant)
 
     def watch_versions(self, rows: Callable[[], Iterable[VersionRow]]) -> None:
         """Report the loaded versions that ``rows`` yields at every scrape."""
