@@ -194,6 +194,19 @@ def test_fewer_requests_than_asked_is_inconclusive_not_a_failure() -> None:
     assert check.result is Result.INCONCLUSIVE and "fewer than minRequests 50" in check.message
 
 
+def test_shadow_engine_time_without_a_stable_reference_is_inconclusive() -> None:
+    """Under dynamic batching the stable version may run every request in a batch: it
+    then has no engine time of one request, and a shadowed candidate of any speed would
+    pass unjudged."""
+    sp = spec({}, minRequests=10).canary.analysis
+    assert sp is not None
+    unjudged = Figures(0, 0, 40, 40, 0.5, None, None, None, 0, engine_time=True)
+    check = judge(unjudged, sp, 30)
+    assert check.result is Result.INCONCLUSIVE and "stable version alone" in check.message
+    judged = Figures(0, 0, 40, 40, 0.5, 0.1, None, None, 0, engine_time=True)
+    assert judge(judged, sp, 30).result is Result.FAILED
+
+
 # --- the planner ------------------------------------------------------------------------
 def test_an_in_pod_canary_carries_the_policy_passes_and_is_promoted() -> None:
     cluster = SimCluster(4, "v1")
@@ -401,3 +414,47 @@ def test_a_drift_threshold_no_drift_could_exceed_is_refused() -> None:
 
     with pytest.raises(SpecError, match="maxOutputDrift"):
         spec({"shadowPercent": 20}, maxOutputDrift=canary.MAX_DRIFT_THRESHOLD * 2)
+
+
+async def test_prometheus_one_live_answer_too_many_in_a_shadow_only_window_is_engine_time() -> None:
+    """Prometheus' extrapolating increase() (or a scrape between the two counters) can
+    read one more request of the candidate than its shadow runs in a window where it
+    answered no client: with no live answer timed, latency is still engine time, and a
+    candidate 20x slower fails."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from model_operator.analysis_sources import query_prometheus
+    from model_operator.spec import AnalysisSpec, PrometheusSpec
+
+    def value(q: str) -> float | None:
+        cand = 'version="v2"' in q
+        if canary.REQUESTS in q and "code=~" in q:
+            return 0.0
+        if canary.REQUESTS in q:
+            return 41.0 if cand else 40.0
+        if canary.SHADOW_REQUESTS in q:
+            return 40.0 if cand else 0.0
+        if canary.SHADOW_LATENCY in q:
+            return 0.200 if cand else None
+        if canary.ENGINE_LATENCY in q:
+            return 0.010
+        if canary.LATENCY in q:
+            return None if cand else 0.015  # no live answer of the candidate was timed
+        return None
+
+    async def query(request: web.Request) -> web.Response:
+        v = value(request.query["query"])
+        result = [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    async with TestServer(app) as server:
+        spec = PrometheusSpec(str(server.make_url("/")))
+        got = await query_prometheus(spec, "ns", "mlp", ("v1", "v2"), 60.0, 0.0)
+    assert got.figures is not None and got.figures.engine_time
+    check = judge(got.figures, AnalysisSpec(min_requests=10, max_latency_ratio=1.5), 60.0)
+    assert check.result is Result.FAILED, check.message

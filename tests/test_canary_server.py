@@ -143,8 +143,10 @@ async def test_the_traffic_op_sets_a_policy_and_answers_with_the_status(
 ) -> None:
     sock = server_config.control_socket
     answer = await canary_of_v2(sock, repo, percent=10, shadow=20)
+    held = {"stable": "v1", "candidate": "v2", "trafficPercent": 10, "shadowPercent": 20}
     assert answer == {"ok": True, "model": "mlp", "version": "v2",
-                      "sha256": repo[1]["v2"].sha256, "loaded": ["v1", "v2"]}  # fmt: skip
+                      "sha256": repo[1]["v2"].sha256, "loaded": ["v1", "v2"],
+                      "policy": held}  # fmt: skip
     health = await (await client.get("/v1/models/mlp/health")).json()
     assert health["traffic"] == {"stable": "v1", "candidate": "v2", "trafficPercent": 10,
                                  "shadowPercent": 20}  # fmt: skip
@@ -790,6 +792,71 @@ async def test_every_engine_run_live_or_shadow_is_timed_in_its_versions_series(
     assert top == n
 
 
+async def test_a_shadow_run_in_flight_counts_in_neither_requests_nor_shadow_requests(
+    repo, server_config: ServerConfig
+) -> None:
+    """Analysis takes the candidate's live answers as REQUESTS less SHADOW_REQUESTS: a
+    scrape while a shadow run is in flight must not see one counted and not the other
+    (a phantom live answer would switch latency to request time and skip the check)."""
+    backend = Rigged()
+    async with serving(server_config, backend, shadow_max_in_flight=4) as (client, server):
+        sock = server_config.control_socket
+        assert (await ask(sock, load_with_policy(repo[1]["v2"], percent=0, shadow=100)))["ok"]
+        gate = backend.gate("v2")  # the candidate's shadow run waits here
+        x = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
+        assert (await client.post("/v2/models/mlp/infer", json=infer_body(x))).status == 200
+        deadline = asyncio.get_running_loop().time() + 30
+        while backend.waiting["v2"] < 1:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        during = await metrics(client)
+        gate.set()
+        await server.shadows.idle()
+        after = await metrics(client)
+    v2 = {"model": "mlp", "version": "v2"}
+    for found, counted in ((during, 0), (after, 1)):
+        assert sample(found, canary.SHADOW_REQUESTS, **v2) == counted
+        assert sample(found, canary.REQUESTS, code="200", **v2) == counted
+
+
+async def test_a_run_of_several_batched_requests_is_not_timed_as_engine_time(
+    repo, server_config: ServerConfig
+) -> None:
+    """A shadow run is one request's: the stable version's ENGINE_LATENCY, what it is
+    compared with, must be too. A batched run's time is that of all its rows, so only
+    the runs of one request are observed (here every request is one row: the runs of
+    one row in the batch-size histogram)."""
+    backend = Rigged()
+    async with serving(server_config, backend, max_batch_size=16, max_queue_delay_us=200_000) as (
+        client,
+        _,
+    ):
+        gate = backend.gate("v1")  # the first run waits, so the next requests queue up
+        x = np.random.default_rng(3).standard_normal((1, 8)).astype(np.float32)
+
+        async def one() -> None:
+            r = await client.post("/v2/models/mlp/infer", json=infer_body(x))
+            assert r.status == 200
+
+        first = asyncio.ensure_future(one())
+        deadline = asyncio.get_running_loop().time() + 30
+        while backend.waiting["v1"] < 1:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        rest = asyncio.gather(*(one() for _ in range(8)))
+        await asyncio.sleep(0.05)  # let them reach the queue (not a timed assertion)
+        gate.set()
+        await asyncio.gather(first, rest)
+        for _ in range(4):
+            await one()  # alone: a run of one request
+        found = await metrics(client)
+    runs = sample(found, "inference_batch_size_count", model="mlp")
+    alone = sample(found, "inference_batch_size_bucket", model="mlp", le="1.0")
+    assert runs > alone >= 5, (runs, alone)  # some batched runs, and the runs alone
+    timed = sample(found, f"{canary.ENGINE_LATENCY}_count", model="mlp", version="v1")
+    assert timed == alone
+
+
 # --- a restarted server resumes the policy of its volume --------------------------------
 
 
@@ -949,3 +1016,73 @@ async def test_loading_a_canary_that_serves_under_its_traffic_file_changes_nothi
     admin = [(e["action"], e["version"], e["result"]) for e in server.audit.events
              if e["who"] == "admin"]  # fmt: skip
     assert admin == [("load", "v2", "noop")]
+
+
+class GatedLoads(OnnxRuntimeBackend):
+    """ONNX Runtime, whose loads of ``v2`` wait until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def load(self, model: ModelFile) -> Engine:
+        if model.path.parent.name == "v2":
+            assert self.gate.wait(60), "the test never let the load of v2 end"
+        return super().load(model)
+
+
+@pytest.mark.parametrize("overtaker", ["sidecar rollback", "load of the serving version"])
+async def test_a_load_with_a_policy_is_not_installed_after_a_request_to_stay_on_stable(
+    tmp_path: Path, overtaker: str
+) -> None:
+    """Review 11 #4: the canary's load (with its policy) outlives the sidecar's load
+    timeout, then the pod goes back to the stable version, which serves already: nothing
+    is swapped, but the clear of the policy (the sidecar's rollback) or a load of the
+    serving version says the load in progress is no longer wanted: when it ends it is
+    not installed (overtaken, its engine closed) and the stable version keeps serving."""
+    from model_sidecar.store import LocalStore
+    from sidecar_helpers import (
+        make_fetcher,
+        make_keys,
+        make_watcher,
+        publish_versions,
+        set_target,
+    )
+
+    policy = TrafficPolicy("v1", "v2", traffic_percent=50)
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    publish_versions(store, keys, tmp_path, {"v1": 1, "v2": 2})
+    volume, podinfo, sock = tmp_path / "volume", tmp_path / "annotations", tmp_path / "c.sock"
+    fetcher = make_fetcher(store, keys, volume)
+    await fetcher.fetch("mlp", "v1")
+    (volume / "mlp" / CURRENT_FILE).write_text("v1\n")
+    backend = GatedLoads()
+    config = ServerConfig(repository=volume, models=[ModelSpec("mlp")], control_socket=sock)
+    server = ModelServer(config, backend)
+    async with TestClient(TestServer(server.make_app())) as client:
+        watcher = make_watcher(fetcher, sock, podinfo, tmp_path / "s.json", load_timeout_s=0.5)
+        set_target(podinfo, "v1")
+        assert await watcher.step() == "ok"
+        slot = server.manager.slot("mlp")
+        backend.gate.clear()
+        set_target(podinfo, "v2", policy)  # the canary stage
+        assert await watcher.step() == "error"  # load timeout: the server still loads v2
+        assert slot.states()["v2"].state.value == "LOADING"
+        if overtaker == "sidecar rollback":
+            set_target(podinfo, "v1")
+            assert await watcher.step() == "ok"  # serving v1 already: the policy cleared
+        else:
+            noop = await server.manager.load("mlp", "v1")  # serving: nothing to swap
+            assert (noop.from_version, noop.to_version) == ("v1", "v1")
+        backend.gate.set()
+        while slot.states()["v2"].state.value == "LOADING":
+            await asyncio.sleep(0.02)
+        health = await (await client.get("/v1/models/mlp/health")).json()
+        assert (health["version"], health["traffic"]) == ("v1", None)
+        assert slot.states()["v2"].state.value == "UNAVAILABLE"
+        assert "overtook it" in slot.states()["v2"].reason
+        assert [v.version for v in slot.loaded()] == ["v1"]
+        loads = [(e["version"], e["result"]) for e in server.audit.events if e["action"] == "load"]
+        assert loads[-1] == ("v2", "failure")

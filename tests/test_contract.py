@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_rollout_contract import argv, defaults
+from model_rollout_contract import argv, canary, defaults
 from model_rollout_contract.control import (
     ErrorReply,
     LoadRequest,
@@ -132,6 +132,8 @@ def test_control_messages_round_trip() -> None:
         SwapReply("m", None, "v1", 1.0, True),
         StatusReply("m", "v2", "a" * 64, ("v1", "v2")),
         StatusReply("m", None, None, ()),
+        StatusReply("m", "v2", None, ("v1", "v2"), canary.TrafficPolicy("v1", "v2", 10, 20), True),
+        StatusReply("m", "v1", None, ("v1",), None, True),  # says: no policy held
         ErrorReply("nope", "load_refused"),
     ):
         assert parse_reply(encode(reply)) == reply
@@ -530,3 +532,15 @@ def test_traffic_policies_round_trip_and_refuse_what_is_malformed() -> None:
     )
     with pytest.raises(ProtocolError):
         parse_request(line)
+
+
+def test_a_status_reply_says_which_policy_the_server_holds_or_not_at_all() -> None:
+    """An older server's status has no ``policy``: not the same as one that holds none."""
+    older = parse_reply(b'{"ok": true, "model": "m", "version": "v2", "sha256": null, '
+                        b'"loaded": ["v1", "v2"]}')  # fmt: skip
+    assert isinstance(older, StatusReply) and not older.policy_reported
+    none = parse_reply(encode(StatusReply("m", "v2", None, ("v2",), None, True)))
+    assert isinstance(none, StatusReply) and none.policy_reported and none.policy is None
+    with pytest.raises(ProtocolError, match="'policy'"):
+        parse_reply(b'{"ok": true, "model": "m", "version": "v2", "sha256": null, '
+                    b'"loaded": ["v2"], "policy": {"stable": "v1"}}')  # fmt: skip

@@ -395,7 +395,7 @@ async def test_retention_keeps_the_stable_version_a_policy_names(pod: Pod) -> No
     assert await pod.answered_by() == {"v1"}
 
 
-async def test_a_policy_lost_without_a_sign_in_the_status_is_sent_again_each_heartbeat(
+async def test_a_policy_lost_is_sent_again_when_the_status_shows_it_or_each_heartbeat(
     pod: Pod,
 ) -> None:
     await pod.start("v1")
@@ -403,11 +403,19 @@ async def test_a_policy_lost_without_a_sign_in_the_status_is_sent_again_each_hea
     assert await pod.watcher.step() == "ok"
     clear = {"op": "traffic", "model": "mlp", "stable": None, "candidate": None}
     assert (await ask(pod.socket, clear))["ok"] is True  # behind the sidecar's back
+    assert await pod.watcher.step() == "ok"  # the status shows no policy: sent at once
+    assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
+    # a loss the status cannot show (a server older than its policy field): the heartbeat
+    older = await relay_as_an_older_server(pod.socket, pod.socket.with_name("older.sock"))
+    pod.watcher.control = RecordingControl(pod.socket.with_name("older.sock"))
+    assert (await ask(pod.socket, clear))["ok"] is True
     assert await pod.watcher.step() == "ok"  # the status shows nothing: not due yet
     assert (await pod.health())["traffic"] is None
     pod.watcher.relay.resend_s = 0.0  # the heartbeat period has passed
     assert await pod.watcher.step() == "ok"
     assert (await pod.health())["traffic"] == ALL_STABLE.to_json()
+    older.close()
+    await older.wait_closed()
 
 
 async def test_a_server_that_cannot_hold_both_versions_is_an_error_and_keeps_the_stable(
@@ -597,3 +605,57 @@ def test_the_sidecar_process_relays_the_policy_to_a_server_process_across_its_cr
         sidecar.stop()
         server.stop()
     assert "Traceback" not in sidecar.log_path.read_text()
+
+
+async def relay_as_an_older_server(real: Path, listen: Path) -> asyncio.AbstractServer:
+    """A control socket at ``listen`` that speaks the protocol of the release before the
+    load carried a policy and the status showed one, in front of the real server at
+    ``real``: a load's policy fields are dropped (as that server ignored them) and the
+    replies lose ``policy``; everything else passes through unchanged."""
+    policy_fields = ("stable", "candidate", "traffic_percent", "shadow_percent")
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_unix_connection(str(real))
+        try:
+            while line := await reader.readline():
+                request = json.loads(line)
+                if request.get("op") == "load":
+                    request = {k: v for k, v in request.items() if k not in policy_fields}
+                up_writer.write(json.dumps(request).encode() + b"\n")
+                reply = json.loads(await up_reader.readline())
+                reply.pop("policy", None)
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        finally:
+            up_writer.close()
+            writer.close()
+
+    return await asyncio.start_unix_server(serve, path=str(listen))
+
+
+async def test_a_server_that_ignores_the_loads_policy_gets_it_with_the_traffic_op_at_once(
+    pod: Pod, tmp_path: Path
+) -> None:
+    """Review 11 #3: a new sidecar beside a server of the previous release, which ignores
+    the policy a canary's load carries: the sidecar does not take the load's answer for
+    the policy set (that server's status does not show it), and sends it with the
+    ``traffic`` op in the same cycle, so the candidate does not answer outside its share
+    until a heartbeat resend."""
+    await pod.start("v1")
+    older = await relay_as_an_older_server(pod.socket, tmp_path / "older.sock")
+    try:
+        control = RecordingControl(tmp_path / "older.sock")
+        pod.watcher.control = control
+        set_target(pod.podinfo, "v1")
+        assert await pod.watcher.step() == "ok"
+        set_target(pod.podinfo, "v2", ALL_STABLE)
+        assert await pod.watcher.step() == "ok"
+        assert control.swaps() == [("load", "v2", ALL_STABLE), ("traffic", None, ALL_STABLE)]
+        health = await pod.health()
+        assert (health["version"], health["traffic"]) == ("v2", ALL_STABLE.to_json())
+        assert await pod.answered_by() == {"v1"}
+        assert await pod.watcher.step() == "ok"  # taken now: not sent again
+        assert control.swaps() == [("load", "v2", ALL_STABLE), ("traffic", None, ALL_STABLE)]
+    finally:
+        older.close()
+        await older.wait_closed()

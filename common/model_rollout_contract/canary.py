@@ -91,11 +91,16 @@ class TrafficPolicy:
 # every series is labelled {model, version}; counters are cumulative since the version
 # was loaded, so analysis works on the difference between two scrapes
 # + label code: "200", "400", "500", ...; a shadow run counts too (200, or 500 when the
-# candidate failed), as one of SHADOW_REQUESTS: live answers are the difference
+# candidate failed), as one of SHADOW_REQUESTS: live answers are the difference (both
+# are counted when the run ends, so a run in flight counts in neither)
 REQUESTS = "model_version_requests_total"
 LATENCY = "model_version_request_duration_seconds"  # histogram
-# histogram: the engine's own time per run, live or shadow (no queueing, no JSON): what a
-# shadowed candidate's SHADOW_LATENCY is compared with, since a shadow run has no request
+# histogram: the engine's own time per run of one request, live or shadow (no queueing,
+# no JSON): what a shadowed candidate's SHADOW_LATENCY is compared with, since a shadow
+# run has no request. A run of several requests batched together (dynamic batching) is
+# not observed: its time is that of all their rows, not like one shadow run; with every
+# request batched the stable version has no engine time and latency is not judged
+# (a batch of one request, or a request run alone after its batch failed, counts)
 ENGINE_LATENCY = "model_version_engine_duration_seconds"
 OUTPUT_VALUES = "model_version_output_values_total"  # output values seen
 OUTPUT_NONFINITE = "model_version_output_nonfinite_total"  # of which NaN or ±Inf

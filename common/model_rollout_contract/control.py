@@ -16,7 +16,9 @@ Replies::
 
     {"ok": true, "model": "m", "from": "v1", "to": "v2", "duration_ms": 812.5,
      "instant": false}                                        (load, rollback)
-    {"ok": true, "model": "m", "version": "v2", "sha256": "<hex>", "loaded": ["v1", "v2"]}
+    {"ok": true, "model": "m", "version": "v2", "sha256": "<hex>", "loaded": ["v1", "v2"],
+     "policy": {"stable": "v1", "candidate": "v2", "trafficPercent": 10,
+                "shadowPercent": 20}}    (status, traffic; "policy" null: none held)
     {"ok": false, "error": "why", "code": "load_refused"}
 """
 
@@ -144,10 +146,18 @@ class StatusReply:
     version: str | None  # serving, or None before the first load
     sha256: str | None
     loaded: tuple[str, ...]  # every version held, the serving one included
+    # the traffic policy the server holds; only said when ``policy_reported``: a server
+    # older than this field ignores the policy a load carries, so a sidecar that does not
+    # see it confirmed sends it with the ``traffic`` op
+    policy: TrafficPolicy | None = None
+    policy_reported: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": True, "model": self.model, "version": self.version,
+        body = {"ok": True, "model": self.model, "version": self.version,
                 "sha256": self.sha256, "loaded": list(self.loaded)}  # fmt: skip
+        if self.policy_reported:
+            body["policy"] = self.policy.to_json() if self.policy is not None else None
+        return body
 
 
 # the ErrorReply code of a connection over the server's bound: nothing was done, try again
@@ -243,6 +253,17 @@ def _typed(raw: dict[str, Any], key: str, kinds: tuple[type, ...]) -> Any:
     return value
 
 
+def _held_policy(raw: dict[str, Any]) -> TrafficPolicy | None:
+    """The ``policy`` of a status reply (absent or null: none)."""
+    held = raw.get("policy")
+    if held is None:
+        return None
+    try:
+        return TrafficPolicy.from_json(held)
+    except InvalidPolicy as exc:
+        raise ProtocolError(f"malformed reply: 'policy': {_shown(str(exc))}") from exc
+
+
 def parse_reply(line: bytes) -> Reply:
     raw = _object(line)
     if raw.get("ok") is not True:
@@ -258,6 +279,8 @@ def parse_reply(line: bytes) -> Reply:
             _typed(raw, "version", optional_text),
             _typed(raw, "sha256", optional_text),
             tuple(loaded),
+            _held_policy(raw),
+            "policy" in raw,
         )
     try:
         duration = float(_typed(raw, "duration_ms", (int, float)))

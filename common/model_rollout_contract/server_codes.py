@@ -37,6 +37,7 @@ TRANSIENT = frozenset(
         "not_ready",
         "unavailable",
         "busy",  # the control socket's connection bound (control.BUSY)
+        "rate_limited",  # a tenant over its request rate: retry after Retry-After
     }
 )
 

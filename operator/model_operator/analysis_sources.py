@@ -16,7 +16,13 @@ from model_rollout_contract import canary
 from model_rollout_contract.defaults import SERVER_PORT
 
 from .analysis import Sample
-from .canary_metrics import Figures, MetricsFormatError, Snapshot, parse_metrics
+from .canary_metrics import (
+    Figures,
+    MetricsFormatError,
+    Snapshot,
+    compares_engine_time,
+    parse_metrics,
+)
 from .pods import PodView
 from .spec import ModelDeploymentSpec, PrometheusSpec
 
@@ -193,7 +199,7 @@ async def query_prometheus(
 
     shadowed = count(f"shadowRequests:{candidate}")
     live = max(0, count(f"requests:{candidate}") - shadowed)  # requests counts shadow runs
-    engine_time = shadowed > 0 and not live
+    engine_time = compares_engine_time(shadowed, live, got[f"latencyP99:{candidate}"])
     return Sample(
         at,
         figures=Figures(

@@ -173,6 +173,15 @@ class Figures:
         return self.candidate_p99 / self.stable_p99
 
 
+def compares_engine_time(shadowed: int, live: int, live_p99: float | None) -> bool:
+    """Whether latency is judged as engine time: shadow runs, and no live answer of the
+    candidate, or none that was timed (``live_p99`` None). The second guards the count:
+    live answers are REQUESTS less SHADOW_REQUESTS, which Prometheus' extrapolating
+    ``increase()`` (or a scrape between the two counters) can leave at one where the
+    candidate answered no client, and request time would then skip the check."""
+    return shadowed > 0 and (live == 0 or live_p99 is None)
+
+
 def figures(window: Mapping[str, Series], stable: str, candidate: str) -> Figures:
     """The figures of one interval, from :func:`increase` of two snapshots. Latency
     compares like with like: the candidate's live answers with the stable version's
@@ -181,7 +190,9 @@ def figures(window: Mapping[str, Series], stable: str, candidate: str) -> Figure
     cand, base = window.get(candidate, {}), window.get(stable, {})
     shadowed = round(_sum(cand, canary.SHADOW_REQUESTS))
     live = max(0, round(_sum(cand, canary.REQUESTS)) - shadowed)  # REQUESTS counts shadows
-    engine_time = shadowed > 0 and not live
+    engine_time = compares_engine_time(
+        shadowed, live, quantile(0.99, buckets(cand, canary.LATENCY))
+    )
     if engine_time:
         latency = buckets(cand, canary.SHADOW_LATENCY)
         reference = buckets(base, canary.ENGINE_LATENCY)

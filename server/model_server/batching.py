@@ -159,10 +159,11 @@ def run_batch(version: LoadedVersion, requests: Sequence[Feeds], rows: Sequence[
     total = sum(rows)
     feeds = {name: np.concatenate([r[name] for r in requests], axis=0) for name in requests[0]}
     try:
-        # timed, but its outputs counted in the version's series only once they are
-        # known to split (LoadedVersion.infer would count them now, and again when the
-        # requests are run one by one)
-        outputs = version.run_engine(feeds)
+        # not timed (ENGINE_LATENCY is of one request's runs, as a shadow run is), and its
+        # outputs counted in the version's series only once they are known to split
+        # (LoadedVersion.infer would count them now, and again when the requests are run
+        # one by one)
+        outputs = version.run_engine(feeds, timed=False)
     except Exception as exc:
         log.info(
             "a batch of %d requests on %s:%s failed (%s); running them one by one",

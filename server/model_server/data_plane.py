@@ -251,6 +251,8 @@ class DataPlane:
             current.version if current else None,
             current.sha256 if current else None,
             tuple(v.version for v in slot.loaded()),
+            slot.policy,
+            policy_reported=True,
         )
 
     def namespace_keys(self, tenant: str | None) -> list[str]:
@@ -384,6 +386,7 @@ class DataPlane:
         """Set (or clear, ``None``) the model's traffic policy; see ``ModelSlot.set_policy``.
         The policy it has already is a no-op (not audited again): a sidecar may repeat it."""
         slot = self.manager.slot(key)
+        slot.overtake_loads()  # whatever it sets: a load in progress is not swapped in
         if policy == slot.policy:
             return self.status(key)
         detail = policy.to_annotation() if policy else "cleared"

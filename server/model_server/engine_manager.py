@@ -5,7 +5,9 @@ reporting of what happened (:mod:`.reporting`).
 A new version is loaded *beside* the serving one, warmed up, and only then swapped in by
 replacing one reference under a lock held for a few instructions. Up to ``retain``
 versions stay loaded, so rolling back to one of them is a pointer swap, and such a swap
-never waits for a load in progress: a load that a swap overtook is not installed.
+never waits for a load in progress: a load that a swap overtook is not installed, nor one
+overtaken by a request to keep the serving version (a load or rollback of it) or by a
+traffic policy set or cleared meanwhile (``ModelSlot.overtake_loads``).
 
 A load may carry a canary's traffic policy (its candidate is the loaded version): the
 policy is checked before any work, set in the same step as the swap, and the policy's
@@ -211,12 +213,12 @@ class EngineManager:
                 await self._restore(slot, version, reservation.evicted)
             raise event.failed(exc) from None
         reservation.release()  # the loaded version's memory is now counted as held
-        if slot.generation != generation:  # a rollback or a swap overtook this load
+        if slot.generation != generation:  # a swap, rollback or policy change overtook it
             loaded.engine.close()
             current = slot.current.version if slot.current else None
             overtaken = Conflict(
-                f"{slot.key}:{version} loaded but not swapped in: {current} was swapped in "
-                "while it loaded"
+                f"{slot.key}:{version} loaded but not swapped in: a later request (a swap, a "
+                f"rollback or a traffic policy change) overtook it; serving {current}"
             )
             slot.refused(version, overtaken.message)
             await self._restore(slot, version, reservation.evicted)
@@ -307,6 +309,7 @@ class EngineManager:
         event = _Event(self, slot, target.version, who, source, started, action)
         try:
             if target is slot.current:
+                slot.overtake_loads()  # keeping this version is not the load in progress
                 if policy is not None and policy != slot.policy:
                     slot.set_policy(policy)
                     self._audit_policy(slot, policy, event)

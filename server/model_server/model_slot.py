@@ -76,14 +76,19 @@ class LoadedVersion:
     def __post_init__(self) -> None:
         self.metrics = VersionMetrics(self.model, self.version)
 
-    def run_engine(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_engine(
+        self, feeds: Mapping[str, np.ndarray], *, timed: bool = True
+    ) -> dict[str, np.ndarray]:
         """Run the engine (on the caller's thread) and count its time in this version's
-        series (``ENGINE_LATENCY``): every run, live, batched or shadow, so that a
-        shadowed candidate's time can be compared with the stable version's. A run
-        that raises is not timed."""
+        series (``ENGINE_LATENCY``), so that a shadowed candidate's time, one request per
+        run, can be compared with the stable version's: every run of one request, live
+        or shadow. A run of several requests batched together (``timed=False``) is not
+        timed: its time is that of all their rows, not like one shadow run. A run that
+        raises is not timed."""
         started = time.perf_counter()
         outputs = self.engine.infer(feeds)
-        self.metrics.engine_latency.observe(time.perf_counter() - started)
+        if timed:
+            self.metrics.engine_latency.observe(time.perf_counter() - started)
         return outputs
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,7 +112,9 @@ class ModelSlot:
         self._states: dict[str, VersionStatus] = {}
         # one full load per model at a time; swaps to retained versions never wait for it
         self.load_lock = asyncio.Lock()
-        self.generation = 0  # counts swaps: a load that sees it change was overtaken
+        # counts what a load in progress must not outlast: swaps, and requests for another
+        # serving state (overtake_loads); a load that sees it change is not swapped in
+        self.generation = 0
         self.closed_versions: list[str] = []  # for observability and tests
         self._policy: TrafficPolicy | None = None
 
@@ -165,6 +172,13 @@ class ModelSlot:
         with self._lock:
             if version not in self._loaded:
                 self._set_state(version, VersionState.UNAVAILABLE, reason)
+
+    def overtake_loads(self) -> None:
+        """A request asked for a serving state other than a load in progress would give
+        (a traffic policy set or cleared, the serving version kept): that load, when it
+        ends, is not swapped in."""
+        with self._lock:
+            self.generation += 1
 
     @property
     def policy(self) -> TrafficPolicy | None:

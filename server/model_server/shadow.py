@@ -9,7 +9,9 @@ memory. A run pins the candidate like a request, so its engine stays open until 
 ends. What a run finds goes to the candidate's series (:mod:`.version_metrics`): the
 largest absolute difference (``SHADOW_DRIFT``), the argmax agreement of 2-D class-score
 outputs, its latency, its outputs, and a request counted 200, or 500 when the candidate
-failed; the client's answer is never affected."""
+failed, with its ``SHADOW_REQUESTS``, both once the run has ended (analysis takes live
+answers as the difference, so a run in flight at a scrape must count in neither); the
+client's answer is never affected."""
 
 from __future__ import annotations
 
@@ -83,11 +85,11 @@ def _run(candidate: LoadedVersion, job: ShadowJob) -> None:
     try:
         outputs = candidate.infer(job.feeds)
     except Exception as exc:  # the runtime can raise anything; the client is unaffected
-        metrics.request("500", None)
+        metrics.shadow_request("500")
         log.debug("shadow run of %s:%s failed: %s", candidate.model, candidate.version, exc)
         return
     metrics.shadow_latency.observe(time.perf_counter() - started)
-    metrics.request("200", None)  # outputs were counted by candidate.infer
+    metrics.shadow_request("200")  # outputs were counted by candidate.infer
     found = compare(job.stable_outputs, outputs)
     metrics.shadow_drift.observe(found.drift)
     if found.argmax_compared:
@@ -127,7 +129,6 @@ class ShadowRunner:
     async def _shadow(self, job: ShadowJob) -> None:
         try:
             with job.slot.pin(job.candidate) as candidate:
-                candidate.metrics.shadow_requests.inc()
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._threads, _run, candidate, job)
         except VersionNotFound:

@@ -123,6 +123,13 @@ class VersionMetrics:
         if seconds is not None:
             self.latency.observe(seconds)
 
+    def shadow_request(self, code: str) -> None:
+        """One shadow run ended: counted as one of ``SHADOW_REQUESTS`` and of ``REQUESTS``
+        together (the shadow one first, so a scrape in between never sees a live answer
+        that was not), since analysis takes live answers as the difference."""
+        self.shadow_requests.inc()
+        self.request(code, None)
+
     def outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
         values, nonfinite, total, squares = output_statistics(outputs)
         if values:

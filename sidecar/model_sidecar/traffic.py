@@ -17,8 +17,14 @@ swapped in with the policy. A server that lost the stable version (one restarted
 ``TRAFFIC``, say) is given it back the same way (:meth:`PolicyRelay.hold_stable`):
 stable first, then the candidate and the policy in one step, never the candidate alone.
 
-When to send: the server's status does not say which policy it holds, so the relay
-sends when what it wants differs from what the server last accepted; when the server's
+A load's policy counts as taken only when the server's status after it shows that very
+policy (``StatusReply.policy``): a server older than that field ignores the policy a load
+carries and shows none, so the relay sends it with the ``traffic`` op at once, which such
+a server supports; the candidate then answers outside the policy's share only between
+the two replies.
+
+When to send: when the server's status shows a policy other than the one wanted; when
+what the relay wants differs from what the server last accepted; when the server's
 status (serving version, versions held) differs from what it showed after that — a
 restarted server holds less, and the stable version given back to it is a change too;
 at the first cycle of a sidecar (the server may hold a policy from before it started:
@@ -73,6 +79,8 @@ class PolicyRelay:
     def due(self, wanted: TrafficPolicy | None, status: StatusReply) -> bool:
         if not self._known or wanted != self._sent:
             return True
+        if status.policy_reported and status.policy != wanted:
+            return True
         if wanted is None:
             return False
         return _view(status) != self._seen or time.monotonic() - self._sent_at >= self.resend_s
@@ -82,11 +90,14 @@ class PolicyRelay:
         self._known = False
 
     def loaded_with(self, policy: TrafficPolicy | None, status: StatusReply | None) -> None:
-        """A load carrying ``policy`` was answered; ``status``: the server's after it
-        (``None``: not known, so the policy is sent again)."""
-        if policy is not None and status is not None:
+        """A load carrying ``policy`` was answered; ``status``: the server's after it.
+        The policy is taken only if that status shows it (``None``, a status that shows
+        another policy or none, one of a server that does not say: it is sent again)."""
+        if policy is None:
+            return
+        if status is not None and status.policy_reported and status.policy == policy:
             self._accepted(policy, status)
-        elif policy is not None:
+        else:
             self.forget()
 
     async def sync(
@@ -167,5 +178,5 @@ class PolicyRelay:
                 f"{policy.to_annotation()} (it serves the stable {policy.stable}): {back.error}",
             )
         status = await control.status(model)
-        self._accepted(policy, status)
+        self.loaded_with(policy, status)  # not shown there: the caller's sync sends it
         return status
