@@ -30,6 +30,7 @@ from .http_body import read_body
 from .http_codec import HttpInferBody
 from .metrics import ServerMetrics
 from .repository import model_key
+from .tensors import parameters_of
 from .v2_codec import parse_json
 
 log = logging.getLogger(__name__)
@@ -114,13 +115,6 @@ async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest(f"{what}: the body must be a JSON object")
     return body
-
-
-def _parameters(body: dict[str, Any], what: str) -> dict[str, Any]:
-    parameters = body.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise BadRequest(f"{what}: 'parameters' must be an object")
-    return parameters
 
 
 def _admin_model(request: web.Request) -> str:
@@ -281,7 +275,7 @@ async def repository_index(request: web.Request) -> web.Response:
 async def repository_load(request: web.Request) -> web.Response:
     who = request.app[POLICY].check_admin(request.headers)
     key = _repository_model(request)
-    parameters = _parameters(await _json_object(request, "load"), "load")
+    parameters = parameters_of(await _json_object(request, "load"), "load")
     reply = await request.app[PLANE].repository_load(key, Caller(who, "http"), parameters)
     return web.json_response({"status": "ok", **reply})
 
@@ -289,7 +283,7 @@ async def repository_load(request: web.Request) -> web.Response:
 async def repository_unload(request: web.Request) -> web.Response:
     who = request.app[POLICY].check_admin(request.headers)
     key = _repository_model(request)
-    parameters = _parameters(await _json_object(request, "unload"), "unload")
+    parameters = parameters_of(await _json_object(request, "unload"), "unload")
     reply = await request.app[PLANE].repository_unload(key, Caller(who, "http"), parameters)
     return web.json_response({"status": "ok", **reply})
 

@@ -230,7 +230,8 @@ class DecodedInputs:
     binary: tuple[BinaryInput, ...] = ()  # the others, in the order their bytes follow
 
 
-def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
+def parameters_of(item: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A body's (or tensor's) ``parameters`` object, ``{}`` when absent."""
     parameters = item.get("parameters", {})
     if not isinstance(parameters, dict):
         raise BadRequest(f"{what}: 'parameters' must be an object")
@@ -263,7 +264,7 @@ def decode_input_list(body: Any, specs: tuple[TensorSpec, ...]) -> DecodedInputs
         name = item.get("name")
         dtype, shape = checker.check(name, item.get("datatype"), item.get("shape"))
         assert isinstance(name, str)  # checked
-        size = _binary_size(_parameters(item, f"input {name!r}"), name)
+        size = _binary_size(parameters_of(item, f"input {name!r}"), name)
         data = item.get("data")
         if size is not None:
             if data is not None:

@@ -19,7 +19,13 @@ import orjson
 
 from .backends.base import TensorSpec
 from .errors import BadRequest, UnsupportedMediaType
-from .tensors import BinaryInput, BinaryOutput, decode_input_list, encode_outputs
+from .tensors import (
+    BinaryInput,
+    BinaryOutput,
+    decode_input_list,
+    encode_outputs,
+    parameters_of,
+)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -90,13 +96,6 @@ def _flag(parameters: Mapping[str, Any], key: str, what: str) -> bool | None:
     return value
 
 
-def _parameters(holder: Mapping[str, Any], what: str) -> Mapping[str, Any]:
-    parameters = holder.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise BadRequest(f"{what}: 'parameters' must be an object")
-    return parameters
-
-
 def _check_outputs(outputs: Any) -> None:
     """The requested outputs' form (their names are checked against the model's results
     once it has run): objects with a name and, if any, boolean ``binary_data``."""
@@ -108,7 +107,7 @@ def _check_outputs(outputs: Any) -> None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequest("each requested output must be an object with a 'name' string")
         what = f"output {item['name']!r}"
-        parameters = _parameters(item, what)
+        parameters = parameters_of(item, what)
         if "classification" in parameters:
             raise BadRequest(f"{what}: the classification extension is not supported")
         if "shared_memory_region" in parameters:
@@ -123,7 +122,7 @@ def decode_header(raw: Buffer, charset: str, specs: tuple[TensorSpec, ...]) -> D
     request_id = body.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
-    parameters = _parameters(body, "request")
+    parameters = parameters_of(body, "request")
     if parameters.get("sequence_id") not in (None, 0, ""):
         raise BadRequest("the sequence extension is not supported")
     binary_output = _flag(parameters, "binary_data_output", "request") or False

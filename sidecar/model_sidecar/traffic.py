@@ -45,7 +45,7 @@ from model_rollout_contract.server_codes import is_permanent
 
 from .control_client import ServerControl
 from .errors import PolicyNotApplied, SidecarError
-from .fetcher import Fetcher
+from .fetcher import Fetcher, LocalVersion
 
 log = logging.getLogger(__name__)
 View = tuple[str | None, frozenset[str]]  # what a status shows: serving, versions held
@@ -140,19 +140,24 @@ class PolicyRelay:
         model, stable = self.model, policy.stable
         log.info("%s: loading the stable %s before the candidate %s", model, stable,
                  policy.candidate)  # fmt: skip
-        try:
-            fetched = await fetcher.fetch(model, stable)
-        except SidecarError as exc:
-            raise PolicyNotApplied(
-                exc.code, f"the policy's stable {model}:{stable} is not usable: {exc.message}"
-            ) from exc
-        local = fetched.local
+        local = await self._usable(fetcher, stable, "stable")
         self.forget()  # whatever the answer, the server's versions change
         loaded = await control.load(model, stable, local.file, local.manifest.sha256)
         if isinstance(loaded, ErrorReply):
             raise PolicyNotApplied(
                 loaded.code, f"server did not load the stable {stable}: {loaded.error}"
             )
+
+    async def _usable(self, fetcher: Fetcher, version: str, role: str) -> LocalVersion:
+        """The policy's ``role`` version, verified on the volume (fetched if need be);
+        one that cannot be had raises ``PolicyNotApplied`` with the fetch's code."""
+        try:
+            return (await fetcher.fetch(self.model, version)).local
+        except SidecarError as exc:
+            raise PolicyNotApplied(
+                exc.code,
+                f"the policy's {role} {self.model}:{version} is not usable: {exc.message}",
+            ) from exc
 
     async def hold_stable(
         self, control: ServerControl, fetcher: Fetcher, policy: TrafficPolicy
@@ -163,13 +168,7 @@ class PolicyRelay:
         keeps too few versions, which it then says). Raises ``PolicyNotApplied``."""
         model, candidate = self.model, policy.candidate
         await self.load_stable(control, fetcher, policy)
-        try:
-            fetched = await fetcher.fetch(model, candidate)
-        except SidecarError as exc:
-            raise PolicyNotApplied(
-                exc.code, f"the policy's candidate {model}:{candidate} is not usable: {exc.message}"
-            ) from exc
-        local = fetched.local
+        local = await self._usable(fetcher, candidate, "candidate")
         back = await control.load(model, candidate, local.file, local.manifest.sha256, policy)
         if isinstance(back, ErrorReply):
             raise PolicyNotApplied(
