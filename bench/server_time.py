@@ -70,14 +70,28 @@ def request(protocol: str, in_dim: int) -> tuple[bytes, dict[str, str]]:
     }
 
 
-async def measure(url: str, protocol: str, in_dim: int, clients: int, seconds: float) -> dict:
+def server_total(urls: list[str]) -> tuple[float, float]:
+    """(sum, count) of the request-duration histograms of every server, added up."""
+    parts = [server_seconds(url, MODEL) for url in urls]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def batches_total(urls: list[str]) -> tuple[float, float]:
+    parts = [batch_histogram(url) for url in urls]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+async def measure(
+    urls: list[str], protocol: str, in_dim: int, clients: int, seconds: float
+) -> dict:
+    """``clients`` closed-loop clients, client i on server ``i % len(urls)``."""
     body, headers = request(protocol, in_dim)
     samples: list[tuple[float, float, int]] = []  # (when, latency, status)
     start = time.monotonic()
     stop = asyncio.Event()
     first_error: list[str] = []
 
-    async def client(session: aiohttp.ClientSession) -> None:
+    async def client(session: aiohttp.ClientSession, url: str) -> None:
         while not stop.is_set():
             t = time.perf_counter()
             async with session.post(
@@ -90,14 +104,14 @@ async def measure(url: str, protocol: str, in_dim: int, clients: int, seconds: f
 
     connector = aiohttp.TCPConnector(limit=clients * 2)
     async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [asyncio.create_task(client(session)) for _ in range(clients)]
+        tasks = [asyncio.create_task(client(session, urls[i % len(urls)])) for i in range(clients)]
         await asyncio.sleep(1.0)  # warm: every inference thread has run
-        before = await asyncio.to_thread(server_seconds, url, MODEL)
-        runs0, rows0 = await asyncio.to_thread(batch_histogram, url)
+        before = await asyncio.to_thread(server_total, urls)
+        runs0, rows0 = await asyncio.to_thread(batches_total, urls)
         t0 = time.monotonic() - start
         await asyncio.sleep(seconds)
-        after = await asyncio.to_thread(server_seconds, url, MODEL)
-        runs1, rows1 = await asyncio.to_thread(batch_histogram, url)
+        after = await asyncio.to_thread(server_total, urls)
+        runs1, rows1 = await asyncio.to_thread(batches_total, urls)
         t1 = time.monotonic() - start
         stop.set()
         await asyncio.gather(*tasks)
@@ -119,34 +133,42 @@ async def measure(url: str, protocol: str, in_dim: int, clients: int, seconds: f
 
 
 def run_mode(work: Path, args: argparse.Namespace, mode: str) -> list[dict]:
-    """Every protocol and client count against one server started with ``mode``'s batching."""
-    server = ServerProcess(
-        work / "repo",
-        [f"{MODEL}=v1"],
-        work / f"server-{mode.replace(':', '-')}.log",
-        extra=[
-            "--backend",
-            args.backend,
-            "--workers",
-            str(args.workers),
-            *batching_flags(mode),
-        ],
-    ).start()
+    """Every protocol and client count against ``--servers`` servers (one process each, all
+    on the same device) started with ``mode``'s batching."""
+    servers = [
+        ServerProcess(
+            work / "repo",
+            [f"{MODEL}=v1"],
+            work / f"server-{mode.replace(':', '-')}-{i}.log",
+            extra=[
+                "--backend",
+                args.backend,
+                "--workers",
+                str(args.workers),
+                *batching_flags(mode),
+            ],
+        ).start()
+        for i in range(args.servers)
+    ]
     try:
-        server.wait_ready(120)
+        for server in servers:
+            server.wait_ready(120)
+        urls = [server.url for server in servers]
         rows = [
             {
                 "batching": mode,
-                **asyncio.run(measure(server.url, protocol, SIZES[args.size][0], n, args.seconds)),
+                "servers": args.servers,
+                **asyncio.run(measure(urls, protocol, SIZES[args.size][0], n, args.seconds)),
             }
             for protocol in args.protocols.split(",")
             for n in (int(c) for c in args.clients.split(","))
         ]
         if any(r["errors"] or r["client_p50_ms"] is None for r in rows):
-            print(f"batching {mode}: failed requests; server log:\n{server.log_tail()}")
+            print(f"batching {mode}: failed requests; server log:\n{servers[0].log_tail()}")
         return rows
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="1,16", help="comma-separated client counts")
     p.add_argument("--protocols", default="json,binary", help="json, binary or both")
     p.add_argument("--workers", type=int, default=4, help="the server's inference threads")
+    p.add_argument(
+        "--servers", type=int, default=1, help="server processes, clients spread over them"
+    )
     p.add_argument("--seconds", type=float, default=3.0, help="measured per case")
     p.add_argument(
         "--batching",
@@ -171,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for mode in args.batching for row in run_mode(work, args, mode)]
     print(
         f"\n{DEPTH}-layer MLP ({args.size}), batch 1, backend {args.backend}, "
-        f"{args.workers} inference threads, {args.seconds:g} s per case, host {platform.node()}"
+        f"{args.servers} server process(es) of {args.workers} inference threads, "
+        f"{args.seconds:g} s per case, host {platform.node()}"
     )
     print(
         f"{'batching':<10} {'protocol':<8} {'clients':>7} {'req/s':>7} {'errors':>7} "
@@ -190,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "backend": args.backend,
         "size": args.size,
         "workers": args.workers,
+        "servers": args.servers,
         "seconds_per_case": args.seconds,
         "host": platform.node(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
 from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
+from model_rollout_contract.layout import INCOMING_DIR
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.app import ModelServer
 from model_server.config import ModelSpec, ServerConfig
@@ -208,3 +209,16 @@ class PausedPublish(LocalStore):
     def write(self, key: str, data: bytes) -> None:
         self._next()
         super().write(key, data)
+
+
+def downloads_left(volume: Path) -> list[str]:
+    """What lies in ``.incoming`` beside the sidecars' (empty) download areas: downloads
+    not finished or not cleaned up."""
+    incoming = volume / INCOMING_DIR
+    left = []
+    for entry in sorted(incoming.iterdir()) if incoming.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink() and "+" in entry.name:
+            left += [f"{entry.name}/{name}" for name in sorted(os.listdir(entry))]
+        else:
+            left.append(entry.name)
+    return left

@@ -36,6 +36,7 @@ PROGRAMS = {
     "model_server": ROOT / "server" / "model_server",
     "model_sidecar": ROOT / "sidecar" / "model_sidecar",
     "model_operator": ROOT / "operator" / "model_operator",
+    "model_rollout_cli": ROOT / "cli" / "model_rollout_cli",
 }
 CONTRACT = ROOT / "common" / "model_rollout_contract"
 TOOLING = "model_rollout_e2e"
@@ -314,6 +315,24 @@ def test_sidecar_argv_is_what_the_sidecar_parses(mode: str, signed: bool) -> Non
     if isinstance(config, WatchConfig):
         assert str(config.control_socket) == argv.CONTROL_SOCKET and config.keep_versions == 3
         assert config.metrics_port == defaults.SIDECAR_METRICS_PORT
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_publish_argv_is_what_the_sidecar_parses(full: bool) -> None:
+    """The release command's call of ``model-sidecar publish``."""
+    from model_sidecar.config import PublishConfig, parse_args
+
+    optional = ("http://s3:9000", "fp16", "golden.npz", True) if full else (None, None, None)
+    args = argv.PublishArgs("s3://b/p", "resnet", "v2", "model.onnx", "signing.key", *optional)
+    line = argv.publish_argv(args)
+    assert line[:2] == ["model-sidecar", "publish"]
+    config = parse_args(line[1:])
+    assert isinstance(config, PublishConfig)
+    assert (config.store.store, config.model, config.version) == ("s3://b/p", "resnet", "v2")
+    assert (str(config.file), str(config.key)) == ("model.onnx", "signing.key")
+    assert config.store.s3_endpoint == args.s3_endpoint and config.force is full
+    assert config.precision == (args.precision or PublishConfig.precision)
+    assert (str(config.golden) if config.golden else None) == args.golden
 
 
 def test_sidecar_argv_refuses_an_unknown_mode() -> None:

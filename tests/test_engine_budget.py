@@ -229,3 +229,69 @@ async def test_a_retained_version_running_requests_is_not_room(tmp_path: Path) -
     assert open_versions(manager, "m") == ["v2", "v3"]
     assert manager.total_memory_bytes() <= one * 5 // 2
     manager.close()
+
+
+def tenant_manager(root: Path, models: list[str], caps: dict[str, int]) -> EngineManager:
+    manager = EngineManager(
+        GatedBackend(), ModelRepository(root), ServerMetrics(), AuditLog(), retain=2,
+        tenant_memory_caps=caps,
+    )  # fmt: skip
+    for model in models:
+        manager.register(model)
+    return manager
+
+
+async def test_a_tenants_models_hold_at_most_its_cap_while_another_tenant_loads(
+    tmp_path: Path,
+) -> None:
+    for model in ("acme/a", "acme/b", "globex/a"):
+        for seed, version in enumerate(("v1", "v2", "v3")):
+            one = per_version(add_version(tmp_path, model, version, seed=seed + 1))
+    manager = tenant_manager(
+        tmp_path, ["acme/a", "acme/b", "globex/a"], {"acme": one * 7 // 2}
+    )  # acme: room for 3.5 versions; globex: no cap (and no server budget)
+    backend = manager.backend
+    assert isinstance(backend, GatedBackend)
+    for model in ("acme/a", "acme/b", "globex/a"):
+        await manager.load(model, "v1")
+    backend.gate.clear()  # loads now stay in their warm-up
+    first = asyncio.create_task(manager.load("acme/a", "v2"))
+    await asyncio.sleep(0.05)
+    with pytest.raises(MemoryBudgetExceeded, match="tenant acme's models hold") as refused:
+        await manager.load("acme/b", "v2")  # 2 held + 1 reserved + 1 > 3.5
+    assert "its loads in progress" in str(refused.value)
+    other = asyncio.create_task(manager.load("globex/a", "v2"))  # another tenant: not held up
+    backend.gate.set()
+    await asyncio.gather(first, other)
+    assert manager.budget._reserved_by == {"acme": 0}
+    assert sorted(v.version for v in manager.slot("globex/a").loaded()) == ["v1", "v2"]
+    # near its cap, acme's next load makes room from its own model's retained version
+    # (v1) only: v2 stays for a rollback, acme/b and globex keep theirs
+    await manager.load("acme/a", "v3")
+    assert sorted(v.version for v in manager.slot("acme/a").loaded()) == ["v2", "v3"]
+    assert [v.version for v in manager.slot("acme/b").loaded()] == ["v1"]
+    assert sorted(v.version for v in manager.slot("globex/a").loaded()) == ["v1", "v2"]
+    assert manager.memory_bytes("acme") <= one * 7 // 2
+
+
+async def test_a_tenant_memory_cap_comes_from_the_tenants_file(tmp_path: Path) -> None:
+    import yaml
+
+    one = per_version(add_version(tmp_path / "models", "acme/mlp", "v1", seed=1))
+    add_version(tmp_path / "models", "acme/mlp", "v2", seed=2)
+    tenants = tmp_path / "tenants.yaml"
+    cap_mb = one * 3 / 2 / 2**20  # one version and a half
+    entry = {"api_key": "k", "models": ["mlp"], "memory_mb": cap_mb}
+    tenants.write_text(yaml.safe_dump({"tenants": {"acme": entry}}))
+    server = ModelServer(ServerConfig(repository=tmp_path / "models", tenants_file=tenants))
+    async with TestClient(TestServer(server.make_app())):
+        manager = server.manager
+        assert [v.version for v in manager.slot("acme/mlp").loaded()] == ["v2"]  # the newest
+        with pytest.raises(MemoryBudgetExceeded, match="memory cap of"):
+            await manager.load("acme/mlp", "v1")  # v2 serves, so it cannot make room
+        assert manager.slot("acme/mlp").current.version == "v2"  # type: ignore[union-attr]
+    for bad in (0, -1, "x", True, float("nan"), float("inf")):
+        entry["memory_mb"] = bad
+        tenants.write_text(yaml.safe_dump({"tenants": {"acme": entry}}))
+        with pytest.raises(ValueError, match="memory_mb"):
+            ModelServer(ServerConfig(repository=tmp_path / "models", tenants_file=tenants))

@@ -229,6 +229,13 @@ async def test_operator_process_killed_mid_rollout_resumes_from_status(
     reasons = [e.get("reason") for e in events]
     # the initial v1 rollout and v2's, each once: the restart repeated nothing
     assert (reasons.count("RolloutComplete"), reasons.count("CanaryStarted")) == (2, 1), reasons
+    # and the rollout history kept in the status lost and repeated no entry either
+    status = await cluster.wait(lambda s: bool((s.get("history") or [{}])[0].get("finishedAt")))
+    history = [(e["version"], e["result"], e["triggeredBy"]) for e in status["history"]]
+    assert history == [
+        ("v2", "Succeeded", "spec.version edit"),
+        ("v1", "Succeeded", "spec.version edit"),
+    ]
 
 
 async def test_malformed_spec_is_rejected_and_changes_nothing(

@@ -22,6 +22,7 @@ from model_server.app import SERVER, ModelServer
 from model_server.config import ModelSpec, ServerConfig
 from model_sidecar.store import S3Store
 from sidecar_helpers import (
+    downloads_left,
     make_fetcher,
     make_keys,
     make_watcher,
@@ -229,7 +230,7 @@ async def test_s3_killed_mid_download(
             assert status["state"] == "error" and status["code"] == "store_unreachable", status
             assert status["serving"] == "v1"
             assert not (volume / "mlp" / "v2").exists()
-            assert list((volume / ".incoming").iterdir()) == []
+            assert downloads_left(volume) == []
             response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
             assert (await response.json())["model_version"] == "v1"
 

@@ -27,6 +27,7 @@ from model_sidecar.store import LocalStore, ModelStore, S3Store, read_object
 from model_sidecar.verify import Verifier
 from sidecar_helpers import (
     PausedPublish,
+    downloads_left,
     make_fetcher,
     make_keys,
     make_watcher,
@@ -272,7 +273,7 @@ async def test_an_object_larger_or_smaller_than_its_manifest_is_refused_unread(
             )
             assert words.split()[0] in status["reason"]
             assert not (volume / "mlp" / version).exists()
-            assert list((volume / ".incoming").iterdir()) == []
+            assert downloads_left(volume) == []
             assert await watcher.step() == "refused"  # not tried again at once
         manifest_size = Manifest.from_bytes(read_object(bucket, "mlp/v2/manifest.json", BIG)).size
         assert fetcher.received_bytes - read_before <= manifest_size + 1
@@ -317,12 +318,12 @@ async def test_a_full_volume_is_its_own_reason_and_leaves_nothing_behind(
                     "v1",
                 ), status
                 assert "no space left" in status["reason"]
-                assert list((volume / ".incoming").iterdir()) == []  # the space is given back
+                assert downloads_left(volume) == []  # the space is given back
                 assert watcher.failures == attempt  # each failed cycle waits longer
             set_target(podinfo, "v3")
             assert await watcher.step() == "refused"
             assert read_status(status_file)["code"] == "size_mismatch"
-            assert list((volume / ".incoming").iterdir()) == []
+            assert downloads_left(volume) == []
         finally:
             await client.close()
 

@@ -12,12 +12,26 @@ TARGET_VERSION = f"{DOMAIN}/target-version"  # operator -> sidecar: the version 
 PREVIOUS_VERSION = f"{DOMAIN}/previous-version"  # operator -> sidecar: pre-pulled for rollback
 SIDECAR_STATUS = f"{DOMAIN}/sidecar-status"  # sidecar -> operator: a SidecarReport (JSON)
 
-# ModelDeployment annotation: `kubectl annotate md NAME ...=<version>` promotes its canary
+# ModelDeployment annotation: `kubectl annotate md NAME ...=<promotion id>` promotes its canary
 PROMOTE = f"{DOMAIN}/promote"
+# ModelDeployment annotations of day-2 operations (the kubectl plugin writes them; the
+# operator clears each once it has acted on it or ignored it with an Event):
+ABORT = f"{DOMAIN}/abort"  # =<version>: the rollout to that version goes back to stable now
+RETRY = f"{DOMAIN}/retry"  # =<version>: a failed rollout of spec.version runs again
+# why spec.version changed, as kubectl's kubernetes.io/change-cause: the rollout history's
+# triggeredBy (the release command and the plugin's rollback set it)
+CHANGE_CAUSE = f"{DOMAIN}/change-cause"
 
 # labels the operator puts on what it creates
 DEPLOYMENT_LABEL = f"{DOMAIN}/deployment"  # on pods: the ModelDeployment they belong to
 MODEL_LABEL = f"{DOMAIN}/model"
+
+
+def promotion_id(version: str, started_at: float) -> str:
+    """The promote annotation's value for the rollout to ``version`` that started at
+    ``started_at`` (``status.rollout.startedAt``): a promotion never carries over to
+    another rollout of the same version."""
+    return f"{version}@{int(started_at)}"
 
 
 def parse_downward_annotations(text: str) -> dict[str, str]:

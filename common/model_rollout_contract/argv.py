@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import defaults
+from .tracks import CONFIGMAP_VERSION_KEY, track_keys
 
 # paths inside a pod: mount points (the operator's volumeMounts) and the files in them
 MODELS_DIR = "/models"  # the shared volume: the sidecar writes it, the server reads it only
@@ -15,7 +16,8 @@ CONTROL_SOCKET = f"{CONTROL_DIR}/control.sock"
 PODINFO_DIR = "/etc/podinfo"  # Downward API volume
 PODINFO_ANNOTATIONS = f"{PODINFO_DIR}/annotations"
 CONFIG_DIR = "/etc/model-rollout/config"  # the ModelDeployment's ConfigMap
-CONFIGMAP_VERSION_KEY = "target-version"  # its key: the default version for new pods
+# its key (CONFIGMAP_VERSION_KEY, a named track's: tracks.TrackKeys.configmap_key): the
+# default version for new pods
 CONFIGMAP_TARGET = f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}"
 # the signing keys' Secret: every *.pem in it is trusted (several during a key rotation),
 # so the sidecar is given the directory
@@ -82,6 +84,22 @@ class SidecarArgs:
     backoff_base_seconds: float = defaults.BACKOFF_BASE_SECONDS
     backoff_max_seconds: float = defaults.BACKOFF_MAX_SECONDS
     max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
+    # a named track (a tenant model: see tracks), followed by a sidecar of its own; None:
+    # the deployment's own model
+    track: str | None = None
+    own_keys: bool = False  # the track's own signing keys (keys_dir), not the deployment's
+    metrics_port: int = defaults.SIDECAR_METRICS_PORT  # each sidecar of a pod has its own
+
+
+def keys_dir(track: str | None = None, own_keys: bool = False) -> str:
+    """Where a track's sidecar finds the public keys it trusts: its own Secret's mount for
+    a track with keys of its own, else the deployment's."""
+    return f"{KEYS_DIR}-{track}" if track is not None and own_keys else KEYS_DIR
+
+
+def status_file(track: str | None = None) -> str:
+    """Each sidecar's status file: several share the volume."""
+    return STATUS_FILE if track is None else f"{MODELS_DIR}/.sidecar-status.{track}.json"
 
 
 def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
@@ -94,18 +112,57 @@ def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
         "--volume", MODELS_DIR,
         "--model", a.model,
         "--annotations-file", PODINFO_ANNOTATIONS,
-        "--configmap-file", CONFIGMAP_TARGET,
+        "--configmap-file", f"{CONFIG_DIR}/{track_keys(a.track).configmap_key}",
         "--start-jitter-seconds", str(a.start_jitter_seconds),
         "--backoff-base-seconds", str(a.backoff_base_seconds),
         "--backoff-max-seconds", str(a.backoff_max_seconds),
         "--max-concurrent-downloads", str(a.max_concurrent_downloads),
     ]  # fmt: skip
-    argv += ["--public-key", KEYS_DIR] if a.signed else ["--allow-unsigned"]
+    if a.track is not None:
+        argv += ["--track", a.track]
+    argv += ["--public-key", keys_dir(a.track, a.own_keys)] if a.signed else ["--allow-unsigned"]
     if mode == "watch":
         argv += [
             "--control-socket", CONTROL_SOCKET,
-            "--status-file", STATUS_FILE,
+            "--status-file", status_file(a.track),
             "--keep-versions", str(a.retain + 1),
-            "--metrics-port", str(defaults.SIDECAR_METRICS_PORT),
+            "--metrics-port", str(a.metrics_port),
         ]  # fmt: skip
+    return argv
+
+
+@dataclass(frozen=True)
+class PublishArgs:
+    """What ``model-sidecar publish`` takes, as the release command passes it on."""
+
+    store: str  # s3://bucket/prefix or file:///dir
+    model: str
+    version: str
+    file: str
+    key: str  # Ed25519 private key (PEM)
+    s3_endpoint: str | None = None
+    precision: str | None = None  # None: the publisher's default
+    golden: str | None = None
+    force: bool = False
+
+
+def publish_argv(a: PublishArgs) -> list[str]:
+    """``model-sidecar publish ...`` (the program name first, as the other builders)."""
+    argv = [
+        "model-sidecar", "publish",
+        "--store", a.store,
+        "--model", a.model,
+        "--version", a.version,
+        "--file", a.file,
+        "--key", a.key,
+    ]  # fmt: skip
+    for flag, value in (
+        ("--s3-endpoint", a.s3_endpoint),
+        ("--precision", a.precision),
+        ("--golden", a.golden),
+    ):
+        if value is not None:
+            argv += [flag, value]
+    if a.force:
+        argv.append("--force")
     return argv

@@ -36,6 +36,7 @@ PROGRESS_DEADLINE_SECONDS = 600.0  # a batch (or the canary) must serve within t
 # deadline counts from when its sidecar reports seeing the target, else from this late
 MAX_SIGNAL_DELAY_SECONDS = 90.0
 RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
+HISTORY_LIMIT = 10  # rollouts kept in status.history, most recent first
 ALLOW_UNSIGNED = False  # sidecars verify Ed25519 signatures unless spec.allowUnsigned
 
 # --- pod layout (the operator writes it; server and sidecar are told by argv) -----------

@@ -38,6 +38,21 @@ class RolloutStage(_StrEnum):
     FAILED = "failed"
 
 
+class RolloutResult(_StrEnum):
+    """``status.history[].result``: how one rollout of a version ended (or that it runs)."""
+
+    PROGRESSING = "Progressing"  # still running
+    SUCCEEDED = "Succeeded"  # every pod served the version
+    ROLLED_BACK = "RolledBack"  # the canary analysis failed it; the pods went back to stable
+    ABORTED = "Aborted"  # the abort annotation sent the pods back to stable
+    FAILED = "Failed"  # a pod refused the version, or a deadline passed
+    SUPERSEDED = "Superseded"  # spec.version changed before it ended
+
+    @property
+    def finished(self) -> bool:
+        return self is not RolloutResult.PROGRESSING
+
+
 class SidecarState(_StrEnum):
     """What a sidecar reports about its pod's target version."""
 

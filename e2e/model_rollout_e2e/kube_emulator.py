@@ -68,7 +68,13 @@ def _selected(params: Any, raw: dict[str, Any]) -> bool:
     """Does ``raw`` match the request's ``fieldSelector`` and ``labelSelector``?
     (equality, inequality and existence terms: what this project's clients send)."""
     meta = raw.get("metadata", {})
-    fields = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+    involved = raw.get("involvedObject") or {}  # an Event's subject
+    fields = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "involvedObject.name": involved.get("name"),
+        "involvedObject.kind": involved.get("kind"),
+    }
     labels = meta.get("labels") or {}
     for selector, values in (
         (params.get("fieldSelector"), fields),

@@ -87,8 +87,11 @@ class SimCluster:
         delay: float | None = None,
         dt: float = 1.0,
         read: Callable[[list[PodView], AnalysisState, float], Sample] | None = None,
+        aborted: str | None = None,
+        retried: str | None = None,
     ) -> Plan:
-        """``read(pods, analysis, now)``: what the operator reads of the canary."""
+        """``read(pods, analysis, now)``: what the operator reads of the canary;
+        ``aborted``, ``retried``: the abort and retry annotations' values."""
         views = [p.view() for p in self.pods]
         held = analysing(spec, self.state, self.analysis)
         due = held is not None and held.due(self.now) and read is not None
@@ -104,6 +107,8 @@ class SimCluster:
             promoted,
             self.analysis,
             sample,
+            aborted_version=aborted,
+            retried_version=retried,
         )
         self.analysis = plan.analysis
         by_name = {p.name: p for p in self.pods}

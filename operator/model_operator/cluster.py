@@ -7,7 +7,7 @@ import asyncio
 from enum import Enum
 from typing import Any
 
-from model_rollout_contract.annotations import PREVIOUS_VERSION, PROMOTE, TARGET_VERSION
+from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
 from model_rollout_contract.canary import TRAFFIC_POLICY
 
 from .constants import GROUP, PLURAL, VERSION
@@ -97,9 +97,13 @@ async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, An
     return dict(answer) if answer is not None else None
 
 
-async def clear_promotion(api: KubeClient, namespace: str, name: str) -> None:
+async def clear_annotations(
+    api: KubeClient, namespace: str, name: str, keys: tuple[str, ...]
+) -> None:
+    """Remove annotations of a ModelDeployment the operator has acted on (promote, abort,
+    retry): each acts once."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-    await api.merge_patch(path, {"metadata": {"annotations": {PROMOTE: None}}})
+    await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
 
 
 async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:

@@ -22,7 +22,13 @@ from typing import Any
 
 import kopf
 
-from model_rollout_contract.annotations import DEPLOYMENT_LABEL, PROMOTE
+from model_rollout_contract.annotations import (
+    ABORT,
+    CHANGE_CAUSE,
+    DEPLOYMENT_LABEL,
+    PROMOTE,
+    RETRY,
+)
 from model_rollout_contract.states import Phase
 
 from . import cluster
@@ -32,6 +38,7 @@ from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
 from .errors import SpecError, TransientApiError
+from .history import record
 from .kube_client import ApiEndpoint, KubeClient
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
@@ -231,7 +238,8 @@ async def reconcile_pass(
             events.append(Event("ForeignObject", message, warning=True))
         foreign = now_foreign
 
-    promoted = (meta.get("annotations") or {}).get(PROMOTE)
+    annotations = meta.get("annotations") or {}
+    promoted = annotations.get(PROMOTE)
     now = time.time()
     rollout = rollout_from_status(status.get("rollout"))
     analysis = AnalysisState.from_status(status.get("analysis"))
@@ -247,10 +255,14 @@ async def reconcile_pass(
         promoted,
         analysis,
         sample,
+        aborted_version=annotations.get(ABORT),
+        retried_version=annotations.get(RETRY),
     )
     await cluster.set_targets(api, namespace, plan.actions)
-    if plan.promotion_used:  # one promotion promotes one rollout
-        await cluster.clear_promotion(api, namespace, name)
+    # one promotion promotes one rollout; an abort or a retry is acted on (or ignored) once
+    used = ((PROMOTE,) if plan.promotion_used else ()) + plan.cleared
+    if used:
+        await cluster.clear_annotations(api, namespace, name, used)
     events += plan.events
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
         events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
@@ -268,6 +280,7 @@ async def reconcile_pass(
     new_status["appliedHash"] = applied
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = verified
+    new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
     if plan.stable_version != stable:  # publish the new default for pods created later
         await cluster.apply(
             api,

@@ -32,6 +32,13 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   (a pod's deadline counts from when its sidecar reports seeing the target); nothing
   more is retargeted until ``spec.version`` changes.
 
+Two annotations act on the rollout in progress (the kubectl plugin writes them; the
+operator clears each once read): ``abort=<version>`` sends every pod of a running rollout
+to that version back to the stable version at once, the path a failed analysis takes
+(stage ``failed``, phase ``Degraded``, reason ``Aborted``); ``retry=<version>`` forgets
+the failure of the failed rollout to ``spec.version`` (the ``failed`` stage is the only
+memory of it) and starts that rollout again, canary first.
+
 A rollback is *fast* — no canary, no jitter, every pod at once — only when it is safe:
 back to the version a rollout in progress started from, or to the previous stable
 version, and only when every pod that must move reports holding that version already
@@ -46,7 +53,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from model_rollout_contract.annotations import PROMOTE
+from model_rollout_contract.annotations import ABORT, PROMOTE, RETRY, promotion_id
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.defaults import MAX_SIGNAL_DELAY_SECONDS
 from model_rollout_contract.states import Phase, RolloutStage
@@ -76,11 +83,12 @@ class RolloutState:
     blocked_since: float | None = None  # waiting for unavailable pods since
     failure: str | None = None
     rolled_back: bool = False  # failed by the canary analysis: canary pods went back
+    aborted: bool = False  # ended by the abort annotation: every pod went back
 
     @property
     def promotion(self) -> str:
         """The promote annotation's value that promotes this rollout's canary."""
-        return f"{self.to_version}@{int(self.started_at)}"
+        return promotion_id(self.to_version, self.started_at)
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,11 @@ class Plan:
     message: str
     promotion_used: bool = False  # the promote annotation was consumed: clear it
     analysis: AnalysisState | None = None  # for .status.analysis
+    cleared: tuple[str, ...] = ()  # the abort/retry annotations read: the operator clears them
+
+
+# the events of a rollout's start: each begins one entry of the rollout history
+START_EVENTS = ("RolloutStarted", "RollbackStarted")
 
 
 def _readiness_order(pod: PodView) -> tuple[bool, str]:
@@ -214,17 +227,31 @@ def plan_rollout(
     promoted_version: str | None = None,
     analysis: AnalysisState | None = None,
     sample: Sample | None = None,
+    aborted_version: str | None = None,
+    retried_version: str | None = None,
 ) -> Plan:
     """``analysis``: as the last plan left it; ``sample``: what the operator read of
-    the canary, when :func:`analysing` said a check was due."""
+    the canary, when :func:`analysing` said a check was due; ``aborted_version`` and
+    ``retried_version``: the abort and retry annotations' values."""
     events: list[Event] = []
+    cleared: list[str] = []
     target = spec.version
     pods = sorted(pods, key=lambda p: p.name)
+    if retried_version is not None:
+        cleared.append(RETRY)
+        if _retry(spec, state, retried_version, events):
+            state = None  # the failure forgotten: the rollout starts again below
     if state is None or state.to_version != target:
         state, started = _start(spec, stable, previous, state, pods, now)
         if started:
             events.append(started)
-    planner = _Tick(spec, state, pods, now, rng, stable, previous, events, analysis)
+    abort = False
+    if aborted_version is not None:
+        cleared.append(ABORT)
+        abort = _abortable(stable, state, aborted_version, events)
+    planner = _Tick(spec, state, pods, now, rng, stable, previous, events, analysis, cleared)
+    if abort:
+        return planner.abort()
     if state.stage == CANARY:
         return planner.canary(promoted_version, sample)
     if state.stage == BATCHES:
@@ -232,6 +259,45 @@ def plan_rollout(
     if state.stage == FAILED:
         return planner.failed()
     return planner.complete()
+
+
+def _retry(
+    spec: ModelDeploymentSpec, state: RolloutState | None, version: str, events: list[Event]
+) -> bool:
+    """Does the retry annotation restart the failed rollout to ``spec.version``? A retry
+    of a rollout that runs already (the annotation read again before its removal is
+    seen) is dropped quietly; one of another version, or of a success, with an Event."""
+    why = None
+    if version != spec.version:
+        why = f"it names {version}, not spec.version {spec.version}"
+    elif state is not None and state.to_version == version and state.stage == FAILED:
+        events.append(
+            Event("RolloutRetried", f"retrying {spec.model}:{version} (was: {state.failure})")
+        )
+        return True
+    elif state is not None and state.to_version == version and state.stage == COMPLETE:
+        why = f"the rollout of {version} succeeded; nothing to retry"
+    if why is not None:
+        events.append(Event("RetryIgnored", f"retry of {version} ignored: {why}", warning=True))
+    return False
+
+
+def _abortable(stable: str | None, state: RolloutState, version: str, events: list[Event]) -> bool:
+    """Does the abort annotation stop the rollout that runs now? An abort of another
+    version is ignored with an Event; one read again after it acted, quietly."""
+    running = state.stage in (CANARY, BATCHES)
+    why = None
+    if version != state.to_version:
+        why = f"the current rollout is of {state.to_version}"
+    elif stable is None or stable == version:
+        why = f"no stable version to go back to from {version}" if running else None
+    elif running:
+        return True
+    elif not state.aborted:
+        why = f"the rollout of {version} is not running ({state.stage})"
+    if why is not None:
+        events.append(Event("AbortIgnored", f"abort of {version} ignored: {why}", warning=True))
+    return False
 
 
 class _Tick:
@@ -248,6 +314,7 @@ class _Tick:
         previous: str | None,
         events: list[Event],
         analysis: AnalysisState | None = None,
+        cleared: list[str] | None = None,
     ) -> None:
         self.spec, self.state, self.now, self.rng = spec, state, now, rng
         self.stable, self.previous = stable, previous
@@ -256,6 +323,7 @@ class _Tick:
         self.actions: list[SetTarget] = []
         self.version = state.to_version
         self.promotion_used = False
+        self.cleared = cleared or []  # annotations this pass read and acted on (or ignored)
         self.pods = pods
         # pods on a version that no target wants any more (a rollout abandoned for
         # another) go back to the stable version before anything else moves
@@ -286,6 +354,7 @@ class _Tick:
             message,
             self.promotion_used,
             analysis,
+            tuple(self.cleared),
         )
 
     def _policy(self) -> str | None:
@@ -505,13 +574,32 @@ class _Tick:
         self.moved |= {p.name for p in back}
         return len(back)
 
+    def abort(self) -> Plan:
+        """The abort annotation: every pod of this rollout back to stable now."""
+        why = f"rollout of {self.spec.model}:{self.version} aborted"
+        self.state = replace(
+            self.state,
+            stage=FAILED,
+            failure=why,
+            rolled_back=True,
+            aborted=True,
+            batch_in_flight=False,
+        )
+        back = self._back_to_stable()
+        self.events.append(
+            Event("RolloutAborted", f"{why}; {back} pods back to {self.stable}", warning=True)
+        )
+        return self.plan(Phase.DEGRADED, "Aborted", why)
+
     def failed(self) -> Plan:
-        """Nothing moves until ``spec.version`` changes, but that a canary the analysis
-        failed stays rolled back (a pod that went back to it, say, is sent back again)."""
+        """Nothing moves until ``spec.version`` changes (or a retry), but that a rollout
+        the analysis failed or an abort stopped stays rolled back (a pod that went back to
+        it, say, is sent back again)."""
         why = self.state.failure or "rollout failed"
         if self.state.rolled_back and self.stable is not None:
             self._back_to_stable()
-            return self.plan(Phase.DEGRADED, "AnalysisFailed", why)
+            reason = "Aborted" if self.state.aborted else "AnalysisFailed"
+            return self.plan(Phase.DEGRADED, reason, why)
         return self.plan(Phase.DEGRADED, "RolloutFailed", why)
 
     def batches(self) -> Plan:

@@ -61,6 +61,11 @@ class ModelServer:
             batching=BatchPolicy.from_flags(
                 config.max_batch_size, config.max_queue_delay_us, config.workers
             ),
+            tenant_memory_caps={
+                t.name: int(t.memory_mb * 2**20)
+                for t in self.policy.tenants.values()
+                if t.memory_mb is not None
+            },
         )
         self.codec = JsonCodec(config.json_workers, max_pending_decodes=config.json_max_pending)
         self.shadows = ShadowRunner(config.shadow_max_in_flight)

@@ -41,6 +41,7 @@ class Tenant:
     api_key: str | None  # None: reached by JWT only
     models: tuple[str, ...]
     rate_limit: RateLimit | None = None  # None: unlimited
+    memory_mb: float | None = None  # what its models may hold and reserve; None: no cap
 
 
 @dataclass
@@ -115,8 +116,9 @@ class AccessPolicy:
 
 def parse_tenants(raw: Any) -> dict[str, Tenant]:
     """``{tenants: {acme: {api_key: ..., models: [m1], rate_limit: {requests_per_second:
-    R, burst: B}}}}`` -> tenants by name (``api_key`` and ``rate_limit`` optional: a
-    tenant without a key is reached by JWT only)."""
+    R, burst: B}, memory_mb: M}}}`` -> tenants by name (``api_key``, ``rate_limit`` and
+    ``memory_mb`` optional: a tenant without a key is reached by JWT only; ``memory_mb``
+    caps what its models hold in the server's memory budget)."""
     entries = raw.get("tenants", {}) if isinstance(raw, dict) else None
     if not isinstance(entries, dict):
         raise ValueError("tenants file must map 'tenants' to {name: {api_key, models}}")
@@ -124,12 +126,19 @@ def parse_tenants(raw: Any) -> dict[str, Tenant]:
     for name, entry in entries.items():
         check_name("tenant", str(name))
         if not isinstance(entry, dict):
-            raise ValueError(f"tenant {name!r}: want {{api_key, models, rate_limit}}")
+            raise ValueError(f"tenant {name!r}: want {{api_key, models, rate_limit, memory_mb}}")
         api_key = entry.get("api_key")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError(f"tenant {name!r}: 'api_key' must be a non-empty string")
         models = tuple(check_name("model name", str(m)) for m in entry.get("models", []))
         limit = entry.get("rate_limit")
         rate_limit = RateLimit.parse(limit, str(name)) if limit is not None else None
-        tenants[str(name)] = Tenant(str(name), api_key, models, rate_limit)
+        memory_mb = entry.get("memory_mb")
+        if memory_mb is not None and (
+            isinstance(memory_mb, bool)
+            or not isinstance(memory_mb, int | float)
+            or not 0 < memory_mb < float("inf")
+        ):
+            raise ValueError(f"tenant {name!r}: 'memory_mb' must be a positive number of MiB")
+        tenants[str(name)] = Tenant(str(name), api_key, models, rate_limit, memory_mb)
     return tenants

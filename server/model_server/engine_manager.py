@@ -39,7 +39,7 @@ from .backends.base import Backend
 from .batching import Batchers, BatchPolicy, run_to_completion
 from .errors import Conflict, ModelNotFound, ServingError
 from .load_pipeline import LoadPipeline, normalized_digest
-from .memory_budget import MemoryBudget, Reservation
+from .memory_budget import MemoryBudget, Reservation, tenant_of
 from .metrics import ServerMetrics, VersionRow
 from .model_slot import LoadedVersion, ModelSlot
 from .reporting import LifecycleEvent, Reporter
@@ -69,6 +69,7 @@ class EngineManager:
         memory_budget_bytes: int | None = None,
         executor: Executor | None = None,
         batching: BatchPolicy | None = None,
+        tenant_memory_caps: Mapping[str, int] | None = None,
     ) -> None:
         self.backend = backend
         self.repository = repository
@@ -82,7 +83,7 @@ class EngineManager:
             lambda model, rows: metrics.batch_size.labels(model).observe(rows),
         )
         self.pipeline = LoadPipeline(backend, repository)
-        self.budget = MemoryBudget(memory_budget_bytes, self.total_memory_bytes)
+        self.budget = MemoryBudget(memory_budget_bytes, self.memory_bytes, tenant_memory_caps)
         self.reporter = Reporter(metrics, audit)
         self.slots: dict[str, ModelSlot] = {}
         self._restoring: set[asyncio.Task[None]] = set()
@@ -103,7 +104,15 @@ class EngineManager:
         return bool(self.slots) and all(s.current is not None for s in self.slots.values())
 
     def total_memory_bytes(self) -> int:
-        return sum(slot.memory_bytes() for slot in self.slots.values())
+        return self.memory_bytes(None)
+
+    def memory_bytes(self, tenant: str | None) -> int:
+        """What the open engines hold: every model's (``None``), or one tenant's models'."""
+        return sum(
+            slot.memory_bytes()
+            for key, slot in self.slots.items()
+            if tenant is None or tenant_of(key) == tenant
+        )
 
     def _version_rows(self) -> Iterator[VersionRow]:
         for key, slot in list(self.slots.items()):
@@ -193,7 +202,8 @@ class EngineManager:
             event.digest = checked.model.sha256
             estimate = self.backend.estimate_memory_bytes(checked.model)
             reservation = self.budget.reserve(
-                f"{slot.key}:{version}",
+                slot.key,
+                version,
                 estimate,
                 evictable,
                 lambda old: slot.evict(old, f"evicted to make room for {version}"),
@@ -249,7 +259,7 @@ class EngineManager:
             reason = f"evicted to make room for {failed}, which was not swapped in"
             try:
                 reservation = self.budget.reserve(
-                    f"{slot.key}:{old.version}", old.memory_bytes, (), lambda _: None
+                    slot.key, old.version, old.memory_bytes, (), lambda _: None
                 )
                 try:
                     checked = await self.pipeline.read(slot.key, old.version, old.path, old.sha256)

@@ -10,8 +10,9 @@ import sys
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from model_rollout_contract.canary import TRAFFIC_POLICY, InvalidPolicy
+from model_rollout_contract.canary import InvalidPolicy
 from model_rollout_contract.redact import redact
+from model_rollout_contract.tracks import TrackKeys, track_keys
 
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
 from .control_client import ServerControl
@@ -73,7 +74,11 @@ def _pod_api(config: FetchConfig) -> PodApi | None:
 
 def _source(config: FetchConfig, pod_watch: PodWatch | None = None) -> TargetSource:
     live = (lambda: pod_watch.annotations) if pod_watch is not None else None
-    return TargetSource(config.annotations_file, config.configmap_file, live)
+    return TargetSource(config.annotations_file, config.configmap_file, live, _keys(config))
+
+
+def _keys(config: FetchConfig) -> TrackKeys:
+    return track_keys(config.track)
 
 
 async def _init(config: InitConfig) -> int:
@@ -85,7 +90,7 @@ async def _init(config: InitConfig) -> int:
     if pod is not None:
         try:
             annotations = (await pod.read()).annotations
-            source = TargetSource(None, fetch.configmap_file, lambda: annotations)
+            source = TargetSource(None, fetch.configmap_file, lambda: annotations, _keys(fetch))
         except KubeError as exc:
             log.warning("cannot read the pod's annotations (%s); using the files", exc)
         finally:
@@ -98,7 +103,7 @@ async def _init(config: InitConfig) -> int:
     try:
         policy = source.policy()
     except InvalidPolicy as exc:  # the watch loop reports it (bad_policy)
-        log.warning("pod annotation %s ignored: %s", TRAFFIC_POLICY, exc)
+        log.warning("pod annotation %s ignored: %s", _keys(fetch).traffic, exc)
         policy = None
     return await pre_pull(
         _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds, policy=policy
@@ -125,7 +130,7 @@ async def _watch(config: WatchConfig) -> int:
     fetcher = _fetcher(fetch)
     metrics.downloads.labels(fetch.model).set_function(lambda: fetcher.downloading)
     pod = _pod_api(fetch)
-    pod_watch = PodWatch(pod) if pod is not None else None
+    pod_watch = PodWatch(pod, keys=_keys(fetch)) if pod is not None else None
     watcher = Watcher(
         WatchSettings(
             fetch.model,
@@ -139,7 +144,7 @@ async def _watch(config: WatchConfig) -> int:
         _source(fetch, pod_watch),
         fetcher,
         ServerControl(config.control_socket, load_timeout_s=config.load_timeout_seconds),
-        StatusReporter(config.status_file, pod),
+        StatusReporter(config.status_file, pod, keys=_keys(fetch)),
         metrics,
         wake=pod_watch.changed if pod_watch is not None else None,
     )

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from model_rollout_contract import defaults
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, optional_path, parse_with_environment
+from model_rollout_contract.names import InvalidName, check_model_key
+from model_rollout_contract.tracks import InvalidTrack, check_track
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class FetchConfig:
 
     store: StoreConfig
     volume: Path  # the shared volume: the server's repository (the trusted directory)
-    model: str
+    model: str  # 'name', or 'tenant/name' for a tenant's model
     public_key: Path | None = None  # trusted keys: a PEM bundle or a directory of PEM files
     allow_unsigned: bool = False  # development only
     allow_list: Path | None = None  # file of allowed SHA-256 digests, one per line
@@ -55,6 +57,9 @@ class FetchConfig:
     kube_api: str | None = None  # API server URL (default: in-cluster, when in a cluster)
     pod_name: str | None = None  # this pod, whose annotations carry the target
     pod_namespace: str | None = None
+    # the pod annotations followed and written: a named track's (a tenant model's), or
+    # the default track's (None); see model_rollout_contract.tracks
+    track: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,20 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _model_key(text: str) -> str:
+    try:
+        return check_model_key(text)
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _track(text: str) -> str:
+    try:
+        return check_track(text)
+    except InvalidTrack as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="s3://bucket/prefix or file:///dir")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: AWS, or $AWS_ENDPOINT_URL)")
@@ -105,7 +124,13 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
         required=True,
         help="shared volume: the server's model repository (the trusted directory)",
     )
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, type=_model_key, help="name, or tenant/name")
+    p.add_argument(
+        "--track",
+        type=_track,
+        help="follow and write this named track's pod annotations (a tenant model listed in "
+        "the ModelDeployment), not the deployment's own",
+    )
     p.add_argument(
         "--public-key",
         help="trusted Ed25519 public keys for manifests: a PEM file (one key, or a bundle of "
@@ -165,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = sub.add_parser("publish", help="upload a signed version to the store")
     _store_args(pub)
-    pub.add_argument("--model", required=True)
+    pub.add_argument("--model", required=True, type=_model_key, help="name, or tenant/name")
     pub.add_argument("--version", required=True)
     pub.add_argument("--file", required=True)
     pub.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
@@ -222,6 +247,7 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
         kube_api=a.kube_api,
         pod_name=a.pod_name,
         pod_namespace=a.pod_namespace,
+        track=a.track,
     )
 
 

@@ -26,7 +26,7 @@ MAX_BYTES = 4096  # larger files in their place are not the sidecar's
 
 def write_current(volume: Path, model: str, version: str) -> None:
     """Atomically, and never through a link (a link there is replaced by the file)."""
-    with SafeDir.open(volume, create=True) as root, root.child(model, create=True) as model_dir:
+    with SafeDir.open(volume, create=True) as root, root.model_dir(model, create=True) as model_dir:
         model_dir.write_atomic(CURRENT_FILE, f"{version}\n".encode())
 
 
@@ -45,7 +45,7 @@ def write_traffic(volume: Path, model: str, policy: TrafficPolicy | None) -> Non
     """``TRAFFIC`` replaced atomically by ``policy``, or removed for ``None``; never
     through a link (a link there is replaced, or removed, itself)."""
     text = traffic_text(policy)
-    with SafeDir.open(volume, create=True) as root, root.child(model, create=True) as model_dir:
+    with SafeDir.open(volume, create=True) as root, root.model_dir(model, create=True) as model_dir:
         if text is None:
             if model_dir.kind(TRAFFIC_FILE) is not None:
                 model_dir.remove(TRAFFIC_FILE)
@@ -61,7 +61,7 @@ def read_traffic(volume: Path, model: str) -> str | None:
 
 def _read(volume: Path, model: str, name: str) -> str | None:
     try:
-        with SafeDir.open(volume) as root, root.child(model) as model_dir:
+        with SafeDir.open(volume) as root, root.model_dir(model) as model_dir:
             return model_dir.read_bytes(name, MAX_BYTES).decode(errors="replace")
     except FileNotFoundError:
         return None

@@ -56,6 +56,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _CHUNK = 1 << 20
 
+INCOMING_AREA_MARK = "+"  # in no model name: an area cannot be taken for a model's
+
+
+def incoming_area(model: str) -> str:
+    """The directory of ``.incoming`` that ``model``'s sidecar downloads into: ``+name``,
+    or ``tenant+name``."""
+    tenant, _, name = model.rpartition("/")
+    return f"{tenant}{INCOMING_AREA_MARK}{name}"
+
 
 @dataclass(frozen=True)
 class LocalVersion:
@@ -113,23 +122,32 @@ class Fetcher:
     def root(self) -> SafeDir:
         return SafeDir.open(self.volume, create=True)
 
-    def sweep_incoming(self) -> list[str]:
-        """Remove what a crashed or killed sidecar left in ``.incoming`` (call at start,
-        before any fetch: nothing in there is ever served)."""
+    def sweep_incoming(self, model: str) -> list[str]:
+        """Remove what a crashed or killed sidecar of ``model`` left in its part of
+        ``.incoming`` (call at start, before any fetch: nothing in there is ever served),
+        and what a sidecar of an earlier release left at the top. Never another model's:
+        a pod with tenant models has a sidecar per model, and one that restarts must not
+        pull the files from under a sibling's download."""
+        swept: list[str] = []
         with self.root() as root, root.child(INCOMING_DIR, create=True) as incoming:
-            names = [name for name, _ in incoming.entries()]
-            for name in names:
-                incoming.remove(name)
-        if names:
-            log.info("swept %d leftover download(s) from %s", len(names), incoming.path)
-        return names
+            for name, _ in incoming.entries():
+                if INCOMING_AREA_MARK not in name:  # no sidecar of this release's
+                    incoming.remove(name)
+                    swept.append(name)
+            with incoming.child(incoming_area(model), create=True) as area:
+                for name, _ in area.entries():
+                    area.remove(name)
+                    swept.append(name)
+        if swept:
+            log.info("swept %d leftover download(s) from %s", len(swept), incoming.path)
+        return swept
 
     def verified_local(self, model: str, version: str) -> LocalVersion | None:
         """The copy on disk if it is complete and still verifies, else ``None``. A link
         where the model's or the version's directory should be is refused."""
         with self.root() as root:
             try:
-                model_dir = root.child(model)
+                model_dir = root.model_dir(model)
             except FileNotFoundError:
                 return None
             with model_dir:
@@ -251,10 +269,13 @@ class Fetcher:
     ) -> int:
         """One attempt: download into ``.incoming``, verify, rename into place."""
         with self.root() as root:
-            with root.child(model, create=True) as model_dir:
+            with root.model_dir(model, create=True) as model_dir:
                 sequences.check(model_dir, model, version, manifest.sequence)
-            with root.child(INCOMING_DIR, create=True) as incoming:
-                name = f"{model}-{version}-{secrets.token_hex(4)}"
+            with (
+                root.child(INCOMING_DIR, create=True) as downloads,
+                downloads.child(incoming_area(model), create=True) as incoming,
+            ):
+                name = f"{version}-{secrets.token_hex(4)}"
                 try:
                     with incoming.child(name, create=True) as work:
                         size = 0
@@ -265,7 +286,7 @@ class Fetcher:
                                 self.verifier.file(f, expected)
                         work.write_atomic(MANIFEST_NAME, data)
                         work.write_atomic(SIGNATURE_NAME, signature or b"")
-                    with root.child(model, create=True) as model_dir:
+                    with root.model_dir(model, create=True) as model_dir:
                         kind = model_dir.kind(version)
                         if kind not in (None, "dir"):
                             raise UnsafeVolume(
@@ -344,7 +365,7 @@ class Fetcher:
         """Delete one version's copy (refused by the server: it is never served)."""
         with self.root() as root:
             try:
-                model_dir = root.child(model)
+                model_dir = root.model_dir(model)
             except FileNotFoundError:
                 return
             with model_dir:
@@ -361,7 +382,7 @@ class Fetcher:
         counted as versions."""
         with self.root() as root:
             try:
-                model_dir = root.child(model)
+                model_dir = root.model_dir(model)
             except FileNotFoundError:
                 return []
             with model_dir:

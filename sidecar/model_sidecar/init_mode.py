@@ -50,7 +50,7 @@ async def pre_pull(
         log.warning("traffic policy %s is not one for %s; ignored", policy.to_annotation(), target)
         policy = None
     try:
-        await asyncio.to_thread(fetcher.sweep_incoming)
+        await asyncio.to_thread(fetcher.sweep_incoming, model)
         present = await asyncio.to_thread(fetcher.verified_local, model, target)
     except (SidecarError, OSError) as exc:
         log.error("cannot use the volume %s: %s", fetcher.volume, exc)

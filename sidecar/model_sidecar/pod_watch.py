@@ -16,15 +16,13 @@ import logging
 import random
 import time
 
-from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
-from model_rollout_contract.canary import TRAFFIC_POLICY
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .errors import KubeError, WatchExpired
 from .kube import PodApi, PodSnapshot
 from .retry import Backoff
 
 log = logging.getLogger(__name__)
-WATCHED = (TARGET_VERSION, PREVIOUS_VERSION, TRAFFIC_POLICY)
 
 
 class PodWatch:
@@ -34,8 +32,11 @@ class PodWatch:
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
         rng: random.Random | None = None,
+        keys: TrackKeys = DEFAULT_TRACK,
     ) -> None:
         self.api = api
+        self.watched = keys.followed  # this sidecar's track's: another track's edits are not
+        # news to it
         self.backoff = backoff or Backoff(base_s=0.5, max_s=15.0)
         self.watch_timeout_s = watch_timeout_s
         self.rng = rng or random.Random()
@@ -50,7 +51,7 @@ class PodWatch:
         before = self.annotations or {}
         self.annotations = snapshot.annotations
         if self.seen_at is None or any(
-            before.get(key) != snapshot.annotations.get(key) for key in WATCHED
+            before.get(key) != snapshot.annotations.get(key) for key in self.watched
         ):  # not the sidecar's own status annotation, which it writes itself
             self.seen_at = time.time()
             self.changed.set()

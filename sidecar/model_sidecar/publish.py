@@ -39,7 +39,7 @@ from model_rollout_contract.manifest import (
     ManifestError,
     sha256_file,
 )
-from model_rollout_contract.names import check_name
+from model_rollout_contract.names import check_model_key, check_name
 
 from .errors import ObjectMissing, PublishRefused
 from .golden import check_golden
@@ -74,7 +74,7 @@ def publish(
 ) -> Manifest:
     """Raises ``BadGolden`` (before anything is written) for a golden set a server could
     not run, ``PublishRefused`` for a version published already (without ``force``)."""
-    check_name("model", model)
+    check_model_key(model)  # a tenant's model is published under its tenant's prefix
     check_name("version", version)
     name = "model.onnx" if file.suffix == ".onnx" else "model.engine"
     assert name in MODEL_FILE_NAMES

@@ -17,9 +17,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.redact import redact
 from model_rollout_contract.report import HEARTBEAT_SECONDS, SidecarReport
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .errors import SidecarError
 from .kube import PodApi
@@ -34,8 +34,10 @@ class StatusReporter:
         path: Path | None,
         pod: PodApi | None = None,
         heartbeat_s: float = HEARTBEAT_SECONDS,
+        keys: TrackKeys = DEFAULT_TRACK,
     ) -> None:
         self.path = path
+        self.annotation = keys.sidecar_status  # this sidecar's track's report
         self.pod = pod
         self.heartbeat_s = heartbeat_s
         self.last: SidecarReport | None = None
@@ -78,7 +80,7 @@ class StatusReporter:
         if self.pod is None:
             return True
         try:
-            await self.pod.annotate({SIDECAR_STATUS: status.to_json()})
+            await self.pod.annotate({self.annotation: status.to_json()})
         except Exception as exc:  # the file and log still carry it; retried next report
             log.warning("could not annotate pod with status: %s", exc)
             return False

@@ -2,7 +2,8 @@
 (followed by :class:`~model_sidecar.pod_watch.PodWatch`), else — while the API cannot
 be reached — the same annotations in the Downward API file (refreshed only on the
 kubelet's periodic sync), else a ConfigMap file (the deployment's default). The canary's
-traffic policy comes from the same annotations (no ConfigMap default: no policy)."""
+traffic policy comes from the same annotations (no ConfigMap default: no policy). A
+sidecar of a named track (a tenant model) reads that track's annotations only."""
 
 from __future__ import annotations
 
@@ -10,13 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_rollout_contract.annotations import (
-    PREVIOUS_VERSION,
-    TARGET_VERSION,
-    parse_downward_annotations,
-)
-from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
+from model_rollout_contract.annotations import parse_downward_annotations
+from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.names import is_valid_name
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 
 def _valid(value: str | None) -> str | None:
@@ -28,6 +26,7 @@ class TargetSource:
     annotations_file: Path | None = None
     configmap_file: Path | None = None
     live: Callable[[], dict[str, str] | None] | None = None  # the API's view, when current
+    keys: TrackKeys = DEFAULT_TRACK  # whose annotations: this sidecar's track's
 
     def _annotations(self) -> dict[str, str]:
         live = self.live() if self.live is not None else None
@@ -42,7 +41,7 @@ class TargetSource:
 
     def target(self) -> str | None:
         """The pod annotation if it is a valid version name, else the ConfigMap's."""
-        value = _valid(self._annotations().get(TARGET_VERSION))
+        value = _valid(self._annotations().get(self.keys.target))
         if value is None and self.configmap_file is not None:
             try:
                 value = _valid(self.configmap_file.read_text().strip())
@@ -51,10 +50,10 @@ class TargetSource:
         return value
 
     def previous(self) -> str | None:
-        return _valid(self._annotations().get(PREVIOUS_VERSION))
+        return _valid(self._annotations().get(self.keys.previous))
 
     def policy(self) -> TrafficPolicy | None:
         """The pod's traffic policy, ``None`` without one; raises ``InvalidPolicy`` for an
         annotation that is not one."""
-        text = self._annotations().get(TRAFFIC_POLICY)
+        text = self._annotations().get(self.keys.traffic)
         return None if text is None else TrafficPolicy.from_annotation(text)

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from model_rollout_contract.names import check_model_key
+
 from .errors import UnsafeVolume, VolumeError, VolumeFull
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -118,6 +120,21 @@ class SafeDir:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, 0o755, dir_fd=self.fd)
             return SafeDir(os.open(name, _DIR_FLAGS, dir_fd=self.fd), self.path / name)
+
+    def model_dir(self, key: str, create: bool = False) -> SafeDir:
+        """The directory of the model ``key``: ``name``, or ``tenant/name`` (a tenant's
+        models lie in its own directory), opened one component at a time, so a link at
+        either level is refused like any other. Raises ``FileNotFoundError`` as
+        :meth:`child` does."""
+        first, *rest = check_model_key(key).split("/")
+        directory = self.child(first, create)
+        for name in rest:
+            parent = directory
+            try:
+                directory = parent.child(name, create)
+            finally:
+                parent.close()
+        return directory
 
     def open_read(self, name: str) -> BinaryIO:
         """A regular file of this directory, for reading; a link is refused."""

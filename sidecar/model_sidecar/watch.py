@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 from model_rollout_contract import defaults
-from model_rollout_contract.canary import TRAFFIC_POLICY, InvalidPolicy, TrafficPolicy
+from model_rollout_contract.canary import InvalidPolicy, TrafficPolicy
 from model_rollout_contract.control import ErrorReply, StatusReply
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.server_codes import REFUSED_BYTES, is_permanent
@@ -128,7 +128,7 @@ class Watcher:
     async def start(self, stop: asyncio.Event) -> None:
         """Before the first poll: leftovers of killed downloads go, then the start jitter."""
         try:
-            await asyncio.to_thread(self.fetcher.sweep_incoming)
+            await asyncio.to_thread(self.fetcher.sweep_incoming, self.settings.model)
         except (SidecarError, OSError) as exc:
             log.error("cannot sweep the volume's downloads: %s", exc)
         await start_jitter(self.settings.start_jitter_s, self.rng, "the first poll", stop)
@@ -221,7 +221,8 @@ class Watcher:
         except InvalidPolicy as exc:
             problem = str(exc)
         if problem is not None:
-            self._policy, problem = None, f"pod annotation {TRAFFIC_POLICY} ignored: {problem}"
+            annotation = self.source.keys.traffic
+            self._policy, problem = None, f"pod annotation {annotation} ignored: {problem}"
             if problem != self._policy_problem:
                 log.warning("%s: %s", self.settings.model, problem)
         self._policy_problem = problem

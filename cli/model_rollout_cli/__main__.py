@@ -1,0 +1,3 @@
+from .plugin import main
+
+raise SystemExit(main())

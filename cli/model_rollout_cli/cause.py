@@ -1,0 +1,36 @@
+"""What the tools write in the change-cause annotation, which the operator copies into
+the rollout history's ``triggeredBy``: the CI job when run in one, else user@host."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from collections.abc import Mapping
+
+
+def ci_job(env: Mapping[str, str]) -> str | None:
+    """The CI job this runs in, from the variables the common CI systems set."""
+    if env.get("GITHUB_ACTIONS") == "true":
+        repo, run = env.get("GITHUB_REPOSITORY", "?"), env.get("GITHUB_RUN_ID", "?")
+        return f"GitHub Actions {repo} run {run} ({env.get('GITHUB_ACTOR', '?')})"
+    if env.get("GITLAB_CI") == "true":
+        return f"GitLab CI {env.get('CI_PROJECT_PATH', '?')} job {env.get('CI_JOB_ID', '?')}"
+    if env.get("BUILD_URL"):  # Jenkins and others
+        return f"CI {env['BUILD_URL']}"
+    if env.get("CI") and env.get("CI_JOB_URL"):
+        return f"CI {env['CI_JOB_URL']}"
+    return None
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (a container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def change_cause(action: str, env: Mapping[str, str] | None = None) -> str:
+    """``release by alice@laptop``, ``rollback by GitHub Actions org/repo run 42 (bob)``."""
+    return f"{action} by {ci_job(os.environ if env is None else env) or who()}"

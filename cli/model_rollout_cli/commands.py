@@ -1,0 +1,206 @@
+"""The plugin's commands. Each reads the resource, checks that the operation makes sense
+for where its rollout stands (a clear refusal otherwise), writes one merge patch, says
+what it did and, with ``wait``, follows the rollout to its result."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, PROMOTE, RETRY, promotion_id
+from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
+
+from .cause import change_cause
+from .errors import NOTHING_TO_DO, OK, CliError
+from .follow import Outcome, follow
+from .history import history_table, key, keys, previous_success
+from .kube import Cluster
+from .view import Progress, render, wants_colour
+
+DEFAULT_TIMEOUT_S = 600.0
+_TIMELESS = datetime.min.replace(tzinfo=timezone.utc)  # every age renders as 0s
+
+
+@dataclass(frozen=True)
+class Follow:
+    """``--wait`` and ``--timeout``; where progress lines go."""
+
+    wait: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    out: TextIO = sys.stdout
+
+
+def _rollout(md: dict[str, Any]) -> dict[str, Any]:
+    return dict((md.get("status") or {}).get("rollout") or {})
+
+
+def _running(md: dict[str, Any]) -> bool:
+    status = md.get("status") or {}
+    stage = _rollout(md).get("stage")
+    phase = status.get("phase")
+    return stage in (RolloutStage.CANARY, RolloutStage.BATCHES) and phase in (
+        Phase.CANARY,
+        Phase.PROGRESSING,
+        Phase.ROLLING_BACK,
+    )
+
+
+def _follow(
+    cluster: Cluster,
+    name: str,
+    version: str,
+    known: set[tuple[str | None, str | None]],
+    how: Follow,
+    expected: RolloutResult = RolloutResult.SUCCEEDED,
+    generation: int | None = None,
+) -> Outcome:
+    show = Progress(how.out)
+    return follow(cluster, name, version, known, how.timeout_s, expected, generation, show)
+
+
+def _report(outcome: Outcome, out: TextIO) -> int:
+    print(f"result: {outcome.result}" + (f": {outcome.reason}" if outcome.reason else ""), file=out)
+    return outcome.code
+
+
+def _current_entry_known(md: dict[str, Any]) -> set[tuple[str | None, str | None]]:
+    """Every entry but the newest: what following the rollout in progress skips."""
+    return keys(md) - ({key(e) for e in _newest(md)})
+
+
+def _newest(md: dict[str, Any]) -> list[dict[str, Any]]:
+    history = (md.get("status") or {}).get("history") or []
+    return [history[0]] if history and isinstance(history[0], dict) else []
+
+
+def status(
+    cluster: Cluster, name: str, watch: bool, output: str, timeout_s: float, interval_s: float
+) -> int:
+    out = sys.stdout
+    colour = wants_colour(out)
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    shown = None
+    while True:
+        md = cluster.get(name)
+        if output == "json":
+            print(json.dumps(md, indent=2, sort_keys=True))
+            return OK
+        pods, events = cluster.pods(name), cluster.events(name)
+        text = render(md, pods, events, datetime.now(timezone.utc), colour)
+        if not watch:
+            print(text)
+            return OK
+        if colour:  # a live view: redraw in place
+            out.write("\x1b[H\x1b[2J" + text + "\n")
+            out.flush()
+        else:  # a log: a new view only when something changed, not each clock tick
+            fingerprint = render(md, pods, events, _TIMELESS)
+            if fingerprint != shown:
+                print(text + "\n---", flush=True)
+            shown = fingerprint
+        if deadline is not None and time.monotonic() >= deadline:
+            return OK
+        time.sleep(interval_s)
+
+
+def promote(cluster: Cluster, name: str, how: Follow) -> int:
+    md = cluster.get(name)
+    rollout = _rollout(md)
+    spec = md.get("spec") or {}
+    phase = (md.get("status") or {}).get("phase")
+    if phase != Phase.CANARY or rollout.get("stage") != RolloutStage.CANARY:
+        raise CliError(
+            f"nothing to promote: {name} is {phase}, not held at a canary", NOTHING_TO_DO
+        )
+    if not (spec.get("canary") or {}).get("manualPromote"):
+        raise CliError(
+            f"{name}'s canary promotes itself after canary.pauseSeconds (and a passed "
+            "analysis); the promote annotation is read with canary.manualPromote: true",
+            NOTHING_TO_DO,
+        )
+    version = str(rollout.get("toVersion"))
+    value = promotion_id(version, float(rollout.get("startedAt") or 0))
+    cluster.patch(name, {"metadata": {"annotations": {PROMOTE: value}}})
+    print(f"modeldeployment {name}: canary of {version} promoted ({PROMOTE}={value})", file=how.out)
+    if not how.wait:
+        return OK
+    return _report(_follow(cluster, name, version, _current_entry_known(md), how), how.out)
+
+
+def abort(cluster: Cluster, name: str, how: Follow) -> int:
+    md = cluster.get(name)
+    status = md.get("status") or {}
+    version = str(_rollout(md).get("toVersion"))
+    if not _running(md):
+        raise CliError(f"nothing to abort: {name} is {status.get('phase')}", NOTHING_TO_DO)
+    cluster.patch(name, {"metadata": {"annotations": {ABORT: version}}})
+    print(
+        f"modeldeployment {name}: rollout of {version} aborted; pods go back to "
+        f"{status.get('currentVersion')}",
+        file=how.out,
+    )
+    if not how.wait:
+        return OK
+    known = _current_entry_known(md)
+    outcome = _follow(cluster, name, version, known, how, RolloutResult.ABORTED)
+    return _report(outcome, how.out)
+
+
+def retry(cluster: Cluster, name: str, how: Follow) -> int:
+    md = cluster.get(name)
+    version = str((md.get("spec") or {}).get("version"))
+    rollout = _rollout(md)
+    if rollout.get("stage") != RolloutStage.FAILED or rollout.get("toVersion") != version:
+        phase = (md.get("status") or {}).get("phase")
+        raise CliError(
+            f"nothing to retry: the rollout of {version} has not failed ({phase})", NOTHING_TO_DO
+        )
+    known = keys(md)
+    cause = change_cause("retry")
+    cluster.patch(name, {"metadata": {"annotations": {RETRY: version, CHANGE_CAUSE: cause}}})
+    print(f"modeldeployment {name}: rollout of {version} retried", file=how.out)
+    if not how.wait:
+        return OK
+    return _report(_follow(cluster, name, version, known, how), how.out)
+
+
+def rollback(cluster: Cluster, name: str, to: str | None, how: Follow) -> int:
+    md = cluster.get(name)
+    spec = md.get("spec") or {}
+    version = to or previous_success(md)
+    if version is None:
+        raise CliError(
+            f"nothing to roll back to: {name}'s history has no earlier Succeeded rollout "
+            "(name one with --to)",
+            NOTHING_TO_DO,
+        )
+    if version == spec.get("version"):
+        raise CliError(f"{name} is at {version} already (spec.version)", NOTHING_TO_DO)
+    known = keys(md)
+    cause = change_cause("rollback")
+    answer = cluster.patch(
+        name, {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": version}}
+    )
+    print(
+        f"modeldeployment {name}: rolling back from {spec.get('version')} to {version}",
+        file=how.out,
+    )
+    if not how.wait:
+        return OK
+    generation = (answer.get("metadata") or {}).get("generation")
+    outcome = _follow(cluster, name, version, known, how, generation=generation)
+    return _report(outcome, how.out)
+
+
+def history(cluster: Cluster, name: str, limit: int, output: str) -> int:
+    md = cluster.get(name)
+    if output == "json":
+        raw = (md.get("status") or {}).get("history") or []
+        print(json.dumps(raw[:limit], indent=2))
+    else:
+        print(history_table(md, limit, datetime.now(timezone.utc)))
+    return OK

@@ -1,0 +1,75 @@
+"""What can go wrong talking to the cluster, as one message and one exit code each.
+
+Exit codes (the same for ``kubectl model`` and ``model-rollout release``):
+
+* 0: done (with ``--wait``: the rollout reached the result asked for);
+* 1: the rollout failed, was rolled back by the canary analysis, was aborted or
+  superseded, or the spec was refused;
+* 2: bad arguments;
+* 3: ``--timeout`` passed before the rollout ended;
+* 4: the Kubernetes API refused or could not be reached (RBAC, not found, no kubeconfig);
+* 5: publishing the version failed;
+* 6: nothing to do: no canary to promote, no running rollout to abort, no failed one to
+  retry, no earlier success to roll back to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+OK = 0
+ROLLOUT_FAILED = 1
+USAGE = 2
+TIMED_OUT = 3
+API_ERROR = 4
+PUBLISH_FAILED = 5
+NOTHING_TO_DO = 6
+
+
+class CliError(Exception):
+    """A failure with the message the user sees and the exit code it ends with."""
+
+    def __init__(self, message: str, code: int = API_ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def _api_message(body: Any) -> str | None:
+    """The ``message`` of a Kubernetes ``Status`` body, if it is one."""
+    try:
+        raw = json.loads(body) if isinstance(body, (str, bytes)) else None
+    except ValueError:
+        return None
+    message = raw.get("message") if isinstance(raw, dict) else None
+    return str(message) if message else None
+
+
+def api_error(
+    status: int | None,
+    body: Any,
+    verb: str,
+    resource: str,
+    namespace: str,
+    name: str | None = None,
+    singular: str | None = None,
+) -> CliError:
+    """An API answer other than success, in words that say what to do about it.
+    ``resource``: as RBAC names it (``modeldeployments.serving.model-rollout.io``);
+    ``singular``: as a person does (``modeldeployment``)."""
+    word = singular or resource
+    what = f"{word} {name}" if name else word
+    detail = _api_message(body)
+    if status == 403:
+        return CliError(
+            f"forbidden: {verb} {resource} in namespace {namespace}: ask for RBAC that allows "
+            f"'{verb}' on {resource} there" + (f" ({detail})" if detail else "")
+        )
+    if status == 404:
+        return CliError(f"{what} not found in namespace {namespace}")
+    if status == 401:
+        return CliError("unauthorized: the kubeconfig's credentials were refused")
+    if status == 409 or status == 422:
+        return CliError(f"{verb} {what} refused: {detail or status}")
+    return CliError(f"{verb} {what} in namespace {namespace}: HTTP {status}: {detail or body}")

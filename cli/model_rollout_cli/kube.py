@@ -1,0 +1,231 @@
+"""Access to the cluster as kubectl has it: the kubeconfig (``--kubeconfig``, else
+``$KUBECONFIG``, else ``~/.kube/config``), its current context or ``--context``, the
+context's namespace unless ``-n``; in a pod without a kubeconfig, the service account.
+Every API failure becomes a :class:`~.errors.CliError` that says what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN
+
+from .errors import API_ERROR, CliError, api_error
+
+GROUP, VERSION, PLURAL = DOMAIN, "v1alpha1", "modeldeployments"
+RESOURCE = f"{PLURAL}.{GROUP}"  # as RBAC rules and kubectl name it
+SINGULAR = "modeldeployment"
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT_S = 30.0  # one API call; a watch view polls with calls this short
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """kubectl's own flags, with kubectl's names."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+
+
+def _config_file(options: KubeOptions) -> str:
+    """kubectl's choice: the flag, else $KUBECONFIG (paths joined by ``:``, merged), else
+    ``~/.kube/config`` (an empty $KUBECONFIG counts as unset, as for kubectl)."""
+    return options.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+
+
+def _context_namespace(options: KubeOptions) -> str | None:
+    contexts, active = config.list_kube_config_contexts(_config_file(options))
+    chosen = active
+    if options.context is not None:
+        chosen = next((c for c in contexts if c.get("name") == options.context), None)
+    return ((chosen or {}).get("context") or {}).get("namespace")
+
+
+def _kubeconfig_present(options: KubeOptions) -> bool:
+    if options.kubeconfig:
+        return True  # named: a missing file is an error, not a fallback
+    paths = _config_file(options).split(os.pathsep)
+    return any(p and Path(p).expanduser().exists() for p in paths)
+
+
+def connect(options: KubeOptions) -> Cluster:
+    """An API client and the namespace to work in, as kubectl would choose them."""
+    configuration = client.Configuration()
+    try:
+        if _kubeconfig_present(options):
+            config.load_kube_config(
+                config_file=_config_file(options),
+                context=options.context,
+                client_configuration=configuration,
+            )
+            namespace = options.namespace or _context_namespace(options) or "default"
+        elif not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise CliError(
+                "no Kubernetes configuration: no --kubeconfig, no $KUBECONFIG, no "
+                "~/.kube/config, and not in a pod"
+            )
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+            namespace = options.namespace or (
+                IN_CLUSTER_NAMESPACE.read_text().strip()
+                if IN_CLUSTER_NAMESPACE.exists()
+                else "default"
+            )
+    except (ConfigException, OSError, ValueError) as exc:
+        raise CliError(f"cannot load the Kubernetes configuration: {exc}", API_ERROR) from exc
+    configuration.retries = 1  # a refused connection is reported, not retried for minutes
+    return Cluster(client.ApiClient(configuration), namespace, configuration.host)
+
+
+class Cluster:
+    """The few calls the tools make, each failure turned into a clear message."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, host: str) -> None:
+        self.api, self.namespace, self.host = api, namespace, host
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    def _call(
+        self,
+        verb: str,
+        resource: str,
+        name: str | None,
+        call: Callable[[], T],
+        singular: str | None = None,
+    ) -> T:
+        try:
+            return call()
+        except ApiException as exc:
+            raise api_error(
+                exc.status, exc.body, verb, resource, self.namespace, name, singular
+            ) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CliError(
+                f"cannot reach the Kubernetes API at {self.host}: {_root_cause(exc)} "
+                "(is the cluster up, and is this the right kubeconfig context?)"
+            ) from exc
+
+    def get(self, name: str) -> dict[str, Any]:
+        """A ModelDeployment as the API holds it."""
+        return _object(
+            self._call(
+                "get",
+                RESOURCE,
+                name,
+                lambda: self.custom.get_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    name,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ),
+                SINGULAR,
+            )
+        )
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of a ModelDeployment; its new state."""
+        return _object(
+            self._call(
+                "patch",
+                RESOURCE,
+                name,
+                lambda: self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    name,
+                    patch,
+                    _content_type=MERGE_PATCH,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ),
+                SINGULAR,
+            )
+        )
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        """The pods the operator runs for ModelDeployment ``name``."""
+        answer = self._call(
+            "list",
+            "pods",
+            None,
+            lambda: self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=f"{DEPLOYMENT_LABEL}={name}",
+                _request_timeout=REQUEST_TIMEOUT_S,
+                _preload_content=False,
+            ),
+        )
+        return _items(answer)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The Events about ModelDeployment ``name``, oldest first."""
+        answer = self._call(
+            "list",
+            "events",
+            None,
+            lambda: self.core.list_namespaced_event(
+                self.namespace,
+                field_selector=f"involvedObject.name={name}",
+                _request_timeout=REQUEST_TIMEOUT_S,
+                _preload_content=False,
+            ),
+        )
+        kinds = (None, "ModelDeployment")  # a pod may share the name; its events are not ours
+        ours = [e for e in _items(answer) if (e.get("involvedObject") or {}).get("kind") in kinds]
+        return sorted(ours, key=event_time)
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def _object(answer: object) -> dict[str, Any]:
+    if not isinstance(answer, dict):
+        raise CliError(f"the Kubernetes API sent {type(answer).__name__}, not an object")
+    return answer
+
+
+def _items(answer: Any) -> list[dict[str, Any]]:
+    """The items of a list answer read as plain JSON (no model classes: what the API
+    sends is shown as it is, fields newer than this client included)."""
+    try:
+        raw = json.loads(answer.data)
+    except (ValueError, AttributeError) as exc:
+        raise CliError(f"the Kubernetes API sent a list that is not JSON: {exc}") from exc
+    items = raw.get("items") if isinstance(raw, dict) else None
+    return [i for i in items or [] if isinstance(i, dict)]
+
+
+def event_time(event: dict[str, Any]) -> str:
+    meta = event.get("metadata") or {}
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or meta.get("creationTimestamp")
+        or ""
+    )
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Connection refused`` rather than urllib3's retry wrapper around it."""
+    reason = getattr(exc, "reason", None)
+    while isinstance(reason, BaseException) and getattr(reason, "reason", None) is not None:
+        reason = getattr(reason, "reason", None)
+    text = str(reason or exc)
+    return "connection refused" if "refused" in text.lower() else text

@@ -1,0 +1,88 @@
+"""``kubectl-model``: the kubectl plugin (``kubectl model ...``; kubectl finds any
+``kubectl-<name>`` executable on PATH). ``status``, ``promote``, ``abort``, ``retry``,
+``rollback``, ``history``; exit codes in :mod:`.errors`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import commands
+from .errors import USAGE, CliError
+from .kube import connect
+from .options import kube_flags, kube_options, positive
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl model",
+        description="Follow and steer ModelDeployment rollouts",
+        parents=[kube_flags(suppress=False)],
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    flags = kube_flags(suppress=True)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, parents=[flags])
+        p.add_argument("name", help="the ModelDeployment")
+        return p
+
+    def waits(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--wait", action="store_true", help="follow the rollout to its result")
+        p.add_argument(
+            "--timeout", type=positive, default=commands.DEFAULT_TIMEOUT_S,
+            help="seconds --wait waits (exit 3 after)",
+        )  # fmt: skip
+
+    p = command("status", "phase, pods per version, canary analysis, history and events")
+    p.add_argument("-w", "--watch", action="store_true", help="a live view, until Ctrl-C")
+    p.add_argument("--interval", type=positive, default=1.0, help="seconds between redraws")
+    p.add_argument(
+        "--timeout", type=positive, default=None, help="with --watch: stop after this long"
+    )
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    waits(command("promote", "promote the canary held for promotion (canary.manualPromote)"))
+    waits(command("abort", "stop the running rollout: every pod back to the stable version now"))
+    waits(command("retry", "run the failed rollout of spec.version again"))
+    p = command("rollback", "set spec.version to the previous Succeeded version (or --to)")
+    p.add_argument("--to", help="the version to roll back to")
+    waits(p)
+    p = command("history", "the last rollouts: version, start, end, result, trigger")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = connect(kube_options(args))
+    try:
+        if args.command == "status":
+            return commands.status(
+                cluster, args.name, args.watch, args.output, args.timeout or 0, args.interval
+            )
+        if args.command == "history":
+            return commands.history(cluster, args.name, args.limit, args.output)
+        how = commands.Follow(args.wait, args.timeout)
+        if args.command == "promote":
+            return commands.promote(cluster, args.name, how)
+        if args.command == "abort":
+            return commands.abort(cluster, args.name, how)
+        if args.command == "retry":
+            return commands.retry(cluster, args.name, how)
+        return commands.rollback(cluster, args.name, args.to, how)
+    finally:
+        cluster.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or bad arguments (2)
+        return int(exc.code) if isinstance(exc.code, int) else USAGE
+    try:
+        return run(args)
+    except CliError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130

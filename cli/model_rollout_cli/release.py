@@ -1,0 +1,191 @@
+"""``model-rollout release``: one CI step from a model file to a finished rollout.
+
+Publish the version signed (``model-sidecar publish``, run as a process: this program
+never imports the sidecar), set ``spec.version`` with a change-cause, follow the rollout
+with a line per change, and end 0 when every pod serves the version (Available), non-zero
+with a short report when it failed, was rolled back by the canary analysis, was aborted
+or did not end in ``--timeout`` (exit codes in :mod:`.errors`). No prompts; colour only
+on a terminal; ``--output json`` prints one JSON object on stdout (progress on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any, TextIO
+
+from model_rollout_contract.annotations import CHANGE_CAUSE
+from model_rollout_contract.argv import PublishArgs, publish_argv
+from model_rollout_contract.names import InvalidName, check_name
+from model_rollout_contract.states import Phase, RolloutResult
+
+from .cause import change_cause
+from .errors import OK, PUBLISH_FAILED, ROLLOUT_FAILED, USAGE, CliError
+from .follow import Outcome, follow
+from .history import entries, key, keys
+from .kube import Cluster, connect
+from .options import kube_flags, kube_options, positive
+from .view import Progress
+
+DEFAULT_TIMEOUT_S = 900.0
+PUBLISH_TIMEOUT_S = 1800.0  # a large engine over a slow link
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="model-rollout", description="model-rollout tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "release",
+        parents=[kube_flags(suppress=False)],
+        help="publish a version signed, roll it out, follow it to its result",
+    )
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", required=True)
+    p.add_argument("--file", required=True, help="the model file (model.onnx, model.engine)")
+    p.add_argument("--key", required=True, help="Ed25519 private key (PEM) to sign with")
+    p.add_argument("--deployment", required=True, help="the ModelDeployment to roll out to")
+    p.add_argument("--store", required=True, help="s3://bucket/prefix or file:///dir")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: AWS, or $AWS_ENDPOINT_URL)")
+    p.add_argument("--precision", help="the publisher's --precision")
+    p.add_argument("--golden", help="golden set signed with the manifest (publisher's --golden)")
+    p.add_argument("--force", action="store_true", help="replace a published version")
+    p.add_argument("--wait", action="store_true", help="follow the rollout to its result")
+    p.add_argument("--timeout", type=positive, default=DEFAULT_TIMEOUT_S, help="seconds")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    return parser
+
+
+def publish(args: argparse.Namespace) -> str:
+    """Run the publisher; its one-line report, or :class:`CliError` with its stderr."""
+    line = publish_argv(
+        PublishArgs(
+            args.store, args.model, args.version, args.file, args.key,
+            args.s3_endpoint, args.precision, args.golden, args.force,
+        )
+    )  # fmt: skip
+    command = [sys.executable, "-m", "model_sidecar", *line[1:]]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=PUBLISH_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CliError(
+            f"publish did not finish in {PUBLISH_TIMEOUT_S:.0f}s", PUBLISH_FAILED
+        ) from exc
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()
+        tail = why[-1] if why else f"exit {done.returncode}"
+        if "No module named" in done.stderr:
+            tail += " (publishing needs the sidecar: pip install 'model-rollout[sidecar]')"
+        raise CliError(f"publish failed: {tail}", PUBLISH_FAILED)
+    return done.stdout.strip()
+
+
+def _check(args: argparse.Namespace, md: dict[str, Any]) -> None:
+    try:
+        check_name("model", args.model)
+        check_name("version", args.version)
+    except InvalidName as exc:
+        raise CliError(str(exc), USAGE) from exc
+    model = (md.get("spec") or {}).get("model")
+    if model != args.model:
+        raise CliError(
+            f"modeldeployment {args.deployment} serves model {model}, not {args.model}", USAGE
+        )
+
+
+def _already(md: dict[str, Any], version: str) -> Outcome | None:
+    """spec.version is the version already: the outcome of its last rollout, or ``None``
+    when that rollout still runs (then it is followed)."""
+    status = md.get("status") or {}
+    last = next((e for e in entries(md) if e.get("version") == version), {})
+    result = last.get("result")
+    if status.get("phase") == Phase.AVAILABLE and status.get("currentVersion") == version:
+        return Outcome(str(RolloutResult.SUCCEEDED), f"already serving {version}", OK, last, status)
+    if result in (None, RolloutResult.PROGRESSING):
+        return None
+    why = f"{result}: {last.get('reason')}; retry it with: kubectl model retry"
+    return Outcome(str(result), why, ROLLOUT_FAILED, last, status)
+
+
+def release(args: argparse.Namespace, cluster: Cluster, log: TextIO) -> tuple[Outcome | None, str]:
+    """Publish, set the version, follow; the outcome (``None`` without ``--wait``) and
+    what the publisher said."""
+    md = cluster.get(args.deployment)
+    _check(args, md)
+    published = publish(args)
+    print(published, file=log, flush=True)
+    show = Progress(log)
+    if (md.get("spec") or {}).get("version") == args.version:
+        outcome = _already(md, args.version)
+        if outcome is not None or not args.wait:
+            return outcome, published
+        known = keys(md) - {key(e) for e in entries(md)[:1]}  # follow the running one
+        name, version = args.deployment, args.version
+        outcome = follow(cluster, name, version, known, args.timeout, on_update=show)
+        return outcome, published
+    known = keys(md)
+    cause = change_cause(f"release of {args.version}")
+    answer = cluster.patch(
+        args.deployment,
+        {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": args.version}},
+    )
+    print(
+        f"modeldeployment {args.deployment}: spec.version set to {args.version} ({cause})", file=log
+    )
+    if not args.wait:
+        return None, published
+    generation = (answer.get("metadata") or {}).get("generation")
+    outcome = follow(
+        cluster, args.deployment, args.version, known, args.timeout,
+        generation=generation, on_update=show,
+    )  # fmt: skip
+    return outcome, published
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else USAGE
+    as_json = args.output == "json"
+    log = sys.stderr if as_json else sys.stdout  # stdout holds only the JSON then
+    report: dict[str, Any] = {
+        "deployment": args.deployment,
+        "model": args.model,
+        "version": args.version,
+    }
+    try:
+        cluster = connect(kube_options(args))
+        report["namespace"] = cluster.namespace
+        try:
+            outcome, published = release(args, cluster, log)
+        finally:
+            cluster.close()
+    except CliError as exc:
+        report |= {"result": "Error", "reason": exc.message, "exitCode": exc.code}
+        print(
+            json.dumps(report) if as_json else f"error: {exc.message}",
+            file=sys.stdout if as_json else sys.stderr,
+        )
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    report["published"] = published
+    if outcome is None:
+        report |= {"result": "Started", "reason": "not followed (no --wait)", "exitCode": OK}
+    else:
+        report |= outcome.to_json()
+    if as_json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"result: {report['result']}"
+            + (f": {report['reason']}" if report.get("reason") else "")
+        )
+    return int(report["exitCode"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,221 @@
+"""The status view of one ModelDeployment (``kubectl model status``): phase, versions,
+pods per serving version, the canary analysis, recent history and events, as the demo
+shows a rollout. Colour only on a terminal that wants it; the same words otherwise."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from datetime import datetime
+from typing import Any, TextIO
+
+from model_rollout_contract.annotations import (
+    PROMOTE,
+    SIDECAR_STATUS,
+    TARGET_VERSION,
+    promotion_id,
+)
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import Phase
+
+from .history import entries
+from .table import cut, since, table
+
+RECENT_EVENTS = 8
+RECENT_HISTORY = 5
+_COLOURS = {
+    Phase.AVAILABLE: "32",  # green
+    Phase.CANARY: "33",  # yellow
+    Phase.PROGRESSING: "33",
+    Phase.ROLLING_BACK: "33",
+    Phase.DEGRADED: "31",  # red
+    Phase.INVALID: "31",
+    "Warning": "31",
+}
+
+
+def wants_colour(stream: TextIO) -> bool:
+    """A terminal, and no NO_COLOR (https://no-color.org) or dumb TERM."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(
+        isatty is not None
+        and isatty()
+        and "NO_COLOR" not in os.environ
+        and os.environ.get("TERM") != "dumb"
+    )
+
+
+def paint(text: str, key: str, colour: bool) -> str:
+    code = _COLOURS.get(key)
+    return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in status.get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == kind:
+            return c
+    return {}
+
+
+def phase_reason(status: dict[str, Any]) -> str:
+    """The planner's reason for the phase (CanaryPause, AwaitingPromotion, ...)."""
+    for kind in ("Progressing", "Degraded"):
+        c = condition(status, kind)
+        if c.get("status") == "True":
+            return str(c.get("reason") or "")
+    return ""
+
+
+def pod_rows(pods: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        rows.append(
+            [
+                str(meta.get("name") or "?"),
+                "True" if ready else "False",
+                (report.serving if report else None) or "-",
+                str(annotations.get(TARGET_VERSION) or "-"),
+                str(report.state) if report else "-",
+                (report.reason if report else None) or "",
+            ]
+        )
+    return rows
+
+
+def render(
+    md: dict[str, Any],
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    now: datetime,
+    colour: bool = False,
+) -> str:
+    meta, spec = md.get("metadata") or {}, md.get("spec") or {}
+    status = md.get("status") or {}
+    name = str(meta.get("name"))
+    phase = str(status.get("phase") or "Unknown")
+    reason = phase_reason(status)
+    lines = [
+        f"Name:        {name}",
+        f"Namespace:   {meta.get('namespace', '-')}",
+        f"Model:       {spec.get('model', '-')}",
+        f"Phase:       {paint(phase, phase, colour)}" + (f" ({reason})" if reason else ""),
+        f"Message:     {cut(str(status.get('message') or '-'), 160)}",
+        f"Stable:      {status.get('currentVersion') or '-'}"
+        f"   (previous {status.get('previousVersion') or '-'})",
+        f"Target:      {spec.get('version', '-')}",
+        f"Replicas:    {spec.get('replicas', '-')} desired | {status.get('readyReplicas', 0)} "
+        f"ready | {status.get('updatedReplicas', 0)} updated",
+    ]
+    versions = status.get("versions") or {}
+    if versions:
+        lines.append(
+            "Serving:     " + "  ".join(f"{v}: {n} pods" for v, n in sorted(versions.items()))
+        )
+    rollout = status.get("rollout") or {}
+    if reason == "AwaitingPromotion" and rollout.get("toVersion"):
+        value = promotion_id(str(rollout["toVersion"]), float(rollout.get("startedAt") or 0))
+        lines.append(f"Promote:     kubectl model promote {name}   ({PROMOTE}={value})")
+    analysis = status.get("analysis") or {}
+    if analysis:
+        result = str(analysis.get("lastResult") or "no check yet")
+        lines.append(
+            f"Analysis:    {paint(result, 'Warning' if result == 'Failed' else '', colour)}"
+            f" ({analysis.get('checks', 0)} checks, {analysis.get('failures', 0)} failed)"
+            + (f": {cut(str(analysis['message']), 140)}" if analysis.get("message") else "")
+        )
+    lines += ["", "Pods:"]
+    rows = pod_rows(pods)
+    header = ["NAME", "READY", "SERVING", "TARGET", "STATE", "REASON"]
+    lines += _indent(table(header, rows)) if rows else ["  none"]
+    counted = Counter(r[2] for r in rows)
+    if rows:
+        lines.append("  by version: " + "  ".join(f"{v}={n}" for v, n in sorted(counted.items())))
+    history = entries(md)[:RECENT_HISTORY]
+    lines += ["", "History (most recent first):"]
+    if history:
+        lines += _indent(
+            table(
+                ["VERSION", "STARTED", "RESULT", "TRIGGERED BY", "REASON"],
+                [
+                    [
+                        str(e.get("version") or "-"),
+                        since(e.get("startedAt"), now) + " ago",
+                        paint(str(e.get("result") or "-"), "", colour),
+                        str(e.get("triggeredBy") or "-"),
+                        str(e.get("reason") or ""),
+                    ]
+                    for e in history
+                ],
+            )
+        )
+    else:
+        lines.append("  none")
+    recent = events[-RECENT_EVENTS:]
+    lines += ["", "Events:"]
+    if recent:
+        lines += _indent(
+            table(
+                ["AGE", "TYPE", "REASON", "MESSAGE"],
+                [
+                    [
+                        since(_event_time(e), now),
+                        str(e.get("type") or "Normal"),
+                        str(e.get("reason") or ""),
+                        str(e.get("message") or ""),
+                    ]
+                    for e in recent
+                ],
+            )
+        )
+    else:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def _event_time(event: dict[str, Any]) -> object:
+    return (
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+    )
+
+
+def _indent(text: str) -> list[str]:
+    return ["  " + line for line in text.splitlines()]
+
+
+def progress_line(md: dict[str, Any], elapsed_s: float) -> str:
+    """One line of a followed rollout, for a CI log: what changed since the last one."""
+    status = md.get("status") or {}
+    versions = status.get("versions") or {}
+    serving = " ".join(f"{v}={n}" for v, n in sorted(versions.items())) or "none"
+    reason = phase_reason(status)
+    return (
+        f"[{elapsed_s:6.1f}s] {status.get('phase') or 'Pending'}"
+        + (f"/{reason}" if reason else "")
+        + f": {cut(str(status.get('message') or ''), 120)} | pods serving {serving}"
+    )
+
+
+class Progress:
+    """Prints :func:`progress_line` for each state read that changed the line's words
+    (not its clock): a rollout followed in a CI log reads as its steps."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+        self.last: str | None = None
+
+    def __call__(self, md: dict[str, Any]) -> None:
+        line = progress_line(md, time.monotonic() - self.started)
+        words = line.split("] ", 1)[1]
+        if words != self.last:
+            print(line, file=self.out, flush=True)
+            self.last = words

@@ -1,0 +1,220 @@
+"""The day-2 tools' pure parts: the status view (terminal and plain), the history table
+and the rollback choice, how a followed rollout is judged, error messages, the
+change-cause, argument parsing; and the CRD's history schema and LAST-RESULT column."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from model_rollout_cli import plugin, release
+from model_rollout_cli.cause import change_cause, ci_job
+from model_rollout_cli.errors import NOTHING_TO_DO, OK, ROLLOUT_FAILED, api_error
+from model_rollout_cli.follow import INVALID, judge
+from model_rollout_cli.history import history_table, keys, previous_success
+from model_rollout_cli.table import age
+from model_rollout_cli.view import Progress, progress_line, render
+from model_rollout_contract.defaults import HISTORY_LIMIT
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import RolloutResult, SidecarState
+
+CRD = Path(__file__).parent.parent / "deploy" / "crds" / "modeldeployment.yaml"
+NOW = datetime(2026, 12, 3, 9, 0, 0, tzinfo=timezone.utc)
+
+
+def entry(version: str, result: str, started: str, **more: str) -> dict[str, str]:
+    return {"version": version, "result": result, "startedAt": started, **more}
+
+
+def md(history: list[dict[str, Any]], version: str = "v3", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "mlp", "namespace": "ml", "generation": 4},
+        "spec": {"model": "mlp", "version": version, "replicas": 2},
+        "status": {"history": history, **status},
+    }
+
+
+def pod(name: str, serving: str, target: str, state: SidecarState, ready: bool = True) -> dict:
+    report = SidecarReport("mlp", target, serving, state, reason="why" if not ready else None)
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "serving.model-rollout.io/target-version": target,
+                "serving.model-rollout.io/sidecar-status": report.to_json(),
+            },
+        },
+        "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+    }
+
+
+HISTORY = [
+    entry("v3", "RolledBack", "2026-12-03T08:50:00Z", reason="canary analysis of v3 failed"),
+    entry("v2", "Succeeded", "2026-12-03T08:00:00Z", finishedAt="2026-12-03T08:03:20Z"),
+    entry("v1", "Succeeded", "2026-12-02T08:00:00Z", triggeredBy="spec.version edit"),
+]
+
+
+def test_the_view_shows_phase_pods_per_version_analysis_history_and_events() -> None:
+    resource = md(
+        HISTORY,
+        phase="Degraded",
+        message="canary analysis of v3 failed",
+        currentVersion="v2",
+        versions={"v2": 2},
+        analysis={"lastResult": "Failed", "checks": 2, "failures": 2, "message": "NaN"},
+        conditions=[{"type": "Degraded", "status": "True", "reason": "AnalysisFailed"}],
+    )
+    pods = [
+        pod("mlp-b", "v2", "v2", SidecarState.OK),
+        pod("mlp-a", "v2", "v3", SidecarState.REFUSED, ready=False),
+    ]
+    events = [
+        {
+            "type": "Warning",
+            "reason": "AnalysisFailed",
+            "message": "x",
+            "lastTimestamp": "2026-12-03T08:59:00Z",
+        }
+    ]
+    plain = render(resource, pods, events, NOW)
+    assert "Phase:       Degraded (AnalysisFailed)" in plain
+    assert "Analysis:    Failed (2 checks, 2 failed): NaN" in plain
+    assert "by version: v2=2" in plain
+    lines = plain.splitlines()
+    first_pod = next(i for i, line in enumerate(lines) if line.strip().startswith("NAME"))
+    assert lines[first_pod + 1].split()[:5] == ["mlp-a", "False", "v2", "v3", "refused"]
+    row = next(line for line in lines if line.strip().startswith("v3 "))
+    assert row.split()[:4] == ["v3", "10m", "ago", "RolledBack"] and "60s   Warning" in plain
+    assert "\x1b[" not in plain
+    coloured = render(resource, pods, events, NOW, colour=True)
+    assert "\x1b[31mDegraded\x1b[0m" in coloured
+    line = progress_line(resource, 12.34)
+    assert line.startswith("[  12.3s] Degraded/AnalysisFailed: canary analysis")
+    assert line.endswith("pods serving v2=2")
+
+
+def test_history_table_and_the_version_a_rollback_goes_to() -> None:
+    table = history_table(md(HISTORY), 10, NOW).splitlines()
+    assert table[0].split()[:4] == ["VERSION", "FROM", "STARTED", "FINISHED"]
+    assert "3m20s" in table[2] and "Succeeded" in table[2]
+    assert len(history_table(md(HISTORY), 1, NOW).splitlines()) == 2
+    assert history_table(md([]), 10, NOW) == "no rollouts recorded yet"
+    assert previous_success(md(HISTORY, version="v3")) == "v2"  # during or after a failure
+    assert previous_success(md(HISTORY, version="v2")) == "v1"  # after a success
+    assert previous_success(md(HISTORY[:1])) is None
+    assert (age(59), age(150), age(4000), age(200000)) == ("59s", "2m30s", "1h6m", "2d")
+
+
+def test_a_followed_rollout_is_judged_by_its_own_entry() -> None:
+    before = keys(md(HISTORY))
+    done = {"phase": "Available", "currentVersion": "v4", "versions": {"v4": 2}}
+    running = md([entry("v4", "Progressing", "2026-12-03T09:00:00Z"), *HISTORY], **done)
+    assert judge(running, "v4", before, RolloutResult.SUCCEEDED, None) is None
+    ok = md([entry("v4", "Succeeded", "2026-12-03T09:00:00Z", reason="2/2"), *HISTORY], **done)
+    outcome = judge(ok, "v4", before, RolloutResult.SUCCEEDED, None)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Succeeded", OK)
+    assert outcome.to_json()["versions"] == {"v4": 2}
+    # an old rollout of the same version is not this one
+    assert judge(md(HISTORY), "v3", before, RolloutResult.SUCCEEDED, None) is None
+    failed = judge(md(HISTORY), "v3", set(), RolloutResult.SUCCEEDED, None)
+    assert failed is not None and failed.code == ROLLOUT_FAILED
+    assert failed.reason == "canary analysis of v3 failed"
+    # Succeeded, but a pod still starts: not yet
+    starting = md([entry("v4", "Succeeded", "2026-12-03T09:00:00Z")], phase="Progressing")
+    assert judge(starting, "v4", set(), RolloutResult.SUCCEEDED, None) is None
+    invalid = md(HISTORY, phase="Invalid", message="not in the store", observedGeneration=4)
+    refused = judge(invalid, "v9", before, RolloutResult.SUCCEEDED, generation=4)
+    assert refused is not None and (refused.result, refused.reason) == (INVALID, "not in the store")
+    assert judge(invalid, "v9", before, RolloutResult.SUCCEEDED, generation=5) is None
+
+
+def test_api_errors_say_what_to_do() -> None:
+    body = '{"kind": "Status", "message": "no"}'
+    e = api_error(403, body, "patch", "modeldeployments.serving.model-rollout.io", "ml", "m")
+    assert e.message.startswith("forbidden: patch modeldeployments.serving.model-rollout.io in")
+    assert e.message.endswith("there (no)") and e.code == 4
+    e = api_error(404, "", "get", "modeldeployments.x", "ml", "m", "modeldeployment")
+    assert e.message == "modeldeployment m not found in namespace ml"
+    assert "HTTP 500" in api_error(500, "boom", "get", "pods", "ml").message
+
+
+def test_the_change_cause_names_the_ci_job_or_the_user() -> None:
+    github = {
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_REPOSITORY": "org/models",
+        "GITHUB_RUN_ID": "42",
+        "GITHUB_ACTOR": "bob",
+    }
+    assert change_cause("rollback", github) == "rollback by GitHub Actions org/models run 42 (bob)"
+    gitlab = {"GITLAB_CI": "true", "CI_PROJECT_PATH": "g/p", "CI_JOB_ID": "7"}
+    assert ci_job(gitlab) == "GitLab CI g/p job 7"
+    assert ci_job({"BUILD_URL": "https://jenkins/job/1/"}) == "CI https://jenkins/job/1/"
+    assert ci_job({"CI": "true"}) is None
+    assert "@" in change_cause("release of v2", {})
+
+
+def test_arguments_parse_as_kubectl_passes_them() -> None:
+    parser = plugin.build_parser()
+    args = parser.parse_args(["-n", "a", "status", "mlp", "--watch"])
+    assert (args.namespace, args.name, args.watch, args.kubeconfig) == ("a", "mlp", True, None)
+    args = parser.parse_args(["rollback", "mlp", "--to", "v1", "--kubeconfig", "k", "-n", "b"])
+    assert (args.to, args.kubeconfig, args.namespace, args.wait) == ("v1", "k", "b", False)
+    assert plugin.main(["status"]) == 2
+    assert plugin.main(["promote", "mlp", "--timeout", "-1"]) == 2
+    args = release.build_parser().parse_args(
+        ["release", "--model", "m", "--version", "v2", "--file", "f", "--key", "k",
+         "--deployment", "d", "--store", "file:///s", "--wait", "-o", "json"]
+    )  # fmt: skip
+    assert (args.wait, args.output, args.timeout, args.force) == (True, "json", 900.0, False)
+    assert release.main(["release", "--model", "m"]) == 2
+
+
+def test_nothing_to_do_has_its_own_exit_code() -> None:
+    assert NOTHING_TO_DO not in (OK, ROLLOUT_FAILED, 2, 3, 4, 5)
+
+
+def test_the_crd_keeps_a_bounded_history_and_shows_the_last_result() -> None:
+    [crd] = list(yaml.safe_load_all(CRD.read_text()))
+    [version] = crd["spec"]["versions"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Last-Result"]["jsonPath"] == ".status.history[0].result"
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    history = status["history"]
+    assert history["maxItems"] == HISTORY_LIMIT
+    assert history["items"]["properties"]["result"]["enum"] == [str(r) for r in RolloutResult]
+
+
+@pytest.mark.parametrize("missing", ["--store", "--deployment"])
+def test_release_needs_its_store_and_deployment(missing: str) -> None:
+    argv = ["release", "--model", "m", "--version", "v", "--file", "f", "--key", "k",
+            "--deployment", "d", "--store", "s"]  # fmt: skip
+    at = argv.index(missing)
+    assert release.main(argv[:at] + argv[at + 2 :]) == 2
+
+
+def test_a_release_of_the_version_already_set_reports_its_last_rollout() -> None:
+    serving = md(HISTORY[1:], version="v2", phase="Available", currentVersion="v2")
+    outcome = release._already(serving, "v2")
+    assert outcome is not None and (outcome.code, outcome.reason) == (OK, "already serving v2")
+    failed = release._already(md(HISTORY, phase="Degraded", currentVersion="v2"), "v3")
+    assert failed is not None and failed.code == ROLLOUT_FAILED
+    assert "kubectl model retry" in failed.reason
+    running = md([entry("v4", "Progressing", "2026-12-03T09:00:00Z")], version="v4")
+    assert release._already(running, "v4") is None  # followed
+
+
+def test_progress_prints_a_line_only_when_its_words_change() -> None:
+    out = io.StringIO()
+    show = Progress(out)
+    canary = md([], phase="Canary", message="canary: 0/1 pods serve v2", versions={"v1": 2})
+    show(canary)
+    show(canary)
+    show(md([], phase="Available", message="2/2 pods serve v2", versions={"v2": 2}))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].endswith("Available: 2/2 pods serve v2 | pods serving v2=2")
