@@ -9,6 +9,10 @@ it drops only as the work per request (event loop, decoding, engine, metrics) dr
     python bench/server_time.py --backend torch --clients 1,16 --protocols json,binary
     python bench/server_time.py --backend torch --batching off,16:0,16:500
 
+``--servers K`` starts K independent servers (clients spread over their ports);
+``--processes K`` starts each server as one of K processes behind one port (the server's
+``--processes``: the kernel spreads the connections, /metrics is the pool's).
+
 ``--batching`` takes modes, each ``off`` or ``ROWS:DELAY_US`` (the server's
 ``--max-batch-size`` and ``--max-queue-delay-us``); each mode gets a server of its own.
 """
@@ -22,13 +26,14 @@ import platform
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
 from batching import batch_histogram
-from model_rollout_e2e.processes import ServerProcess
+from model_rollout_e2e.processes import ServerProcess, wait_until
 from swap_under_load import DEPTH, SIZES, publish, server_seconds
 
 MODEL = "mlp"
@@ -145,6 +150,8 @@ def run_mode(work: Path, args: argparse.Namespace, mode: str) -> list[dict]:
                 args.backend,
                 "--workers",
                 str(args.workers),
+                "--processes",
+                str(args.processes),
                 *batching_flags(mode),
             ],
         ).start()
@@ -153,11 +160,21 @@ def run_mode(work: Path, args: argparse.Namespace, mode: str) -> list[dict]:
     try:
         for server in servers:
             server.wait_ready(120)
+            if args.processes > 1:  # ready once every process answers the pool's scrape
+                wait_until(
+                    lambda url=server.url: (
+                        "model_server_pool_workers_unanswered 0.0"
+                        in urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+                    ),
+                    120,
+                    what="every process of the server",
+                )
         urls = [server.url for server in servers]
         rows = [
             {
                 "batching": mode,
                 "servers": args.servers,
+                "processes": args.processes,
                 **asyncio.run(measure(urls, protocol, SIZES[args.size][0], n, args.seconds)),
             }
             for protocol in args.protocols.split(",")
@@ -181,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--servers", type=int, default=1, help="server processes, clients spread over them"
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="processes of each server behind its one port (the server's --processes)",
+    )
     p.add_argument("--seconds", type=float, default=3.0, help="measured per case")
     p.add_argument(
         "--batching",
@@ -196,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for mode in args.batching for row in run_mode(work, args, mode)]
     print(
         f"\n{DEPTH}-layer MLP ({args.size}), batch 1, backend {args.backend}, "
-        f"{args.servers} server process(es) of {args.workers} inference threads, "
+        f"{args.servers} server(s) of {args.processes} process(es) of {args.workers} "
+        "inference threads, "
         f"{args.seconds:g} s per case, host {platform.node()}"
     )
     print(
@@ -217,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "workers": args.workers,
         "servers": args.servers,
+        "processes": args.processes,
         "seconds_per_case": args.seconds,
         "host": platform.node(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -4,11 +4,17 @@ kubeconfig file naming the (emulated) API server and a namespace."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import aiohttp
 import yaml
+from aiohttp import web
+
+from model_rollout_e2e.processes import free_port
 
 BIN = Path(sys.executable).parent  # the venv's scripts: kubectl-model, model-rollout
 TOOL_TIMEOUT_S = 600.0  # a hang guard only
@@ -45,3 +51,38 @@ async def run_tool(
     )
     out, err = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
     return proc.returncode if proc.returncode is not None else -1, out.decode(), err.decode()
+
+
+@contextlib.asynccontextmanager
+async def flaky_proxy(upstream: str, fail: Callable[[str, str], int | None]) -> AsyncIterator[str]:
+    """An HTTP proxy in front of the API server at ``upstream`` that answers the status
+    ``fail(method, path)`` picks (a Kubernetes ``Status``) instead of forwarding, and
+    forwards when it picks ``None``: an API server failing over (500), a write that lost
+    a race (409). Its URL."""
+    session = aiohttp.ClientSession()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        status = fail(request.method, request.path)
+        if status is not None:
+            body = {"kind": "Status", "code": status, "message": f"injected {status}"}
+            return web.json_response(body, status=status)
+        async with session.request(
+            request.method,
+            upstream + request.path_qs,
+            headers={k: v for k, v in request.headers.items() if k.lower() != "host"},
+            data=await request.read(),
+        ) as answer:
+            headers = {"Content-Type": answer.headers.get("Content-Type", "application/json")}
+            return web.Response(status=answer.status, body=await answer.read(), headers=headers)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await session.close()

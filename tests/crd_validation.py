@@ -32,6 +32,8 @@ def openapi_to_jsonschema(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {k: openapi_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-")}
+    if node.get("x-kubernetes-list-type") == "set":  # the API server refuses duplicates
+        out["uniqueItems"] = True
     if out.pop("nullable", False) and "type" in out:
         out["type"] = [out["type"], "null"]
     pattern = out.get("pattern")

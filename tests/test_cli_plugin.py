@@ -4,16 +4,23 @@ errors (exit 4) for an RBAC denial, a missing resource and an unreachable API.""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kmock
 import pytest
 
-from cli_helpers import BIN, run_tool, write_kubeconfig
+from cli_helpers import BIN, TOOL_TIMEOUT_S, flaky_proxy, run_tool, write_kubeconfig
+from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import MD_PATH, create_model_deployment, kube_emulator
+from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import free_port
+from sidecar_helpers import make_keys
 
 NAMESPACE = "ml"
 STATUS = {
@@ -35,7 +42,7 @@ STATUS = {
             "startedAt": "2026-12-03T08:00:00Z",
             "result": "Progressing",
             "reason": "AwaitingPromotion",
-            "triggeredBy": "release of v2 by ci@runner",
+            "triggeredBy": "release by ci@runner",
         },
         {
             "version": "v1",
@@ -74,7 +81,7 @@ async def test_kubectl_finds_the_plugin_and_runs_it(tmp_path: Path) -> None:
         assert code == 0, err
         for fragment in ("Name:        mlp", "Phase:       Canary (AwaitingPromotion)",
                          "Serving:     v1: 1 pods  v2: 1 pods", "kubectl model promote mlp",
-                         "release of v2 by ci@runner"):  # fmt: skip
+                         "release by ci@runner"):  # fmt: skip
             assert fragment in out, out
         assert "\x1b[" not in out  # not a terminal: no colour
         # the context's namespace, overridden by -n as kubectl does
@@ -106,16 +113,14 @@ async def test_promote_writes_the_annotation_of_this_rollout(tmp_path: Path) -> 
         # $KUBECONFIG as kubectl reads it (an unreadable path beside it is skipped)
         env = {"KUBECONFIG": f"{tmp_path / 'absent'}:{kubeconfig}"}
         code, out, err = await run_tool("kubectl-model", "history", "mlp", env=env)
-        assert code == 0 and "release of v2 by ci@runner" in out, err
+        assert code == 0 and "release by ci@runner" in out, err
         code, out, err = await run_tool(
             "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
         )
         assert code == 0 and "from v2 to v1" in out, err  # the last success but spec.version
         md = await api.request("GET", f"{MD_PATH.format(ns=NAMESPACE)}/mlp")
         assert md["spec"]["version"] == "v1"
-        assert md["metadata"]["annotations"]["serving.model-rollout.io/change-cause"].startswith(
-            "rollback by "
-        )
+        assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v1: rollback by ")
 
 
 async def test_an_rbac_denial_says_what_to_ask_for(tmp_path: Path) -> None:
@@ -170,3 +175,228 @@ async def test_watch_in_a_log_prints_a_view_only_when_something_changed(tmp_path
         )  # fmt: skip
     assert code == 0, err
     assert out.count("Name:        mlp") == 1 and out.rstrip().endswith("---")  # read ~10 times
+
+
+async def set_status(api: Any, name: str, status: dict[str, Any]) -> None:
+    await api.merge_patch(f"{MD_PATH.format(ns=NAMESPACE)}/{name}/status", {"status": status})
+
+
+async def read(api: Any, name: str = "mlp") -> dict[str, Any]:
+    return dict(await api.request("GET", f"{MD_PATH.format(ns=NAMESPACE)}/{name}"))
+
+
+async def when(api: Any, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The resource once ``ready`` holds for it (what a tool wrote); a hang guard only."""
+
+    async def poll() -> dict[str, Any]:
+        while not ready(md := await read(api)):
+            await asyncio.sleep(0.05)
+        return md
+
+    return await asyncio.wait_for(poll(), TOOL_TIMEOUT_S)
+
+
+V2_SUCCEEDED = {
+    "version": "v2",
+    "fromVersion": "v1",
+    "startedAt": "2026-12-03T08:00:00Z",
+    "finishedAt": "2026-12-03T08:01:00Z",
+    "result": "Succeeded",
+    "reason": "2/2 pods serve v2",
+    "triggeredBy": "release by ci@runner",
+}
+SERVING_V2 = {
+    "phase": "Available",
+    "currentVersion": "v2",
+    "previousVersion": "v1",
+    "versions": {"v2": 2},
+    "rollout": {"toVersion": "v2", "fromVersion": "v1", "stage": "complete", "startedAt": 1e9},
+    "history": [V2_SUCCEEDED, STATUS["history"][1]],
+}
+
+
+async def test_a_release_run_again_for_the_version_served_publishes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A CI job run again: exit 0, nothing published or written; ``--force`` refused,
+    since new bytes under a version the pods hold would never reach them."""
+    model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
+    write_mlp(model, seed=1)
+    store = tmp_path / "store"
+    async with kube_emulator() as api:
+        await deployment(api)
+        await set_status(api, "mlp", SERVING_V2)
+        before = await read(api)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        argv = ["release", "--model", "mlp", "--version", "v2", "--file", str(model),
+                "--key", str(keys.private), "--deployment", "mlp", "--store", f"file://{store}",
+                "--kubeconfig", kubeconfig, "--wait", "-o", "json"]  # fmt: skip
+        code, out, err = await run_tool("model-rollout", *argv)
+        assert code == 0, (out, err)
+        report = json.loads(out)
+        assert (report["result"], report["reason"]) == ("Succeeded", "already serving v2")
+        assert report["published"] is None and "not published again" in err
+        code, out, err = await run_tool("model-rollout", *argv, "--force")
+        assert code == 2 and "--force refused: pods of mlp hold v2" in json.loads(out)["reason"]
+        after = await read(api)
+    assert not store.exists()  # nothing published
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+async def test_abort_wait_explains_a_rollout_that_completed_first(tmp_path: Path) -> None:
+    async with kube_emulator() as api:
+        await deployment(api)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        tool = asyncio.create_task(
+            run_tool("kubectl-model", "abort", "mlp", "--wait", "--kubeconfig", kubeconfig)
+        )
+        await when(api, lambda md: ABORT in (md["metadata"].get("annotations") or {}))
+        await set_status(api, "mlp", SERVING_V2)  # the operator finished v2 before it read it
+        code, out, err = await tool
+    assert code == 1 and "result: Succeeded" in out, (out, err)
+    assert "had completed before the abort" in out and "kubectl model rollback mlp" in out
+
+
+async def test_abort_of_a_first_deployment_has_nothing_to_go_back_to(tmp_path: Path) -> None:
+    async with kube_emulator() as api:
+        await deployment(api)
+        first = {**STATUS, "currentVersion": None, "versions": {"v2": 1}}
+        await set_status(api, "mlp", first)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        code, out, err = await run_tool("kubectl-model", "abort", "mlp", "--kubeconfig", kubeconfig)
+        md = await read(api)
+    assert code == 6 and "no stable version to go back to from v2" in err, (out, err)
+    assert ABORT not in (md["metadata"].get("annotations") or {})
+
+
+async def test_rollback_wait_after_a_refused_version_ends_on_available(tmp_path: Path) -> None:
+    """spec.version v9 refused (not in the store): rolling back to v2, which the
+    operator's rollout state is complete on, starts no rollout and adds no history entry;
+    Available on v2 for the generation written is the success."""
+    async with kube_emulator() as api:
+        await deployment(api)
+        path = f"{MD_PATH.format(ns=NAMESPACE)}/mlp"
+        await api.merge_patch(path, {"spec": {"version": "v9"}})
+        refused = {**SERVING_V2, "phase": "Invalid", "message": "v9 is not in the store"}
+        await set_status(api, "mlp", {**refused, "observedGeneration": 2})
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        tool = asyncio.create_task(
+            run_tool("kubectl-model", "rollback", "mlp", "--wait", "--kubeconfig", kubeconfig)
+        )
+        md = await when(api, lambda md: md["spec"]["version"] == "v2")
+        generation = md["metadata"]["generation"]
+        assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v2: rollback by ")
+        await set_status(api, "mlp", {**SERVING_V2, "observedGeneration": generation})
+        code, out, err = await tool
+    assert code == 0 and "from v9 to v2" in out and "result: Succeeded" in out, (out, err)
+
+
+async def test_wait_rides_out_api_errors_while_it_follows(tmp_path: Path) -> None:
+    """Two reads of the followed resource answered 500 (an API server failing over):
+    the rollback is still followed to its result, not ended with exit 4."""
+    reads: list[str] = []
+
+    def fail(method: str, path: str) -> int | None:
+        if method == "GET" and path.endswith("/modeldeployments/mlp"):
+            reads.append(path)
+            return 500 if len(reads) in (2, 3) else None  # the first two polls after the patch
+        return None
+
+    async with kube_emulator() as api, flaky_proxy(api.url, fail) as proxy:
+        await deployment(api)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", proxy, NAMESPACE))
+        tool = asyncio.create_task(
+            run_tool("kubectl-model", "rollback", "mlp", "--wait", "--kubeconfig", kubeconfig)
+        )
+        await when(api, lambda md: md["spec"]["version"] == "v1" and len(reads) > 3)
+        v1_again = {
+            **V2_SUCCEEDED, "version": "v1", "fromVersion": "v2",
+            "startedAt": "2026-12-03T09:00:00.000Z", "reason": "2/2 pods serve v1",
+        }  # fmt: skip
+        history = [v1_again, *STATUS["history"]]
+        await set_status(
+            api, "mlp",
+            {"phase": "Available", "currentVersion": "v1", "versions": {"v1": 2},
+             "history": history},
+        )  # fmt: skip
+        code, out, err = await tool
+    assert code == 0 and "result: Succeeded" in out, (out, err)
+
+
+async def test_a_write_that_lost_a_race_is_decided_again_once(tmp_path: Path) -> None:
+    """The rollback's patch carries the resourceVersion it was decided on; a 409 (the
+    operator wrote the status in between) is read again and decided again, once."""
+    patches: list[str] = []
+
+    def fail(method: str, path: str) -> int | None:
+        if method == "PATCH" and path.endswith("/modeldeployments/mlp"):
+            patches.append(path)
+            return 409 if len(patches) <= limit else None
+        return None
+
+    async with kube_emulator() as api, flaky_proxy(api.url, fail) as proxy:
+        await deployment(api)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", proxy, NAMESPACE))
+        limit = 1
+        code, out, err = await run_tool(
+            "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
+        )
+        assert code == 0 and "from v2 to v1" in out and len(patches) == 2, (out, err)
+        await api.merge_patch(f"{MD_PATH.format(ns=NAMESPACE)}/mlp", {"spec": {"version": "v2"}})
+        patches.clear()
+        limit = 2
+        code, out, err = await run_tool(
+            "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
+        )
+        assert code == 4 and "mlp changed while this command read it" in err, (out, err)
+        assert (await read(api))["spec"]["version"] == "v2" and len(patches) == 2
+
+
+async def test_a_missing_crd_is_named(tmp_path: Path) -> None:
+    async with kube_emulator() as api:
+        assert api.emulator is not None
+
+        def no_group(request: Any) -> None:
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find it")
+
+        api.emulator["get /apis/serving.model-rollout.io/v1alpha1"] << no_group
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        code, out, err = await run_tool(
+            "kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig
+        )
+    assert code == 4 and "the ModelDeployment CRD is not installed" in err, (out, err)
+
+
+async def test_release_json_reports_what_was_done_whatever_ends_it(tmp_path: Path) -> None:
+    """A refused write after the publish: the report keeps what was published. Ctrl-C
+    while following: still one JSON object, result "interrupted", exit 130."""
+    model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
+    write_mlp(model, seed=1)
+
+    def argv(version: str, kubeconfig: str) -> list[str]:
+        return ["release", "--model", "mlp", "--version", version, "--file", str(model),
+                "--key", str(keys.private), "--deployment", "mlp",
+                "--store", f"file://{tmp_path / 'store'}", "--kubeconfig", kubeconfig,
+                "--wait", "-o", "json"]  # fmt: skip
+
+    def deny_patch(method: str, path: str) -> int | None:
+        return 403 if method == "PATCH" else None
+
+    async with kube_emulator() as api, flaky_proxy(api.url, deny_patch) as proxy:
+        await deployment(api)
+        denied = str(write_kubeconfig(tmp_path / "denied", proxy, NAMESPACE))
+        code, out, err = await run_tool("model-rollout", *argv("v3", denied))
+        report = json.loads(out)
+        assert code == 4 and report["result"] == "Error" and "forbidden" in report["reason"]
+        assert report["published"].startswith("published mlp:v3"), (out, err)
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        proc = await asyncio.create_subprocess_exec(
+            str(BIN / "model-rollout"), *argv("v4", kubeconfig),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await when(api, lambda md: md["spec"]["version"] == "v4")  # following now
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
+    report = json.loads(stdout)
+    assert proc.returncode == 130 and report["result"] == "interrupted", report
+    assert report["published"].startswith("published mlp:v4")

@@ -5,6 +5,7 @@ change-cause, argument parsing; and the CRD's history schema and LAST-RESULT col
 from __future__ import annotations
 
 import io
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -12,13 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
-from model_rollout_cli import plugin, release
+from model_rollout_cli import errors, plugin, release
 from model_rollout_cli.cause import change_cause, ci_job
-from model_rollout_cli.errors import NOTHING_TO_DO, OK, ROLLOUT_FAILED, api_error
-from model_rollout_cli.follow import INVALID, judge
+from model_rollout_cli.errors import OK, ROLLOUT_FAILED, USAGE, api_error
+from model_rollout_cli.follow import INVALID, judge, rollout_on
 from model_rollout_cli.history import history_table, keys, previous_success
 from model_rollout_cli.table import age
 from model_rollout_cli.view import Progress, progress_line, render
+from model_rollout_contract.annotations import change_cause_for
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import RolloutResult, SidecarState
@@ -114,9 +116,11 @@ def test_history_table_and_the_version_a_rollback_goes_to() -> None:
 def test_a_followed_rollout_is_judged_by_its_own_entry() -> None:
     before = keys(md(HISTORY))
     done = {"phase": "Available", "currentVersion": "v4", "versions": {"v4": 2}}
-    running = md([entry("v4", "Progressing", "2026-12-03T09:00:00Z"), *HISTORY], **done)
+    running = md([entry("v4", "Progressing", "2026-12-03T09:00:00Z"), *HISTORY], "v4", **done)
     assert judge(running, "v4", before, RolloutResult.SUCCEEDED, None) is None
-    ok = md([entry("v4", "Succeeded", "2026-12-03T09:00:00Z", reason="2/2"), *HISTORY], **done)
+    ok = md(
+        [entry("v4", "Succeeded", "2026-12-03T09:00:00Z", reason="2/2"), *HISTORY], "v4", **done
+    )
     outcome = judge(ok, "v4", before, RolloutResult.SUCCEEDED, None)
     assert outcome is not None and (outcome.result, outcome.code) == ("Succeeded", OK)
     assert outcome.to_json()["versions"] == {"v4": 2}
@@ -125,13 +129,66 @@ def test_a_followed_rollout_is_judged_by_its_own_entry() -> None:
     failed = judge(md(HISTORY), "v3", set(), RolloutResult.SUCCEEDED, None)
     assert failed is not None and failed.code == ROLLOUT_FAILED
     assert failed.reason == "canary analysis of v3 failed"
-    # Succeeded, but a pod still starts: not yet
-    starting = md([entry("v4", "Succeeded", "2026-12-03T09:00:00Z")], phase="Progressing")
-    assert judge(starting, "v4", set(), RolloutResult.SUCCEEDED, None) is None
-    invalid = md(HISTORY, phase="Invalid", message="not in the store", observedGeneration=4)
+    # Succeeded (recorded only once Available), then a pod restarts: still a success
+    starting = md(
+        [entry("v4", "Succeeded", "2026-12-03T09:00:00Z")], version="v4", phase="Progressing"
+    )
+    decided = judge(starting, "v4", set(), RolloutResult.SUCCEEDED, None)
+    assert decided is not None and (decided.result, decided.code) == ("Succeeded", OK)
+    invalid = md(
+        HISTORY, version="v9", phase="Invalid", message="not in the store", observedGeneration=4
+    )
     refused = judge(invalid, "v9", before, RolloutResult.SUCCEEDED, generation=4)
     assert refused is not None and (refused.result, refused.reason) == (INVALID, "not in the store")
     assert judge(invalid, "v9", before, RolloutResult.SUCCEEDED, generation=5) is None
+
+
+V2_DONE = entry("v2", "Succeeded", "2026-12-03T08:10:00Z", finishedAt="2026-12-03T08:11:00Z")
+V1_DONE = entry("v1", "Succeeded", "2026-12-03T08:00:00Z")
+BEFORE_V2 = {("v1", "2026-12-03T08:00:00Z")}
+
+
+def test_this_rollouts_own_entry_decides_before_a_later_spec_change() -> None:
+    v3 = entry("v3", "Progressing", "2026-12-03T08:11:01Z")
+    moved = md([v3, V2_DONE, V1_DONE], version="v3", phase="Canary", observedGeneration=6)
+    outcome = judge(moved, "v2", BEFORE_V2, RolloutResult.SUCCEEDED, 5)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Succeeded", OK)
+    refused = md([V2_DONE, V1_DONE], version="v9", phase="Invalid", observedGeneration=6)
+    outcome = judge(refused, "v2", BEFORE_V2, RolloutResult.SUCCEEDED, 5)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Succeeded", OK)
+
+
+def test_a_rollout_the_spec_left_before_it_ended_or_started_is_superseded() -> None:
+    v3 = entry("v3", "Progressing", "2026-12-03T08:11:01Z")
+    never = md([v3, V1_DONE], version="v3", phase="Canary", observedGeneration=6)
+    outcome = judge(never, "v2", BEFORE_V2, RolloutResult.SUCCEEDED, 5)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Superseded", 1)
+    assert "changed to v3 before the rollout of v2 started" in outcome.reason
+    v2_running = entry("v2", "Progressing", "2026-12-03T08:10:00Z")
+    left = md([v2_running, V1_DONE], version="v9", phase="Invalid", observedGeneration=6)
+    outcome = judge(left, "v2", BEFORE_V2, RolloutResult.SUCCEEDED, 5)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Superseded", 1)
+
+
+def test_back_to_the_version_the_operator_is_on_succeeds_without_a_new_entry() -> None:
+    """spec.version v9 refused (Invalid), then set back to v2: the operator's rollout state
+    is complete on v2 already, so it starts nothing and adds no entry."""
+    rollout = {"toVersion": "v2", "stage": "complete"}
+    refused = md(
+        [V2_DONE, V1_DONE], version="v9", phase="Invalid", observedGeneration=3, rollout=rollout
+    )
+    assert rollout_on(refused, "v2") and not rollout_on(refused, "v1")
+    known = keys(refused)
+    back = md(
+        [V2_DONE, V1_DONE], version="v2", phase="Available", currentVersion="v2",
+        versions={"v2": 2}, observedGeneration=4, rollout=rollout,
+    )  # fmt: skip
+    outcome = judge(back, "v2", known, RolloutResult.SUCCEEDED, 4, new_entry=False)
+    assert outcome is not None and (outcome.result, outcome.code) == ("Succeeded", OK)
+    assert outcome.entry == V2_DONE
+    stale = {**back, "status": {**back["status"], "observedGeneration": 3}}
+    assert judge(stale, "v2", known, RolloutResult.SUCCEEDED, 4, new_entry=False) is None
+    assert judge(back, "v2", known, RolloutResult.SUCCEEDED, 4) is None  # an entry expected
 
 
 def test_api_errors_say_what_to_do() -> None:
@@ -151,12 +208,18 @@ def test_the_change_cause_names_the_ci_job_or_the_user() -> None:
         "GITHUB_RUN_ID": "42",
         "GITHUB_ACTOR": "bob",
     }
-    assert change_cause("rollback", github) == "rollback by GitHub Actions org/models run 42 (bob)"
+    cause = change_cause("rollback", "v1", github)
+    assert cause == "v1: rollback by GitHub Actions org/models run 42 (bob)"
+    assert change_cause_for(cause, "v1") == "rollback by GitHub Actions org/models run 42 (bob)"
+    assert change_cause_for(cause, "v2") is None  # another version's: stale for v2
+    assert change_cause_for("release of v2 by x", "v2") is None  # names no version
+    assert change_cause_for(None, "v2") is None
     gitlab = {"GITLAB_CI": "true", "CI_PROJECT_PATH": "g/p", "CI_JOB_ID": "7"}
     assert ci_job(gitlab) == "GitLab CI g/p job 7"
     assert ci_job({"BUILD_URL": "https://jenkins/job/1/"}) == "CI https://jenkins/job/1/"
     assert ci_job({"CI": "true"}) is None
-    assert "@" in change_cause("release of v2", {})
+    mine = change_cause("release", "v2", {})
+    assert mine.startswith("v2: release by ") and "@" in mine
 
 
 def test_arguments_parse_as_kubectl_passes_them() -> None:
@@ -175,8 +238,14 @@ def test_arguments_parse_as_kubectl_passes_them() -> None:
     assert release.main(["release", "--model", "m"]) == 2
 
 
-def test_nothing_to_do_has_its_own_exit_code() -> None:
-    assert NOTHING_TO_DO not in (OK, ROLLOUT_FAILED, 2, 3, 4, 5)
+def test_every_exit_code_is_distinct_and_documented_with_its_number() -> None:
+    codes = {n: v for n, v in vars(errors).items() if n.isupper() and isinstance(v, int)}
+    assert len(set(codes.values())) == len(codes) == 7 and codes["NOTHING_TO_DO"] == 6
+    documented = re.findall(r"^\* (\d+): (.+)$", errors.__doc__ or "", re.MULTILINE)
+    assert sorted(int(n) for n, _ in documented) == sorted(codes.values())
+    assert dict(documented)["6"].startswith("nothing to do")
+    assert plugin.main(["history", "mlp", "--limit", "0"]) == USAGE
+    assert plugin.main(["status", "mlp", "--watch", "-o", "json"]) == USAGE
 
 
 def test_the_crd_keeps_a_bounded_history_and_shows_the_last_result() -> None:
@@ -207,6 +276,9 @@ def test_a_release_of_the_version_already_set_reports_its_last_rollout() -> None
     assert "kubectl model retry" in failed.reason
     running = md([entry("v4", "Progressing", "2026-12-03T09:00:00Z")], version="v4")
     assert release._already(running, "v4") is None  # followed
+    # it succeeded, and a pod restarts: followed until Available, never "retry it"
+    restarting = md(HISTORY[1:], version="v2", phase="Progressing", currentVersion="v2")
+    assert release._already(restarting, "v2") is None
 
 
 def test_progress_prints_a_line_only_when_its_words_change() -> None:

@@ -219,6 +219,7 @@ CRD_DEFAULTS = {
     "sidecar.maxConcurrentDownloads": defaults.MAX_CONCURRENT_DOWNLOADS,
     "server": {},
     "server.drainSeconds": defaults.DRAIN_SECONDS,
+    "server.processes": defaults.SERVER_PROCESSES,
     "server.batching": {},
     "server.batching.maxBatchSize": defaults.MAX_BATCH_SIZE,
     "server.batching.maxQueueDelayMicroseconds": defaults.MAX_QUEUE_DELAY_MICROSECONDS,
@@ -563,3 +564,29 @@ def test_a_status_reply_says_which_policy_the_server_holds_or_not_at_all() -> No
     with pytest.raises(ProtocolError, match="'policy'"):
         parse_reply(b'{"ok": true, "model": "m", "version": "v2", "sha256": null, '
                     b'"loaded": ["v2"], "policy": {"stable": "v1"}}')  # fmt: skip
+
+
+@pytest.mark.parametrize("jwks_url", [None, "https://issuer.example/jwks.json"])
+def test_jwt_argv_is_what_the_server_parses(jwks_url: str | None) -> None:
+    from model_server.config import parse_args
+
+    jwt = argv.JwtArgs("https://i.example", "api", jwks_url, ("ES256", "EdDSA"), "org", 12.5)
+    line = argv.server_argv(argv.ServerArgs("resnet", tenants=True, jwt=jwt))
+    config = parse_args(line[1:])
+    assert config.jwt is not None
+    assert (config.jwt.issuer, config.jwt.audience) == ("https://i.example", "api")
+    assert config.jwt.jwks_url == jwks_url
+    assert config.jwt.jwks_file == (None if jwks_url else Path(argv.JWKS_FILE))
+    assert (config.jwt.algorithms, config.jwt.tenant_claim, config.jwt.leeway_s) == (
+        ("ES256", "EdDSA"),
+        "org",
+        12.5,
+    )
+
+
+def test_the_servers_jwt_defaults_are_the_contracts() -> None:
+    from model_server import jwt_auth
+
+    assert jwt_auth.DEFAULT_ALGORITHMS == defaults.JWT_ALGORITHMS
+    assert set(defaults.JWT_ALGORITHMS) <= set(defaults.JWT_ASYMMETRIC_ALGORITHMS)
+    assert not any(a.startswith("HS") or a == "none" for a in jwt_auth.ASYMMETRIC_ALGORITHMS)

@@ -4,15 +4,22 @@ annotations in the planner, and the rollout history kept in ``.status.history``.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from model_operator.history import SPEC_EDIT, record
+import yaml
+
+from crd_validation import ResourceSchema
+from model_operator.history import SPEC_EDIT, record, started
 from model_operator.planner import BATCHES, CANARY, COMPLETE, FAILED, Event, Plan, RolloutState
-from model_operator.status import iso
-from model_rollout_contract.annotations import ABORT, RETRY
+from model_operator.status import build_status, iso
+from model_rollout_contract.annotations import ABORT, RETRY, change_cause_value
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult
 from model_rollout_e2e.simulation import SimCluster
 from test_planner import spec
+
+ROOT = Path(__file__).parent.parent
 
 
 def canary_held(cluster: SimCluster, version: str = "v2"):  # type: ignore[no-untyped-def]
@@ -48,6 +55,26 @@ def test_an_abort_of_another_version_is_ignored_with_an_event() -> None:
     plan = cluster.step(sp, aborted="v2")
     plan = cluster.step(sp, aborted="v2")
     assert plan.reason == "Aborted" and plan.events == ()
+
+
+def test_an_abort_that_arrives_after_its_rollout_completed_says_so() -> None:
+    cluster = SimCluster(4)
+    sp = spec(version="v2")
+    assert cluster.run(sp).phase is Phase.AVAILABLE
+    plan = cluster.step(sp, aborted="v2")
+    assert [e.reason for e in plan.events] == ["AbortIgnored"] and plan.events[0].warning
+    assert "completed; use kubectl model rollback" in plan.events[0].message
+    assert ABORT in plan.cleared and cluster.serving() == {"v2": 4}
+    assert plan.state.stage == COMPLETE and plan.phase is Phase.AVAILABLE
+
+
+def test_an_abort_of_a_failed_rollout_is_ignored_with_an_event() -> None:
+    cluster = SimCluster(4, refuse=frozenset({"v2"}))
+    sp = spec(version="v2")
+    assert cluster.run(sp).state.stage == FAILED
+    plan = cluster.step(sp, aborted="v2")
+    assert [e.reason for e in plan.events] == ["AbortIgnored"]
+    assert "is not running" in plan.events[0].message
 
 
 def test_retry_forgets_a_failure_and_runs_the_rollout_again() -> None:
@@ -93,19 +120,20 @@ def _plan(state: RolloutState, *events: str, reason: str = "BatchLoading") -> Pl
 
 def test_history_records_one_entry_per_rollout_most_recent_first() -> None:
     v2 = RolloutState("v2", "v1", BATCHES, started_at=100.0)
-    history = record([], _plan(v2, "RolloutStarted"), 101.0, "release by ci")
+    cause = change_cause_value("v2", "release by ci")
+    history = record([], _plan(v2, "RolloutStarted"), 101.0, cause)
     assert history == [
         {
             "version": "v2",
             "fromVersion": "v1",
-            "startedAt": iso(100.0),
+            "startedAt": started(100.0),
             "result": "Progressing",
             "reason": "BatchLoading",
             "triggeredBy": "release by ci",
         }
     ]
     # the same pass again (a restart, a crash before the status write): the same entry
-    assert record(history, _plan(v2, "RolloutStarted"), 101.0, "release by ci") == history
+    assert record(history, _plan(v2, "RolloutStarted"), 101.0, cause) == history
     assert record(history, _plan(v2), 102.0, None) == history
     complete = replace(v2, stage=COMPLETE)  # a pod still starting: not Succeeded yet
     starting = replace(_plan(complete), phase=Phase.PROGRESSING, reason="PodsStarting")
@@ -114,7 +142,7 @@ def test_history_records_one_entry_per_rollout_most_recent_first() -> None:
     assert done[0]["result"] == "Succeeded" and done[0]["finishedAt"] == iso(130.0)
     assert done[0]["triggeredBy"] == "release by ci"
     v3 = RolloutState("v3", "v2", CANARY, started_at=200.0)
-    running = record(done, _plan(v3, "RolloutStarted"), 200.0, None)
+    running = record(done, _plan(v3, "RolloutStarted"), 200.0, cause)  # v2's: stale
     assert [e["version"] for e in running] == ["v3", "v2"]
     assert running[0]["triggeredBy"] == SPEC_EDIT
     v4 = RolloutState("v4", "v2", CANARY, started_at=300.0)
@@ -143,3 +171,83 @@ def test_history_results_and_bound() -> None:
     steady = RolloutState("v1", None, COMPLETE, started_at=1.0)
     assert record(["junk", {"version": "v0"}], _plan(steady), 2.0, None) == [{"version": "v0"}]
     assert record("junk", _plan(steady), 2.0, None) == []
+
+
+def test_triggered_by_is_the_change_cause_only_when_it_names_the_new_version() -> None:
+    """The change-cause annotation stays until changed: a later edit of spec.version by
+    hand (or a GitOps sync) must not be recorded as the last release."""
+    v3 = RolloutState("v3", "v2", CANARY, started_at=200.0)
+    for cause, expected in [
+        (change_cause_value("v3", "rollback by alice@laptop"), "rollback by alice@laptop"),
+        (change_cause_value("v2", "release by ci"), SPEC_EDIT),  # the last release's
+        ("release of v3 by ci", SPEC_EDIT),  # names no version
+        (None, SPEC_EDIT),
+    ]:
+        [entry] = record([], _plan(v3, "RolloutStarted"), 201.0, cause)
+        assert entry["triggeredBy"] == expected, cause
+    [entry] = record([], _plan(v3, "RolloutStarted"), 201.0, change_cause_value("v3", "x" * 999))
+    assert len(entry["triggeredBy"]) == 300 and entry["triggeredBy"].endswith("…")
+    cluster = SimCluster(4)  # through the planner: a plain edit after a release
+    release = change_cause_value("v2", "release by GitHub Actions org/models run 42 (bob)")
+    history: list[dict[str, Any]] = []
+    for version, steps in (("v2", 30), ("v3", 3)):
+        for _ in range(steps):
+            history = record(history, cluster.step(spec(version=version)), cluster.now, release)
+    assert [(e["version"], e["triggeredBy"]) for e in history] == [
+        ("v3", SPEC_EDIT),
+        ("v2", "release by GitHub Actions org/models run 42 (bob)"),
+    ]
+
+
+def test_every_history_the_operator_writes_is_valid_under_the_crd() -> None:
+    """First deployment, a held canary, an abort, a retry, a refused version, a
+    superseded one and a rollback: each status as the API server would validate it."""
+    schema = ResourceSchema.load(ROOT / "deploy" / "crds" / "modeldeployment.yaml")
+    [example] = [
+        d for d in yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text()) if d
+    ]
+    history: list[dict[str, Any]] = []
+    results: set[str] = set()
+
+    def step(cluster: SimCluster, sp: Any, **kw: Any) -> None:
+        nonlocal history
+        plan = cluster.step(sp, **kw)
+        history = record(history, plan, cluster.now, change_cause_value(sp.version, "y" * 400))
+        status = build_status(
+            plan, [p.view() for p in cluster.pods], 4, 1, cluster.now, [], signing_key="k"
+        )
+        status["history"] = history
+        results.update(e["result"] for e in history)
+        assert schema.problems({**example, "status": status}) == []
+
+    cluster = SimCluster(4, version=None)
+    for _ in range(20):
+        step(cluster, spec(version="v1"))
+    held = spec(version="v2", canary={"percent": 25, "manualPromote": True})
+    for _ in range(10):
+        step(cluster, held)
+    step(cluster, held, aborted="v2")
+    step(cluster, held, retried="v2")
+    cluster = SimCluster(4, refuse=frozenset({"v7"}))
+    history = []
+    for version, steps in (("v7", 40), ("v8", 4), ("v1", 40)):
+        for _ in range(steps):
+            step(cluster, spec(version=version))
+    assert {"Succeeded", "Aborted", "Failed", "Superseded", "Progressing"} <= results
+
+
+def test_two_rollouts_of_a_version_in_one_second_are_two_entries() -> None:
+    """A version refused at once and retried within the second: the retry is a rollout
+    of its own (the tools follow it by its entry); an entry written to the second by an
+    older operator is still found and finished."""
+    refused = RolloutState("v2", "v1", FAILED, started_at=100.1, failure="refused")
+    history = record([], _plan(refused, "RolloutStarted"), 100.2, None)
+    retried = RolloutState("v2", "v1", CANARY, started_at=100.6)
+    history = record(history, _plan(retried, "RolloutRetried", "RolloutStarted"), 100.6, None)
+    assert [(e["startedAt"], e["result"]) for e in history] == [
+        ("1970-01-01T00:01:40.600Z", "Progressing"),
+        ("1970-01-01T00:01:40.100Z", "Failed"),
+    ]
+    legacy = [{"version": "v2", "startedAt": iso(100.6), "result": "Progressing"}]
+    done = record(legacy, _plan(replace(retried, stage=COMPLETE)), 130.0, None)
+    assert len(done) == 1 and done[0]["result"] == "Succeeded"

@@ -26,6 +26,7 @@ from helm_chart import lint_chart, render_chart
 from model_operator import spec as spec_module
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
+from model_rollout_contract import defaults
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import kube_emulator
 
@@ -296,10 +297,17 @@ def test_the_crd_patterns_are_the_operators() -> None:
         schema["properties"]["store"]["properties"]["credentialsSecret"],
         schema["properties"]["store"]["properties"]["pvc"],
         schema["properties"]["tenants"]["properties"]["secretName"],
+        schema["properties"]["tenants"]["properties"]["jwt"]["properties"]["jwksSecret"],
     ]
     for field in names:
         assert field["pattern"] == f"^{spec_module.OBJECT_NAME.pattern}$"
         assert field["maxLength"] == spec_module.OBJECT_NAME_MAX
+    jwt = schema["properties"]["tenants"]["properties"]["jwt"]["properties"]
+    assert jwt["jwksUrl"]["pattern"] == f"^{spec_module.JWKS_URL.pattern}$"
+    assert jwt["algorithms"]["items"]["enum"] == list(defaults.JWT_ASYMMETRIC_ALGORITHMS)
+    for text in ("issuer", "audience", "tenantClaim", "jwksUrl"):
+        assert jwt[text]["maxLength"] == spec_module.JWT_TEXT_MAX
+    assert jwt["leewaySeconds"]["maximum"] == spec_module.MAX_JWT_LEEWAY_SECONDS
 
 
 def test_the_crd_limits_and_query_names_are_the_operators() -> None:
@@ -332,6 +340,7 @@ def test_the_crd_limits_and_query_names_are_the_operators() -> None:
         batching["maxBatchSize"]["maximum"],
         batching["maxQueueDelayMicroseconds"]["maximum"],
     ) == (spec_module.MAX_BATCH_SIZE, spec_module.MAX_QUEUE_DELAY_MICROSECONDS)
+    assert server["processes"]["maximum"] == spec_module.MAX_SERVER_PROCESSES
 
 
 async def _kubectl(server: str, path: Path) -> tuple[int, str]:
@@ -433,6 +442,34 @@ QUERIES = _field(
     ),
     *['sum(model_version_requests_total{model="{model}"})', "{Version}", "", 3],
 )
+JWT_TEXTS = _field(
+    st.sampled_from(["https://issuer.example", "model-api", "tenant", "org_id", "x" * 1024]),
+    *["", "x" * 1025, 5, ["a"]],
+)
+JWKS_URLS = _field(
+    st.sampled_from(["https://issuer.example/.well-known/jwks.json", "https://10.0.0.1:8443"]),
+    *["http://issuer/jwks", "https://", "https://u:p@h/jwks", "https://h x", "ftp://h", 5],
+    *["https://" + "h" * 1020, ""],
+)
+JWT_ALGORITHMS = _field(
+    st.lists(st.sampled_from(["RS256", "ES256", "EdDSA", "PS512"]), min_size=1, unique=True),
+    *[[], ["HS256"], ["none"], ["RS256", "RS256"], "RS256", [5]],
+)
+_TENANT_MODEL = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["acme-mlp", "globex", "a" * 40]),
+        "tenant": st.sampled_from(["acme", "globex", "m"]),  # "m": also a model name
+        "model": st.sampled_from(["mlp", "resnet50"]),
+        "version": st.sampled_from(["v1", "2026-12-03"]),
+    },
+    optional={"signingPublicKeySecret": st.sampled_from(["acme-keys", "Bad_Key"])},
+)
+TENANT_MODELS = _field(
+    st.lists(_TENANT_MODEL, max_size=3),
+    *[[{"name": "Acme", "tenant": "a", "model": "m", "version": "v"}], [{"tenant": "a"}]],
+    *[[{"name": "a" * 41, "tenant": "a", "model": "m", "version": "v"}], ["x"], "x", {}],
+    [{"name": f"t{i}", "tenant": "a", "model": f"m{i}", "version": "v"} for i in range(17)],
+)
 NOT_AN_OBJECT = st.sampled_from([{}, 5, "x", [], True, None])
 
 # every field of the spec, as the CRD nests them (a test checks that none is missing)
@@ -491,7 +528,19 @@ SPEC_FIELDS: dict[str, Any] = {
     "retainVersions": _integer(1, 8),
     "signingPublicKeySecret": OBJECT_NAMES,
     "allowUnsigned": BOOLEANS,
-    "tenants": {"secretName": OBJECT_NAMES},
+    "tenants": {
+        "secretName": OBJECT_NAMES,
+        "models": TENANT_MODELS,
+        "jwt": {
+            "issuer": JWT_TEXTS,
+            "audience": JWT_TEXTS,
+            "jwksSecret": OBJECT_NAMES,
+            "jwksUrl": JWKS_URLS,
+            "algorithms": JWT_ALGORITHMS,
+            "tenantClaim": JWT_TEXTS,
+            "leewaySeconds": _number(0, 300),
+        },
+    },
     "sidecar": {
         "startJitterSeconds": _number(0, 600),
         "backoffBaseSeconds": _number(0.1, 3600),
@@ -500,6 +549,7 @@ SPEC_FIELDS: dict[str, Any] = {
     },
     "server": {
         "drainSeconds": _number(0, 300),
+        "processes": _integer(1, 16),
         "batching": {
             "maxBatchSize": _integer(0, 4096),
             "maxQueueDelayMicroseconds": _integer(0, 1_000_000),

@@ -337,6 +337,46 @@ async def test_a_promotion_promotes_one_rollout_and_is_cleared(cluster: Cluster)
     assert PROMOTE not in annotations  # used once, then cleared
 
 
+async def test_a_promotion_is_cleared_only_once_the_status_saying_so_is_written(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that acted on the promote annotation but could not write its status is
+    repeated from the old status: the annotation must still be there for it."""
+    from model_operator import cluster as operator_cluster
+    from model_operator.errors import TransientApiError
+
+    failing = {"on": False, "refused": 0}
+    write = operator_cluster.patch_status
+
+    async def status_write(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        if failing["on"]:  # the API server answers 503 to the status write only
+            failing["refused"] += 1
+            raise TransientApiError(503, "PATCH .../status: HTTP 503 etcd is unavailable")
+        return await write(*args, **kwargs)
+
+    monkeypatch.setattr(operator_cluster, "patch_status", status_write)
+    cluster.start_operator()
+    await create_model_deployment(
+        cluster.api, NS, md_body(None, canary={"percent": 25, "manualPromote": True})
+    )
+    await cluster.wait(versions({"v1": 4}))
+    await patch_model_deployment(cluster.api, NS, "mlp", {"spec": {"version": "v2"}})
+    status = await cluster.wait(lambda s: "promote with annotation" in s.get("message", ""))
+    token = status["message"].rsplit("=", 1)[1]
+    failing["on"] = True
+    patch = {"metadata": {"annotations": {PROMOTE: token}}}
+    await patch_model_deployment(cluster.api, NS, "mlp", patch)
+    async with asyncio.timeout(60):
+        while failing["refused"] < 2:  # two passes acted, neither could write its status
+            await asyncio.sleep(0.1)
+    assert ((await cluster.md())["metadata"].get("annotations") or {}).get(PROMOTE) == token
+    failing["on"] = False
+    await cluster.wait(versions({"v2": 4}))
+    async with asyncio.timeout(30):
+        while PROMOTE in ((await cluster.md())["metadata"].get("annotations") or {}):
+            await asyncio.sleep(0.1)
+
+
 async def test_children_are_recreated_restored_and_never_adopted(cluster: Cluster) -> None:
     cluster.start_operator()
     services = f"/api/v1/namespaces/{NS}/services"

@@ -39,7 +39,7 @@ from model_operator.manifests import (
     deployment,
     termination_grace_seconds,
 )
-from model_operator.spec import ModelDeploymentSpec, parse_spec
+from model_operator.spec import ModelDeploymentSpec, SpecError, parse_spec
 from model_rollout_contract import argv, defaults
 from model_rollout_e2e.processes import ChildProcess, free_port, http_ok, wait_until
 from model_server.config import parse_args as server_args
@@ -265,6 +265,7 @@ def _every_pod() -> list[dict[str, Any]]:
             if doc:
                 pods.append(pod_of(parse_spec(doc["spec"])))
     pods.append(pod_of(example_spec(signingPublicKeySecret=None, allowUnsigned=True)))
+    pods.append(pod_of(example_spec(tenants=TENANT_MODELS)))
     return pods
 
 
@@ -447,3 +448,145 @@ async def test_the_server_writes_nothing_on_the_shared_volume(tmp_path: Path) ->
         assert actions == ["load", "load", "rollback"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+JWT = {"issuer": "https://issuer.example", "audience": "model-api", "jwksSecret": "issuer-jwks"}
+
+
+def test_tenants_jwts_reach_the_server_and_only_the_server_mounts_the_jwks() -> None:
+    tenants = {"secretName": "resnet-tenants", "jwt": {**JWT, "algorithms": ["ES256"]}}
+    pod = pod_of(example_spec(tenants=tenants))
+    server = containers(pod)["server"]
+    assert server["args"][0] == "model-server"
+    config = server_args(server["args"][1:])
+    assert config.jwt is not None and config.tenants_file == Path(argv.TENANTS_FILE)
+    assert (config.jwt.issuer, config.jwt.audience) == ("https://issuer.example", "model-api")
+    assert config.jwt.jwks_file == Path(argv.JWKS_FILE) and config.jwt.jwks_url is None
+    assert config.jwt.algorithms == ("ES256",)
+    assert config.jwt.leeway_s == defaults.JWT_LEEWAY_SECONDS
+    assert config.jwt.tenant_claim == defaults.JWT_TENANT_CLAIM
+    [volume] = [v for v in pod["volumes"] if v["name"] == "jwks"]
+    assert volume["secret"] == {
+        "secretName": "issuer-jwks",
+        "items": [{"key": argv.JWKS_KEY, "path": argv.JWKS_KEY}],
+    }
+    mounted = {
+        name for name, c in containers(pod).items()
+        if any(m["name"] == "jwks" for m in c.get("volumeMounts", []))
+    }  # fmt: skip
+    assert mounted == {"server"}
+    by_url = {**JWT, "jwksUrl": "https://issuer.example/jwks.json", "leewaySeconds": 5}
+    del by_url["jwksSecret"]
+    pod = pod_of(example_spec(tenants={"secretName": "t", "jwt": by_url}))
+    config = server_args(containers(pod)["server"]["args"][1:])
+    assert config.jwt is not None and config.jwt.jwks_file is None
+    assert (config.jwt.jwks_url, config.jwt.leeway_s) == ("https://issuer.example/jwks.json", 5)
+    assert not [v for v in pod["volumes"] if v["name"] == "jwks"]
+    assert server_args(containers(pod_of(example_spec()))["server"]["args"][1:]).jwt is None
+
+
+@pytest.mark.parametrize(
+    ("tenants", "problem"),
+    [
+        ({"jwt": JWT}, "needs spec.tenants.secretName"),
+        ({"secretName": "t", "jwt": {**JWT, "jwksUrl": "https://h/j"}}, "exactly one of"),
+        ({"secretName": "t", "jwt": {"issuer": "i", "audience": "a"}}, "exactly one of"),
+        ({"secretName": "t", "jwt": {**JWT, "algorithms": ["HS256"]}}, "never none or HS*"),
+        ({"secretName": "t", "jwt": {**JWT, "algorithms": ["none"]}}, "never none or HS*"),
+        ({"secretName": "t", "jwt": {**JWT, "issuer": ""}}, "issuer must be 1-1024"),
+        ({"secretName": "t", "jwt": {**JWT, "audience": None}}, "audience is required"),
+        ({"secretName": "t", "jwt": {**JWT, "leewaySeconds": 3600}}, "leewaySeconds"),
+    ]
+    + [
+        ({"secretName": "t", "jwt": {"issuer": "i", "audience": "a", "jwksUrl": url}}, "https URL")
+        for url in ("http://h/jwks", "https://ops:pw@h/jwks", "https://", "https://h x")
+    ],
+)
+def test_a_malformed_jwt_setting_is_a_condition_not_a_pod(
+    tenants: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        example_spec(tenants=tenants)
+    assert problem in str(refused.value)
+    assert "pw" not in str(refused.value)
+
+
+TENANT_MODELS = {
+    "secretName": "resnet-tenants",
+    "models": [
+        {"name": "acme-resnet", "tenant": "acme", "model": "resnet", "version": "a7"},
+        {
+            "name": "globex-resnet",
+            "tenant": "globex",
+            "model": "resnet",
+            "version": "g2",
+            "signingPublicKeySecret": "globex-keys",
+        },
+    ],
+}
+
+
+def test_each_tenant_model_has_its_own_sidecar_following_its_own_track() -> None:
+    spec = example_spec(tenants=TENANT_MODELS)
+    pod = pod_of(spec)
+    by_name = containers(pod)
+    ports = set()
+    for track, model, keys in (
+        ("acme-resnet", "acme/resnet", argv.KEYS_DIR),  # the deployment's key
+        ("globex-resnet", "globex/resnet", f"{argv.KEYS_DIR}-globex-resnet"),  # its own
+    ):
+        init = sidecar_args(by_name[f"prefetch-{track}"]["args"][1:])
+        watch = sidecar_args(by_name[f"sidecar-{track}"]["args"][1:])
+        assert isinstance(init, InitConfig) and isinstance(watch, WatchConfig)
+        for fetch in (init.fetch, watch.fetch):
+            assert (fetch.model, fetch.track, fetch.public_key) == (model, track, Path(keys))
+            assert fetch.configmap_file == Path(argv.CONFIG_DIR) / f"target-version.{track}"
+        assert watch.status_file == Path(argv.status_file(track))
+        ports.add(watch.metrics_port)
+        mounts = {m["mountPath"] for m in by_name[f"sidecar-{track}"]["volumeMounts"]}
+        assert keys in mounts and (keys == argv.KEYS_DIR or argv.KEYS_DIR not in mounts)
+    own = sidecar_args(by_name["sidecar"]["args"][1:])
+    assert isinstance(own, WatchConfig) and own.fetch.track is None
+    ports.add(own.metrics_port)
+    assert len(ports) == 3  # every sidecar its own metrics port
+    [keys] = [v for v in pod["volumes"] if v["name"] == "keys-globex-resnet"]
+    assert keys["secret"] == {"secretName": "globex-keys"}
+    objects = children("resnet", "ml-serving", spec, "v1")
+    configmap = next(o for o in objects if o["kind"] == "ConfigMap")
+    assert configmap["data"] == {
+        "target-version": "v1",
+        "target-version.acme-resnet": "a7",
+        "target-version.globex-resnet": "g2",
+    }
+    assert violations(pod) == []
+
+
+@pytest.mark.parametrize(
+    ("models", "problem"),
+    [
+        ([{"name": "Acme", "tenant": "a", "model": "m", "version": "v"}], "name must be"),
+        ([{"name": "a", "tenant": "a", "model": "m", "version": "v"}] * 2, "each name once"),
+        (
+            [
+                {"name": "a", "tenant": "t", "model": "m", "version": "v"},
+                {"name": "b", "tenant": "t", "model": "m", "version": "w"},
+            ],
+            "each tenant and model once",
+        ),
+        ([{"name": "a", "tenant": "resnet50", "model": "m", "version": "v"}], "deployment's model"),
+        ([{"name": "a", "tenant": "t", "model": "m"}], "version must be a name"),
+    ],
+)
+def test_a_malformed_tenant_model_is_a_condition_not_a_pod(
+    models: list[dict[str, str]], problem: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        example_spec(tenants={"secretName": "t", "models": models})
+    assert problem in str(refused.value)
+
+
+def test_server_processes_reach_the_server() -> None:
+    for processes in (1, 4):
+        pod = pod_of(example_spec(server={"processes": processes}))
+        assert server_args(containers(pod)["server"]["args"][1:]).processes == processes
+    assert server_args(containers(pod_of(example_spec()))["server"]["args"][1:]).processes == 1

@@ -162,6 +162,13 @@ async def test_release_promote_abort_retry_rollback_and_history(tmp_path: Path) 
         assert code == 0 and "to v2" in out and "result: Succeeded" in out, (out, err)
         assert serving(scenario) == {"v2"}
 
+        # the CI job of v2 run again: nothing published or rolled out, exit 0
+        code, out, err = await release("v2", "--wait", "--timeout", WAIT, "-o", "json", seed=1)
+        assert code == 0, (out, err)
+        report = json.loads(out)
+        assert (report["result"], report["reason"]) == ("Succeeded", "already serving v2")
+        assert report["published"] is None and "not published again" in err
+
         # abort: the canary of v5 goes back to the stable version at once
         code, out, err = await release("v5", seed=1)
         assert code == 0, (out, err)
@@ -190,7 +197,7 @@ async def test_release_promote_abort_retry_rollback_and_history(tmp_path: Path) 
             ("v1", "Succeeded"),
         ]
         causes = [e["triggeredBy"] for e in history]
-        assert causes[0].startswith("release of v5 by") and causes[1].startswith("rollback by")
+        assert causes[0].startswith("release by") and causes[1].startswith("rollback by")
         assert causes[3].startswith("retry by") and causes[-1] == "spec.version edit"
         assert all(e.get("finishedAt") for e in history)
         code, out, err = await plugin("history", "mlp")

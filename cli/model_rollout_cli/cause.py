@@ -1,5 +1,6 @@
 """What the tools write in the change-cause annotation, which the operator copies into
-the rollout history's ``triggeredBy``: the CI job when run in one, else user@host."""
+the rollout history's ``triggeredBy`` for a rollout of the version it names: the action
+and the CI job when run in one, else user@host (``v3: rollback by alice@laptop``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import getpass
 import os
 import socket
 from collections.abc import Mapping
+
+from model_rollout_contract.annotations import change_cause_value
 
 
 def ci_job(env: Mapping[str, str]) -> str | None:
@@ -31,6 +34,8 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def change_cause(action: str, env: Mapping[str, str] | None = None) -> str:
-    """``release by alice@laptop``, ``rollback by GitHub Actions org/repo run 42 (bob)``."""
-    return f"{action} by {ci_job(os.environ if env is None else env) or who()}"
+def change_cause(action: str, version: str, env: Mapping[str, str] | None = None) -> str:
+    """``v2: release by alice@laptop``, ``v1: rollback by GitHub Actions org/repo run 42
+    (bob)``: the annotation's value when setting (or retrying) ``version``."""
+    who_did = ci_job(os.environ if env is None else env) or who()
+    return change_cause_value(version, f"{action} by {who_did}")

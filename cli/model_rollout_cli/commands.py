@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
@@ -16,7 +16,7 @@ from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 
 from .cause import change_cause
 from .errors import NOTHING_TO_DO, OK, CliError
-from .follow import Outcome, follow
+from .follow import Outcome, follow, rollout_on
 from .history import history_table, key, keys, previous_success
 from .kube import Cluster
 from .view import Progress, render, wants_colour
@@ -57,9 +57,12 @@ def _follow(
     how: Follow,
     expected: RolloutResult = RolloutResult.SUCCEEDED,
     generation: int | None = None,
+    new_entry: bool = True,
 ) -> Outcome:
     show = Progress(how.out)
-    return follow(cluster, name, version, known, how.timeout_s, expected, generation, show)
+    return follow(
+        cluster, name, version, known, how.timeout_s, expected, generation, show, new_entry
+    )
 
 
 def _report(outcome: Outcome, out: TextIO) -> int:
@@ -137,6 +140,12 @@ def abort(cluster: Cluster, name: str, how: Follow) -> int:
     version = str(_rollout(md).get("toVersion"))
     if not _running(md):
         raise CliError(f"nothing to abort: {name} is {status.get('phase')}", NOTHING_TO_DO)
+    if status.get("currentVersion") in (None, version):
+        raise CliError(
+            f"nothing to abort to: {name} has no stable version to go back to from {version} "
+            "(its first deployment)",
+            NOTHING_TO_DO,
+        )
     cluster.patch(name, {"metadata": {"annotations": {ABORT: version}}})
     print(
         f"modeldeployment {name}: rollout of {version} aborted; pods go back to "
@@ -147,6 +156,9 @@ def abort(cluster: Cluster, name: str, how: Follow) -> int:
         return OK
     known = _current_entry_known(md)
     outcome = _follow(cluster, name, version, known, how, RolloutResult.ABORTED)
+    if outcome.result == RolloutResult.SUCCEEDED:  # the operator read the abort too late
+        why = f"the rollout of {version} had completed before the abort; to go back: "
+        outcome = replace(outcome, reason=why + f"kubectl model rollback {name}")
     return _report(outcome, how.out)
 
 
@@ -160,7 +172,7 @@ def retry(cluster: Cluster, name: str, how: Follow) -> int:
             f"nothing to retry: the rollout of {version} has not failed ({phase})", NOTHING_TO_DO
         )
     known = keys(md)
-    cause = change_cause("retry")
+    cause = change_cause("retry", version)
     cluster.patch(name, {"metadata": {"annotations": {RETRY: version, CHANGE_CAUSE: cause}}})
     print(f"modeldeployment {name}: rollout of {version} retried", file=how.out)
     if not how.wait:
@@ -168,9 +180,8 @@ def retry(cluster: Cluster, name: str, how: Follow) -> int:
     return _report(_follow(cluster, name, version, known, how), how.out)
 
 
-def rollback(cluster: Cluster, name: str, to: str | None, how: Follow) -> int:
-    md = cluster.get(name)
-    spec = md.get("spec") or {}
+def _rollback_to(md: dict[str, Any], name: str, to: str | None) -> str:
+    """The version a rollback sets, or a refusal (nothing to roll back to)."""
     version = to or previous_success(md)
     if version is None:
         raise CliError(
@@ -178,21 +189,31 @@ def rollback(cluster: Cluster, name: str, to: str | None, how: Follow) -> int:
             "(name one with --to)",
             NOTHING_TO_DO,
         )
-    if version == spec.get("version"):
+    if version == (md.get("spec") or {}).get("version"):
         raise CliError(f"{name} is at {version} already (spec.version)", NOTHING_TO_DO)
-    known = keys(md)
-    cause = change_cause("rollback")
-    answer = cluster.patch(
-        name, {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": version}}
-    )
+    return version
+
+
+def rollback(cluster: Cluster, name: str, to: str | None, how: Follow) -> int:
+    def decide(md: dict[str, Any]) -> dict[str, Any]:
+        version = _rollback_to(md, name, to)
+        cause = change_cause("rollback", version)
+        return {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": version}}
+
+    md, answer = cluster.patch_read(name, decide)
+    version = _rollback_to(md, name, to)
     print(
-        f"modeldeployment {name}: rolling back from {spec.get('version')} to {version}",
+        f"modeldeployment {name}: rolling back from {(md.get('spec') or {}).get('version')} "
+        f"to {version}",
         file=how.out,
     )
     if not how.wait:
         return OK
     generation = (answer.get("metadata") or {}).get("generation")
-    outcome = _follow(cluster, name, version, known, how, generation=generation)
+    outcome = _follow(
+        cluster, name, version, keys(md), how, generation=generation,
+        new_entry=not rollout_on(md, version),
+    )  # fmt: skip
     return _report(outcome, how.out)
 
 

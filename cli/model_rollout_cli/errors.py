@@ -30,10 +30,14 @@ NOTHING_TO_DO = 6
 class CliError(Exception):
     """A failure with the message the user sees and the exit code it ends with."""
 
-    def __init__(self, message: str, code: int = API_ERROR) -> None:
+    def __init__(
+        self, message: str, code: int = API_ERROR, transient: bool = False, conflict: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.transient = transient  # worth another try while following (a 5xx, a reset)
+        self.conflict = conflict  # a write refused: the resource changed since it was read
 
 
 def _api_message(body: Any) -> str | None:
@@ -70,6 +74,16 @@ def api_error(
         return CliError(f"{what} not found in namespace {namespace}")
     if status == 401:
         return CliError("unauthorized: the kubeconfig's credentials were refused")
+    if status == 409 and verb == "patch":
+        return CliError(
+            f"{what} changed while this command read it (another write came first): "
+            "nothing was written; run the command again",
+            conflict=True,
+        )
     if status == 409 or status == 422:
         return CliError(f"{verb} {what} refused: {detail or status}")
-    return CliError(f"{verb} {what} in namespace {namespace}: HTTP {status}: {detail or body}")
+    transient = status is None or status == 429 or status >= 500  # None: no answer at all
+    return CliError(
+        f"{verb} {what} in namespace {namespace}: HTTP {status}: {detail or body}",
+        transient=transient,
+    )

@@ -109,14 +109,34 @@ class Cluster:
         try:
             return call()
         except ApiException as exc:
+            if exc.status == 404 and resource == RESOURCE and not self._crd_served():
+                raise CliError(
+                    f"the ModelDeployment CRD is not installed: the API at {self.host} serves "
+                    f"no {RESOURCE}/{VERSION} (install deploy/crds/modeldeployment.yaml or the "
+                    "Helm chart)"
+                ) from exc
             raise api_error(
                 exc.status, exc.body, verb, resource, self.namespace, name, singular
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise CliError(
                 f"cannot reach the Kubernetes API at {self.host}: {_root_cause(exc)} "
-                "(is the cluster up, and is this the right kubeconfig context?)"
+                "(is the cluster up, and is this the right kubeconfig context?)",
+                transient=True,
             ) from exc
+
+    def _crd_served(self) -> bool:
+        """Discovery lists ModelDeployments (a 404 of one is then of the object, not of
+        its kind); when discovery cannot tell, assume so (the plain "not found")."""
+        try:
+            found = self.custom.get_api_resources(
+                GROUP, VERSION, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            return exc.status != 404
+        except (urllib3.exceptions.HTTPError, OSError):
+            return True
+        return any(r.name == PLURAL for r in getattr(found, "resources", None) or [])
 
     def get(self, name: str) -> dict[str, Any]:
         """A ModelDeployment as the API holds it."""
@@ -137,8 +157,16 @@ class Cluster:
             )
         )
 
-    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        """A JSON merge patch (RFC 7386) of a ModelDeployment; its new state."""
+    def patch(
+        self, name: str, patch: dict[str, Any], read: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of a ModelDeployment; its new state. ``read``:
+        the state the patch was decided on; the API refuses the patch (409) if the
+        resource changed since (its ``resourceVersion``)."""
+        version = ((read or {}).get("metadata") or {}).get("resourceVersion")
+        if version is not None:
+            meta = {**(patch.get("metadata") or {}), "resourceVersion": version}
+            patch = {**patch, "metadata": meta}
         return _object(
             self._call(
                 "patch",
@@ -157,6 +185,21 @@ class Cluster:
                 SINGULAR,
             )
         )
+
+    def patch_read(
+        self, name: str, decide: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Read, decide the patch on what was read (``decide`` may refuse), write it only
+        if nothing changed since; on a conflict (the operator's status writes change the
+        resource too) once more from a new read. (The state decided on, the new state.)"""
+        for attempt in (1, 2):
+            md = self.get(name)
+            try:
+                return md, self.patch(name, decide(md), read=md)
+            except CliError as exc:
+                if not exc.conflict or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def pods(self, name: str) -> list[dict[str, Any]]:
         """The pods the operator runs for ModelDeployment ``name``."""

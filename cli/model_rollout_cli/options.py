@@ -29,3 +29,13 @@ def positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
     return value
+
+
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {text}")
+    return value

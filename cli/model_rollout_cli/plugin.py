@@ -10,7 +10,7 @@ import sys
 from . import commands
 from .errors import USAGE, CliError
 from .kube import connect
-from .options import kube_flags, kube_options, positive
+from .options import at_least_one, kube_flags, kube_options, positive
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", help="the version to roll back to")
     waits(p)
     p = command("history", "the last rollouts: version, start, end, result, trigger")
-    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--limit", type=at_least_one, default=10, help="rollouts shown (>= 1)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return parser
 
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or bad arguments (2)
         return int(exc.code) if isinstance(exc.code, int) else USAGE
+    if args.command == "status" and args.watch and args.output == "json":
+        print("error: status --watch is a view for people; -o json reads once", file=sys.stderr)
+        return USAGE
     try:
         return run(args)
     except CliError as exc:

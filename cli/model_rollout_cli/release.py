@@ -22,7 +22,7 @@ from model_rollout_contract.states import Phase, RolloutResult
 
 from .cause import change_cause
 from .errors import OK, PUBLISH_FAILED, ROLLOUT_FAILED, USAGE, CliError
-from .follow import Outcome, follow
+from .follow import Outcome, follow, rollout_on
 from .history import entries, key, keys
 from .kube import Cluster, connect
 from .options import kube_flags, kube_options, positive
@@ -95,53 +95,101 @@ def _check(args: argparse.Namespace, md: dict[str, Any]) -> None:
         )
 
 
+def _held(md: dict[str, Any], version: str) -> bool:
+    """A pod serves ``version``, or it is the stable or previous (pre-pulled) one: new
+    bytes published under it would never reach the pods that hold it."""
+    status = md.get("status") or {}
+    held = {status.get("currentVersion"), status.get("previousVersion")}
+    return version in held or version in (status.get("versions") or {})
+
+
 def _already(md: dict[str, Any], version: str) -> Outcome | None:
     """spec.version is the version already: the outcome of its last rollout, or ``None``
-    when that rollout still runs (then it is followed)."""
+    when it is not decided yet (its rollout runs, or it succeeded and a pod restarts):
+    then it is followed."""
     status = md.get("status") or {}
     last = next((e for e in entries(md) if e.get("version") == version), {})
     result = last.get("result")
     if status.get("phase") == Phase.AVAILABLE and status.get("currentVersion") == version:
         return Outcome(str(RolloutResult.SUCCEEDED), f"already serving {version}", OK, last, status)
-    if result in (None, RolloutResult.PROGRESSING):
+    if result in (None, RolloutResult.PROGRESSING, RolloutResult.SUCCEEDED):
         return None
     why = f"{result}: {last.get('reason')}; retry it with: kubectl model retry"
     return Outcome(str(result), why, ROLLOUT_FAILED, last, status)
 
 
-def release(args: argparse.Namespace, cluster: Cluster, log: TextIO) -> tuple[Outcome | None, str]:
-    """Publish, set the version, follow; the outcome (``None`` without ``--wait``) and
-    what the publisher said."""
+def _set_already(
+    args: argparse.Namespace, cluster: Cluster, md: dict[str, Any], log: TextIO
+) -> Outcome | None:
+    """A release of spec.version (a CI job run again): nothing is written (nor published,
+    but with ``--force`` for a version no pod holds); its rollout's outcome, followed with
+    ``--wait`` until it is decided."""
+    done = (
+        "published again; its rollout is not restarted (kubectl model retry runs it again)"
+        if args.force
+        else "not published again"
+    )
+    print(
+        f"modeldeployment {args.deployment}: spec.version is {args.version} already; {done}",
+        file=log,
+        flush=True,
+    )
+    outcome = _already(md, args.version)
+    if outcome is not None or not args.wait:
+        return outcome
+    name, version = args.deployment, args.version
+    show = Progress(log)
+    if rollout_on(md, version):  # succeeded: no new entry comes, Available ends it
+        generation = (md.get("metadata") or {}).get("generation")
+        return follow(
+            cluster, name, version, keys(md), args.timeout,
+            generation=generation, on_update=show, new_entry=False,
+        )  # fmt: skip
+    known = keys(md) - {key(e) for e in entries(md)[:1]}  # follow the running one
+    return follow(cluster, name, version, known, args.timeout, on_update=show)
+
+
+def release(
+    args: argparse.Namespace, cluster: Cluster, log: TextIO, report: dict[str, Any]
+) -> Outcome | None:
+    """Publish, set the version, follow; the outcome (``None`` without ``--wait``).
+    ``report["published"]``: what the publisher said, as soon as it said it."""
     md = cluster.get(args.deployment)
     _check(args, md)
-    published = publish(args)
-    print(published, file=log, flush=True)
-    show = Progress(log)
-    if (md.get("spec") or {}).get("version") == args.version:
-        outcome = _already(md, args.version)
-        if outcome is not None or not args.wait:
-            return outcome, published
-        known = keys(md) - {key(e) for e in entries(md)[:1]}  # follow the running one
-        name, version = args.deployment, args.version
-        outcome = follow(cluster, name, version, known, args.timeout, on_update=show)
-        return outcome, published
+    status = md.get("status") or {}
+    is_set = (md.get("spec") or {}).get("version") == args.version
+    if args.force and _held(md, args.version):
+        raise CliError(
+            f"--force refused: pods of {args.deployment} hold {args.version} already, and new "
+            f"bytes under that name would never reach them; release them as a new version",
+            USAGE,
+        )
+    if is_set and status.get("phase") != Phase.INVALID:
+        if args.force:  # no pod holds it (a version the sidecars refused): new bytes
+            report["published"] = publish(args)
+            print(report["published"], file=log, flush=True)
+        return _set_already(args, cluster, md, log)
+    report["published"] = publish(args)
+    print(report["published"], file=log, flush=True)
+    cause = change_cause("release", args.version)
+    patch = {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": args.version}}
+    md, answer = cluster.patch_read(args.deployment, lambda _: patch)  # read after publishing
     known = keys(md)
-    cause = change_cause(f"release of {args.version}")
-    answer = cluster.patch(
-        args.deployment,
-        {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": args.version}},
-    )
+    new_entry = not rollout_on(md, args.version)
     print(
         f"modeldeployment {args.deployment}: spec.version set to {args.version} ({cause})", file=log
     )
     if not args.wait:
-        return None, published
+        return None
     generation = (answer.get("metadata") or {}).get("generation")
-    outcome = follow(
+    if is_set and isinstance(generation, int):
+        # refused before it was published: the spec is unchanged (no new generation), so
+        # the refusal in the status is not this release's answer; a new entry is
+        generation += 1
+    return follow(
         cluster, args.deployment, args.version, known, args.timeout,
-        generation=generation, on_update=show,
+        generation=generation, on_update=Progress(log), new_entry=new_entry,
     )  # fmt: skip
-    return outcome, published
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,15 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         "deployment": args.deployment,
         "model": args.model,
         "version": args.version,
+        "published": None,  # the publisher's report, once it ran
     }
     try:
         cluster = connect(kube_options(args))
         report["namespace"] = cluster.namespace
         try:
-            outcome, published = release(args, cluster, log)
+            outcome = release(args, cluster, log, report)
         finally:
             cluster.close()
-    except CliError as exc:
+    except CliError as exc:  # the report keeps what was done before (published)
         report |= {"result": "Error", "reason": exc.message, "exitCode": exc.code}
         print(
             json.dumps(report) if as_json else f"error: {exc.message}",
@@ -171,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return exc.code
     except KeyboardInterrupt:
+        if as_json:  # a CI step cancelled: still one JSON object on stdout
+            reason = "interrupted (the rollout goes on in the cluster)"
+            print(json.dumps(report | {"result": "interrupted", "reason": reason, "exitCode": 130}))
         return 130
-    report["published"] = published
     if outcome is None:
         report |= {"result": "Started", "reason": "not followed (no --wait)", "exitCode": OK}
     else:

@@ -18,8 +18,11 @@ PROMOTE = f"{DOMAIN}/promote"
 # operator clears each once it has acted on it or ignored it with an Event):
 ABORT = f"{DOMAIN}/abort"  # =<version>: the rollout to that version goes back to stable now
 RETRY = f"{DOMAIN}/retry"  # =<version>: a failed rollout of spec.version runs again
-# why spec.version changed, as kubectl's kubernetes.io/change-cause: the rollout history's
-# triggeredBy (the release command and the plugin's rollback set it)
+# why spec.version changed, as kubectl's kubernetes.io/change-cause, in the form
+# "<version>: <why>" ("v3: rollback by alice@laptop"; the release, rollback and retry
+# commands write it). The operator copies <why> into the history's triggeredBy only for a
+# rollout of <version>: the annotation stays until changed, so a later edit by hand (or a
+# GitOps sync) of spec.version is recorded as "spec.version edit", not as the last release.
 CHANGE_CAUSE = f"{DOMAIN}/change-cause"
 
 # labels the operator puts on what it creates
@@ -32,6 +35,18 @@ def promotion_id(version: str, started_at: float) -> str:
     ``started_at`` (``status.rollout.startedAt``): a promotion never carries over to
     another rollout of the same version."""
     return f"{version}@{int(started_at)}"
+
+
+def change_cause_value(version: str, why: str) -> str:
+    """The change-cause annotation's value for setting ``spec.version`` to ``version``."""
+    return f"{version}: {why}"
+
+
+def change_cause_for(value: str | None, version: str) -> str | None:
+    """The ``<why>`` of a change-cause value when it names ``version``, else ``None``
+    (absent, another version's, or the older form without a version)."""
+    named, sep, why = (value or "").partition(": ")
+    return (why.strip() or None) if sep and named == version else None
 
 
 def parse_downward_annotations(text: str) -> dict[str, str]:

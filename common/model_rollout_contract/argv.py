@@ -24,6 +24,9 @@ CONFIGMAP_TARGET = f"{CONFIG_DIR}/{CONFIGMAP_VERSION_KEY}"
 KEYS_DIR = "/etc/model-rollout/keys"
 TENANTS_DIR = "/etc/model-rollout/tenants"  # the tenants Secret
 TENANTS_FILE = f"{TENANTS_DIR}/tenants.yaml"
+JWKS_DIR = "/etc/model-rollout/jwks"  # the issuer's JWKS Secret
+JWKS_KEY = "jwks.json"  # its key
+JWKS_FILE = f"{JWKS_DIR}/{JWKS_KEY}"
 STORE_DIR = "/store"  # a volume (PVC) store
 STATUS_FILE = f"{MODELS_DIR}/.sidecar-status.json"
 # the server's own state, on volumes only the server mounts: what the server loads from
@@ -33,6 +36,31 @@ ENGINE_CACHE = "/var/cache/model-server"  # engines (optimised models) it built
 AUDIT_DIR = "/var/log/model-server"
 AUDIT_LOG = f"{AUDIT_DIR}/audit.jsonl"
 TMP_DIR = "/tmp"  # the server's scratch space (the root filesystem is read-only)
+
+
+@dataclass(frozen=True)
+class JwtArgs:
+    """Tenants' JWTs: the server's ``--jwt-*`` flags. The issuer's keys are a JWKS Secret
+    (mounted at JWKS_FILE, re-read when the kubelet updates it) or a URL."""
+
+    issuer: str
+    audience: str
+    jwks_url: str | None = None  # None: the mounted JWKS file
+    algorithms: tuple[str, ...] = defaults.JWT_ALGORITHMS
+    tenant_claim: str = defaults.JWT_TENANT_CLAIM
+    leeway_seconds: float = defaults.JWT_LEEWAY_SECONDS
+
+
+def jwt_argv(a: JwtArgs) -> list[str]:
+    jwks = ["--jwks-url", a.jwks_url] if a.jwks_url else ["--jwks-file", JWKS_FILE]
+    return [
+        *jwks,
+        "--jwt-issuer", a.issuer,
+        "--jwt-audience", a.audience,
+        "--jwt-algorithms", ",".join(a.algorithms),
+        "--jwt-tenant-claim", a.tenant_claim,
+        "--jwt-leeway-seconds", str(a.leeway_seconds),
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,6 +76,8 @@ class ServerArgs:
     precision: str = defaults.PRECISION  # what the TensorRT backend builds
     max_batch_size: int = defaults.MAX_BATCH_SIZE  # dynamic batching: rows per run, 0 = off
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+    jwt: JwtArgs | None = None  # with tenants only
+    processes: int = defaults.SERVER_PROCESSES  # behind the one port (model_server.pool)
 
 
 def server_argv(a: ServerArgs) -> list[str]:
@@ -68,9 +98,12 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--precision", a.precision,
         "--max-batch-size", str(a.max_batch_size),
         "--max-queue-delay-us", str(a.max_queue_delay_us),
+        "--processes", str(a.processes),
     ]  # fmt: skip
     if a.tenants:
         argv += ["--tenants-file", TENANTS_FILE]
+    if a.jwt is not None:
+        argv += jwt_argv(a.jwt)
     return argv
 
 

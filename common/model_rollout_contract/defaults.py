@@ -27,6 +27,14 @@ ANALYSIS_FAILURE_LIMIT = 2
 ANALYSIS_MAX_ERROR_RATE = 0.01  # 5xx answers per request of the candidate
 ANALYSIS_MAX_LATENCY_RATIO = 1.5  # candidate p99 / stable p99
 ANALYSIS_MAX_NON_FINITE = 0  # NaN or ±Inf output values of the candidate per check
+# spec.tenants.jwt / the server's --jwt-* flags: tenants' JWTs, verified with asymmetric
+# algorithms only (a verifying key is public: an HMAC "key" would be a secret)
+JWT_ASYMMETRIC_ALGORITHMS = (
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+)  # fmt: skip
+JWT_ALGORITHMS = ("RS256", "ES256", "EdDSA")
+JWT_LEEWAY_SECONDS = 30.0  # clock skew allowed on exp and nbf
+JWT_TENANT_CLAIM = "tenant"
 BATCH_PERCENT = 25  # batch size as a share of replicas, when batchSize is not given
 JITTER_SECONDS = 5.0  # random pause of up to this between batches
 MAX_UNAVAILABLE = 0  # pods that may be not ready before a batch starts
@@ -60,6 +68,7 @@ MAX_QUEUE_DELAY_MICROSECONDS = 0
 # SIGTERM: readiness turns 503 at once, then the server keeps serving this long (so that
 # endpoints and load balancers stop sending), waits for in-flight requests, then exits
 DRAIN_SECONDS = 5.0
+SERVER_PROCESSES = 1  # spec.server.processes: server processes behind the pod's one port
 # the server container's preStop pause (the kubelet's native sleep action), before SIGTERM:
 # endpoints and kube-proxy stop routing to the pod while it still serves at full width
 PRESTOP_SLEEP_SECONDS = 5

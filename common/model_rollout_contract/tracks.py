@@ -4,8 +4,9 @@ A ModelDeployment's pods serve its own model (the *default track*) and, for a pl
 with tenants, tenant models listed in the resource (each a *named track*). Every track has
 its own rollout, so every track has its own pod annotations (the operator's target,
 previous version and traffic policy; its sidecar's report), its own key in the
-deployment's ConfigMap (the default version for new pods), and its own sidecar, which
-follows only its track's keys. The default track keeps the keys it always had, so pods
+deployment's ConfigMap (the default version for new pods), its own ModelDeployment
+annotations for promote, abort and retry, and its own sidecar, which follows only its
+track's keys. The default track keeps the keys it always had, so pods
 of a deployment without tenant models are unchanged.
 
 A named track's keys are the default ones with ``.<track>`` appended to the name part
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .annotations import PREVIOUS_VERSION, SIDECAR_STATUS, TARGET_VERSION
+from .annotations import ABORT, PREVIOUS_VERSION, PROMOTE, RETRY, SIDECAR_STATUS, TARGET_VERSION
 from .canary import TRAFFIC_POLICY
 
 # a DNS label of at most 40 characters: it ends annotation names (63 at most, the
@@ -49,6 +50,10 @@ class TrackKeys:
     traffic: str  # operator -> sidecar -> server: a canary pod's traffic policy
     sidecar_status: str  # sidecar -> operator: its SidecarReport
     configmap_key: str  # the deployment's default version for new pods
+    # ModelDeployment annotations of this track's rollout: promote, abort, retry
+    promote: str = PROMOTE
+    abort: str = ABORT
+    retry: str = RETRY
 
     @property
     def followed(self) -> tuple[str, str, str]:
@@ -66,6 +71,9 @@ def track_keys(track: str | None = None) -> TrackKeys:
         traffic=TRAFFIC_POLICY + suffix,
         sidecar_status=SIDECAR_STATUS + suffix,
         configmap_key=CONFIGMAP_VERSION_KEY + suffix,
+        promote=PROMOTE + suffix,
+        abort=ABORT + suffix,
+        retry=RETRY + suffix,
     )
 
 

@@ -1,10 +1,11 @@
-"""Run a pod from its real pod spec as local processes: the init container, then the
-server and the sidecar, sharing a directory as their volumes and a Unix socket.
+"""Run a pod from its real pod spec as local processes: its init containers one after
+the other, then the server and the sidecars (the deployment's, and one per tenant model),
+sharing a directory as their volumes and a Unix socket.
 
 Container paths are mapped to per-pod directories; each pod gets an IP of its own (a
 loopback address, :mod:`.loopback`) on which its server listens at the pod spec's port,
-as in a cluster (the operator reads ``podIP:8000/metrics``), while the sidecar's
-``--metrics-port``, which binds every address, gets a free port; the Downward API
+as in a cluster (the operator reads ``podIP:8000/metrics``), while each sidecar's
+``--metrics-port``, which binds every address, gets a free port of its own; the Downward API
 annotations file and the ConfigMap file are written from the API objects as the kubelet
 would, and readiness is the server's ``/v2/health/ready``.
 
@@ -103,7 +104,7 @@ class ProcessPods:
         for i, arg in enumerate(args):
             flag = args[i - 1] if i else ""
             if flag == "--metrics-port":
-                arg = str(ports["metrics"])
+                arg = str(ports.setdefault(container["name"], free_port()))
             elif flag == "--host":
                 arg = pod.address
             for container_path in sorted(mapping, key=len, reverse=True):
@@ -144,16 +145,27 @@ class ProcessPods:
         await self._project(running, pod)  # at start, before any container runs
         running.next_volume_sync = time.monotonic() + self.rng.uniform(0, self.volume_refresh_s)
         running.address = loopback.allocate(SERVER_PORT)
-        ports = {"metrics": free_port()}
-        init_spec = spec["initContainers"][0]
-        module, args = self._args(running, init_spec, mapping, ports)
-        running.init = ChildProcess(
-            module, args, running.root / "init.log", self._environment(name, init_spec)
-        ).start()
-        running.init_task = asyncio.create_task(asyncio.to_thread(running.init.run_to_end, 300))
+        ports: dict[str, int] = {}  # container -> its metrics port
+        running.init_task = asyncio.create_task(self._run_inits(running, spec, mapping, ports))
         running.init_task.add_done_callback(
             lambda task: self._start_containers(running, spec, mapping, ports, task)
         )
+
+    async def _run_inits(
+        self, pod: RunningPod, spec: dict[str, Any], mapping: dict[str, str], ports: dict[str, int]
+    ) -> int:
+        """Every init container to its end, in order, as a kubelet runs them; the first
+        that fails stops the pod (its exit status)."""
+        for i, init_spec in enumerate(spec["initContainers"]):
+            module, args = self._args(pod, init_spec, mapping, ports)
+            log_name = "init.log" if i == 0 else f"init-{init_spec['name']}.log"
+            pod.init = ChildProcess(
+                module, args, pod.root / log_name, self._environment(pod.name, init_spec)
+            ).start()
+            code = await asyncio.to_thread(pod.init.run_to_end, 300)
+            if code != 0:
+                return code
+        return 0
 
     def _start_containers(
         self,

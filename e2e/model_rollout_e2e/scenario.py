@@ -76,6 +76,7 @@ class Scenario:
     operator_interval: float = 0.3
     volume_refresh_s: float = 60.0  # the kubelet's Downward API / ConfigMap refresh period
     api_process: bool = False  # the emulated API server in a process of its own (benchmarks)
+    mounts: dict[str, Path] = field(default_factory=dict)  # more Secrets: container -> host
 
     def __post_init__(self) -> None:
         self.keys = self.work / "keys"
@@ -96,7 +97,7 @@ class Scenario:
     async def running(self) -> AsyncIterator[Scenario]:
         async with self._api_server() as api:
             self.api = api
-            mounts = {KEYS_MOUNT: self.keys}
+            mounts = {KEYS_MOUNT: self.keys, **self.mounts}
             if self.store.host_dir is not None:
                 mounts[STORE_MOUNT] = self.store.host_dir
             self.pods = ProcessPods(

@@ -7,8 +7,7 @@ import asyncio
 from enum import Enum
 from typing import Any
 
-from model_rollout_contract.annotations import PREVIOUS_VERSION, TARGET_VERSION
-from model_rollout_contract.canary import TRAFFIC_POLICY
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .constants import GROUP, PLURAL, VERSION
 from .kube_client import KubeClient
@@ -106,18 +105,24 @@ async def clear_annotations(
     await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
 
 
-async def set_targets(api: KubeClient, namespace: str, actions: tuple[SetTarget, ...]) -> None:
+async def set_targets(
+    api: KubeClient,
+    namespace: str,
+    actions: tuple[SetTarget, ...],
+    keys: TrackKeys = DEFAULT_TRACK,
+) -> None:
     """Annotate pods with their targets and traffic policies (one patch a pod: the
-    sidecar sees both at once), at most ``MAX_PARALLEL_PATCHES`` at a time."""
+    sidecar sees both at once), at most ``MAX_PARALLEL_PATCHES`` at a time; ``keys``: the
+    track's annotations (a tenant model's rollout touches only its own)."""
     limit = asyncio.Semaphore(MAX_PARALLEL_PATCHES)
 
     async def one(action: SetTarget) -> None:
         annotations: dict[str, str | None] = {
-            TARGET_VERSION: action.version,
-            TRAFFIC_POLICY: action.policy,  # None: removed
+            keys.target: action.version,
+            keys.traffic: action.policy,  # None: removed
         }
         if action.previous:
-            annotations[PREVIOUS_VERSION] = action.previous
+            annotations[keys.previous] = action.previous
         async with limit:
             await api.merge_patch(
                 f"{collection('Pod', namespace)}/{action.pod}",

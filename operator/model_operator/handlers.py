@@ -30,6 +30,7 @@ from model_rollout_contract.annotations import (
     RETRY,
 )
 from model_rollout_contract.states import Phase
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys, track_keys
 
 from . import cluster
 from .analysis import AnalysisState, Sample
@@ -44,7 +45,7 @@ from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
 from .pods import PodView, pod_view
-from .spec import ModelDeploymentSpec, parse_spec
+from .spec import ModelDeploymentSpec, TenantModelSpec, parse_spec, track_spec
 from .status import (
     UNSIGNED_MESSAGE,
     UNSIGNED_REASON,
@@ -164,6 +165,9 @@ class Pass:
     # crash between the two repeats the pass, so an event posted before would be posted
     # twice; posted after, it can only be lost (and the status says it all anyway)
     events: tuple[Event, ...] = ()
+    # annotations acted on (promote, abort, retry): removed once the status is written, so
+    # a failed write repeats the pass with them still there, never without them
+    cleared: tuple[str, ...] = ()
 
 
 def _reject(
@@ -202,26 +206,21 @@ async def reconcile_pass(
     except SpecError as exc:
         return _reject(body, status, exc.problems, generation, logger)
     config = _config(memo)
-    verified = list(status.get("verifiedVersions") or [])
-    stable = status.get("currentVersion")
-    known = (stable, status.get("previousVersion"))  # served before: never blocked by it
-    store_problem: str | None = None
-    if config.check_store and spec.version not in verified and spec.version not in known:
-        result, message = await _check_store(memo.api, namespace, spec)
-        if result is VersionCheck.MISSING:
-            return _reject(body, status, [message], generation, logger)
-        if result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
-            logger.warning("%s; will retry", message)
-            store_problem = message
-            held = rollout_from_status(status.get("rollout"))
-            current = held.to_version if held is not None else stable
-            if current:  # not yet to a version nobody could check: hold where it is
-                spec = replace(spec, version=current)
-        else:
-            verified = ([*verified, spec.version])[-8:]
+    gate = await _store_gate(memo, config.check_store, namespace, spec, status, logger)
+    if gate.missing is not None:
+        return _reject(body, status, [gate.missing], generation, logger)
+    spec, stable = gate.spec, status.get("currentVersion")
     api: KubeClient = memo.api
+    tenants_before: dict[str, Any] = dict(status.get("tenants") or {})
+    tenant_versions = {
+        t.track: (tenants_before.get(t.track) or {}).get("currentVersion") or t.version
+        for t in spec.tenant_models
+    }
 
-    objects = [adopted(o, body) for o in children(name, namespace, spec, stable or spec.version)]
+    objects = [
+        adopted(o, body)
+        for o in children(name, namespace, spec, stable or spec.version, tenant_versions)
+    ]
     applied = digest(objects)
     events: list[Event] = []
     foreign = list(status.get("foreignChildren") or [])
@@ -239,36 +238,138 @@ async def reconcile_pass(
         foreign = now_foreign
 
     annotations = meta.get("annotations") or {}
-    promoted = annotations.get(PROMOTE)
+    own = await _track_pass(
+        spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
+        foreign=foreign, store_problem=gate.problem,
+    )  # fmt: skip
+    events += own.events
+    if spec.allow_unsigned and not was_unsigned(_conditions(status)):
+        events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
+    new_status = own.status
+    new_status["appliedHash"] = applied
+    new_status["foreignChildren"] = foreign
+    new_status["verifiedVersions"] = gate.verified
+    wakes = [own.wake_in]
+    cleared = list(own.cleared)
+
+    tenants_after: dict[str, Any] = {}
+    for tenant in spec.tenant_models:
+        passed = await _tenant_pass(
+            body, spec, tenant, tenants_before.get(tenant.track) or {}, pods, namespace, name,
+            memo, generation, annotations, logger,
+        )  # fmt: skip
+        tenants_after[tenant.track] = passed.status
+        events += passed.events
+        wakes.append(passed.wake_in)
+        cleared += passed.cleared
+    if tenants_after or tenants_before:
+        new_status["tenants"] = tenants_after  # a tenant model removed: its status goes
+    stables_after = {t: s.get("currentVersion") for t, s in tenants_after.items()}
+    stables_before = {t: (tenants_before.get(t) or {}).get("currentVersion") for t in stables_after}
+    if new_status.get("currentVersion") != stable or stables_after != stables_before:
+        # publish the new defaults for pods created later
+        versions = {t.track: stables_after.get(t.track) or t.version for t in spec.tenant_models}
+        default = new_status.get("currentVersion") or spec.version
+        await cluster.apply(api, adopted(configmap(name, namespace, spec, default, versions), body))
+    known = [w for w in wakes if w is not None]
+    wake_in = min(known) if known else None
+    if gate.problem is not None:
+        wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
+    return Pass(new_status, wake_in, tuple(events), tuple(cleared))
+
+
+@dataclass(frozen=True)
+class StoreGate:
+    """What the store check of a track's ``spec.version`` decided."""
+
+    spec: ModelDeploymentSpec  # its version held where it is while the store is unreachable
+    verified: list[str]  # versions found in the store (a few, newest last)
+    problem: str | None = None  # the store could not be asked: a condition, and a retry
+    missing: str | None = None  # the version is not in the store: the spec is refused
+
+
+async def _store_gate(
+    memo: kopf.Memo,
+    check_store: bool,
+    namespace: str,
+    spec: ModelDeploymentSpec,
+    status: dict[str, Any],
+    logger: kopf.Logger,
+) -> StoreGate:
+    """Is the track's version in the store? Versions checked before, or served before, are
+    never asked again."""
+    verified = list(status.get("verifiedVersions") or [])
+    stable = status.get("currentVersion")
+    known = (stable, status.get("previousVersion"))  # served before: never blocked by it
+    if not check_store or spec.version in verified or spec.version in known:
+        return StoreGate(spec, verified)
+    result, message = await _check_store(memo.api, namespace, spec)
+    if result is VersionCheck.MISSING:
+        return StoreGate(spec, verified, missing=message)
+    if result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
+        logger.warning("%s; will retry", message)
+        held = rollout_from_status(status.get("rollout"))
+        current = held.to_version if held is not None else stable
+        if current:  # not yet to a version nobody could check: hold where it is
+            spec = replace(spec, version=current)
+        return StoreGate(spec, verified, problem=message)
+    return StoreGate(spec, ([*verified, spec.version])[-8:])
+
+
+@dataclass(frozen=True)
+class TrackPass:
+    status: dict[str, Any]
+    events: list[Event]
+    wake_in: float | None
+    cleared: tuple[str, ...] = ()  # its annotations acted on (see Pass.cleared)
+
+
+async def _track_pass(
+    spec: ModelDeploymentSpec,
+    status: dict[str, Any],
+    keys: TrackKeys,
+    pods: list[PodView],
+    namespace: str,
+    name: str,
+    api: KubeClient,
+    generation: int | None,
+    annotations: dict[str, str],
+    *,
+    foreign: list[str] | None = None,
+    store_problem: str | None = None,
+) -> TrackPass:
+    """Plan and act on one track's rollout: the deployment's model (``status`` is the
+    resource's) or a tenant model (``status`` is its entry in ``.status.tenants``); the
+    pods are seen, and annotated, through the track's keys only."""
+    views = [p.of_track(keys) for p in pods]
+    stable = status.get("currentVersion")
     now = time.time()
     rollout = rollout_from_status(status.get("rollout"))
     analysis = AnalysisState.from_status(status.get("analysis"))
-    sample = await _read_canary(spec, namespace, stable, rollout, analysis, pods, now)
+    sample = await _read_canary(spec, namespace, stable, rollout, analysis, views, now)
     plan = plan_rollout(
         spec,
         stable,
         status.get("previousVersion"),
         rollout,
-        pods,
+        views,
         now,
         _rng,
-        promoted,
+        annotations.get(keys.promote),
         analysis,
         sample,
-        aborted_version=annotations.get(ABORT),
-        retried_version=annotations.get(RETRY),
+        aborted_version=annotations.get(keys.abort),
+        retried_version=annotations.get(keys.retry),
     )
-    await cluster.set_targets(api, namespace, plan.actions)
+    await cluster.set_targets(api, namespace, plan.actions, keys)
     # one promotion promotes one rollout; an abort or a retry is acted on (or ignored) once
-    used = ((PROMOTE,) if plan.promotion_used else ()) + plan.cleared
-    if used:
-        await cluster.clear_annotations(api, namespace, name, used)
-    events += plan.events
-    if spec.allow_unsigned and not was_unsigned(_conditions(status)):
-        events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
+    named = {PROMOTE: keys.promote, ABORT: keys.abort, RETRY: keys.retry}
+    used = ((keys.promote,) if plan.promotion_used else ()) + tuple(
+        named.get(key, key) for key in plan.cleared
+    )
     new_status = build_status(
         plan,
-        pods,
+        views,
         spec.replicas,
         generation,
         now,
@@ -277,20 +378,46 @@ async def reconcile_pass(
         foreign=foreign,
         store_problem=store_problem,
     )
-    new_status["appliedHash"] = applied
-    new_status["foreignChildren"] = foreign
-    new_status["verifiedVersions"] = verified
     new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
-    if plan.stable_version != stable:  # publish the new default for pods created later
-        await cluster.apply(
-            api,
-            adopted(configmap(name, namespace, spec, plan.stable_version or spec.version), body),
-        )
     deadline = next_deadline(spec, plan.state, plan.analysis)
     wake_in = None if deadline is None else max(0.0, deadline - time.time())
-    if store_problem is not None:
+    return TrackPass(new_status, list(plan.events), wake_in, used)
+
+
+async def _tenant_pass(
+    body: kopf.Body,
+    spec: ModelDeploymentSpec,
+    tenant: TenantModelSpec,
+    status: dict[str, Any],
+    pods: list[PodView],
+    namespace: str,
+    name: str,
+    memo: kopf.Memo,
+    generation: int | None,
+    annotations: dict[str, str],
+    logger: kopf.Logger,
+) -> TrackPass:
+    """A tenant model's own rollout, which never touches another track's annotations; its
+    refusal (a version not in the store) is its own status, not the resource's. Its
+    events name the tenant."""
+    own = track_spec(spec, tenant)
+    label = f"tenant {tenant.tenant}, model {tenant.model} ({tenant.track})"
+    gate = await _store_gate(memo, _config(memo).check_store, namespace, own, status, logger)
+    if gate.missing is not None:
+        refused = _reject(body, status, [gate.missing], generation, logger)
+        events = [replace(e, message=f"{label}: {e.message}") for e in refused.events]
+        return TrackPass(refused.status, events, None)
+    passed = await _track_pass(
+        gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
+        generation, annotations, store_problem=gate.problem,
+    )  # fmt: skip
+    passed.status["verifiedVersions"] = gate.verified
+    passed.status["model"] = tenant.key
+    events = [replace(e, message=f"{label}: {e.message}") for e in passed.events]
+    wake_in = passed.wake_in
+    if gate.problem is not None:
         wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
-    return Pass(new_status, wake_in, tuple(events))
+    return TrackPass(passed.status, events, wake_in, passed.cleared)
 
 
 async def _read_canary(
@@ -374,6 +501,8 @@ async def follow_rollouts(
             if _changed(status, result.status):
                 patch = merge_patch(status, result.status)
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
+            if result.cleared:  # acted on, and the status that says so is written
+                await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
             for event in result.events:
                 _post(body, event.reason, event.message, warning=event.warning)
                 logger.info("%s: %s", event.reason, event.message)

@@ -7,16 +7,18 @@ a crash before its status write produces the same entries again, never a second 
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
+from model_rollout_contract.annotations import change_cause_for
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 
 from .planner import START_EVENTS, Plan
 from .status import iso
 
-SPEC_EDIT = "spec.version edit"  # triggeredBy without a change-cause annotation
-MAX_REASON = 300  # characters of a reason kept in an entry
+SPEC_EDIT = "spec.version edit"  # triggeredBy without a change-cause naming the version
+MAX_REASON = 300  # characters of a reason (and of a triggeredBy) kept in an entry
 
 
 def result_of(plan: Plan) -> RolloutResult:
@@ -31,6 +33,14 @@ def result_of(plan: Plan) -> RolloutResult:
             return RolloutResult.ABORTED
         return RolloutResult.ROLLED_BACK if state.rolled_back else RolloutResult.FAILED
     return RolloutResult.PROGRESSING
+
+
+def started(ts: float) -> str:
+    """An entry's ``startedAt``, to the millisecond: it tells one rollout from another (here
+    and in the tools), so two rollouts of a version in one second (a retry of a version
+    refused at once) must not share it."""
+    moment = datetime.fromtimestamp(ts, tz=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _short(text: str) -> str:
@@ -50,16 +60,24 @@ def record(
 ) -> list[dict[str, Any]]:
     """The history after ``plan``: a new entry when the plan started a rollout (the one
     it replaces, if still running, is Superseded), the running entry's result updated.
-    ``triggered_by``: the change-cause annotation, if any."""
+    ``triggered_by``: the change-cause annotation, if any; used only when it names the
+    version of the rollout that starts (a stale one from the last release is not)."""
     entries = [dict(e) for e in history if isinstance(e, dict)] if isinstance(history, list) else []
     state = plan.state
-    key = (state.to_version, iso(state.started_at))
+    key = (state.to_version, started(state.started_at))
+    legacy = (state.to_version, iso(state.started_at))  # written before milliseconds were
     index = next(
-        (i for i, e in enumerate(entries) if (e.get("version"), e.get("startedAt")) == key), None
+        (
+            i
+            for i, e in enumerate(entries)
+            if (e.get("version"), e.get("startedAt")) in (key, legacy)
+        ),
+        None,
     )
     if index is None:
         if not any(e.reason in START_EVENTS for e in plan.events):
             return entries[:limit]  # steady state, or a rollout from before history was kept
+        cause = change_cause_for(triggered_by, state.to_version)
         for entry in entries:
             if not _finished(entry):
                 entry.update(
@@ -75,7 +93,7 @@ def record(
                 "startedAt": key[1],
                 "result": str(RolloutResult.PROGRESSING),
                 "reason": plan.reason,
-                "triggeredBy": triggered_by or SPEC_EDIT,
+                "triggeredBy": _short(cause or SPEC_EDIT),
             },
         )
         index = 0

@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from model_rollout_contract import argv, defaults
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_contract.defaults import SERVER_GRPC_PORT, SERVER_PORT, SIDECAR_METRICS_PORT
+from model_rollout_contract.tracks import track_keys
 
 from .admission_policy import sidecar_service_account
-from .spec import ModelDeploymentSpec
+from .spec import ModelDeploymentSpec, TenantModelSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
 # the sidecar reads its pod's name and namespace (Downward API env) as these flags
@@ -56,9 +58,13 @@ def selector(name: str) -> dict[str, str]:
     return {DEPLOYMENT_LABEL: name}
 
 
-def _sidecar_args(spec: ModelDeploymentSpec) -> argv.SidecarArgs:
+def _sidecar_args(
+    spec: ModelDeploymentSpec, tenant: TenantModelSpec | None = None, index: int = 0
+) -> argv.SidecarArgs:
+    """The sidecar's arguments for the deployment's model, or for the ``index``-th tenant
+    model (a named track: its own annotations, metrics port and, maybe, keys)."""
     return argv.SidecarArgs(
-        spec.model,
+        tenant.key if tenant else spec.model,
         spec.store.sidecar_url,
         signed=not spec.allow_unsigned,  # a valid spec has the key, or says allowUnsigned
         retain=spec.retain_versions,
@@ -66,7 +72,52 @@ def _sidecar_args(spec: ModelDeploymentSpec) -> argv.SidecarArgs:
         backoff_base_seconds=spec.sidecar.backoff_base_seconds,
         backoff_max_seconds=spec.sidecar.backoff_max_seconds,
         max_concurrent_downloads=spec.sidecar.max_concurrent_downloads,
+        track=tenant.track if tenant else None,
+        own_keys=bool(tenant and tenant.signing_public_key_secret),
+        metrics_port=SIDECAR_METRICS_PORT + (index + 1 if tenant else 0),
     )
+
+
+def _tenant_sidecars(
+    spec: ModelDeploymentSpec,
+    image: str,
+    mounts: list[dict[str, Any]],
+    control_mount: dict[str, Any],
+    api_mount: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(init containers, containers, volumes) of the tenant models: a pre-pull and a
+    sidecar each, so each tenant has its own loading channel; a tenant's own signing key
+    replaces the deployment's in its containers only."""
+    inits, sidecars, volumes = [], [], []
+    for i, tenant in enumerate(spec.tenant_models):
+        args = _sidecar_args(spec, tenant, i)
+        own = list(mounts)
+        if tenant.signing_public_key_secret:
+            volume = f"keys-{tenant.track}"
+            secret = {"secretName": tenant.signing_public_key_secret}
+            volumes.append({"name": volume, "secret": secret})
+            own = [m for m in own if m["name"] != "signing-key"]
+            path = argv.keys_dir(tenant.track, own_keys=True)
+            own.append({"name": volume, "mountPath": path, "readOnly": True})
+        common = {
+            "image": image,
+            "env": _sidecar_env(spec),
+            "securityContext": container_security_context(),
+        }
+        inits.append({
+            "name": f"prefetch-{tenant.track}",
+            "args": argv.sidecar_argv("init", args),
+            **common,
+            "volumeMounts": [*own, api_mount],
+        })  # fmt: skip
+        sidecars.append({
+            "name": f"sidecar-{tenant.track}",
+            "args": argv.sidecar_argv("watch", args),
+            **common,
+            "ports": [{"name": f"sidecar-m{i + 1}", "containerPort": args.metrics_port}],
+            "volumeMounts": [*own, control_mount, api_mount],
+        })  # fmt: skip
+    return inits, sidecars, volumes
 
 
 def termination_grace_seconds(drain_seconds: float) -> int:
@@ -228,6 +279,16 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
     return out
 
 
+def _jwt_args(spec: ModelDeploymentSpec) -> argv.JwtArgs | None:
+    jwt = spec.jwt
+    if jwt is None:
+        return None
+    return argv.JwtArgs(
+        jwt.issuer, jwt.audience, jwt.jwks_url, jwt.algorithms, jwt.tenant_claim,
+        jwt.leeway_seconds,
+    )  # fmt: skip
+
+
 def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(name, spec)
     control_mount = {"name": "control", "mountPath": argv.CONTROL_DIR}
@@ -245,6 +306,8 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             precision=spec.precision,
             max_batch_size=spec.server.batching.max_batch_size,
             max_queue_delay_us=spec.server.batching.max_queue_delay_us,
+            jwt=_jwt_args(spec),
+            processes=spec.server.processes,
         )
     )
     sidecar_args = _sidecar_args(spec)
@@ -259,6 +322,17 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
     if spec.tenants_secret:
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenants_secret}})
         server_mounts.append({"name": "tenants", "mountPath": argv.TENANTS_DIR, "readOnly": True})
+    if spec.jwt is not None and spec.jwt.jwks_secret is not None:
+        # a Secret volume (not subPath), so the kubelet's update of a rotated key reaches
+        # the server, which re-reads the file when it changes
+        items = [{"key": argv.JWKS_KEY, "path": argv.JWKS_KEY}]
+        secret = {"secretName": spec.jwt.jwks_secret, "items": items}
+        volumes.append({"name": "jwks", "secret": secret})
+        server_mounts.append({"name": "jwks", "mountPath": argv.JWKS_DIR, "readOnly": True})
+    tenant_inits, tenant_sidecars, tenant_volumes = _tenant_sidecars(
+        spec, sidecar_image, mounts, control_mount, api_mount
+    )
+    volumes += tenant_volumes
     pod_labels = labels(name, spec)
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
@@ -288,7 +362,8 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "env": _sidecar_env(spec),
                             "securityContext": container_security_context(),
                             "volumeMounts": [*mounts, api_mount],
-                        }
+                        },
+                        *tenant_inits,
                     ],
                     "containers": [
                         {
@@ -326,6 +401,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             ],
                             "volumeMounts": [*mounts, control_mount, api_mount],
                         },
+                        *tenant_sidecars,
                     ],
                     "volumes": volumes,
                 },
@@ -351,7 +427,20 @@ def service(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, A
     }
 
 
-def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str) -> dict[str, Any]:
+def configmap(
+    name: str,
+    namespace: str,
+    spec: ModelDeploymentSpec,
+    version: str,
+    tenant_versions: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The default version of every track for pods created later: the deployment's model
+    (``version``) and each tenant model's (``tenant_versions`` by track; a tenant model
+    not in it: its spec version)."""
+    held = tenant_versions or {}
+    data = {argv.CONFIGMAP_VERSION_KEY: version}
+    for tenant in spec.tenant_models:
+        data[track_keys(tenant.track).configmap_key] = held.get(tenant.track, tenant.version)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -360,7 +449,7 @@ def configmap(name: str, namespace: str, spec: ModelDeploymentSpec, version: str
             "namespace": namespace,
             "labels": labels(name, spec),
         },
-        "data": {argv.CONFIGMAP_VERSION_KEY: version},
+        "data": data,
     }
 
 
@@ -414,11 +503,15 @@ def disruption_budget(name: str, namespace: str, spec: ModelDeploymentSpec) -> d
 
 
 def children(
-    name: str, namespace: str, spec: ModelDeploymentSpec, version: str
+    name: str,
+    namespace: str,
+    spec: ModelDeploymentSpec,
+    version: str,
+    tenant_versions: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     return [
         *pod_rbac(name, namespace, spec),
-        configmap(name, namespace, spec, version),
+        configmap(name, namespace, spec, version, tenant_versions),
         deployment(name, namespace, spec),
         service(name, namespace, spec),
         disruption_budget(name, namespace, spec),

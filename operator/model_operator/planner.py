@@ -284,15 +284,17 @@ def _retry(
 
 def _abortable(stable: str | None, state: RolloutState, version: str, events: list[Event]) -> bool:
     """Does the abort annotation stop the rollout that runs now? An abort of another
-    version is ignored with an Event; one read again after it acted, quietly."""
-    running = state.stage in (CANARY, BATCHES)
+    version, or one that arrives after its rollout ended, is ignored with an Event (the
+    user learns that it did nothing); one read again after it acted, quietly."""
     why = None
     if version != state.to_version:
         why = f"the current rollout is of {state.to_version}"
-    elif stable is None or stable == version:
-        why = f"no stable version to go back to from {version}" if running else None
-    elif running:
-        return True
+    elif state.stage == COMPLETE:
+        why = f"the rollout of {version} completed; use kubectl model rollback"
+    elif state.stage in (CANARY, BATCHES):
+        if stable is not None and stable != version:
+            return True
+        why = f"no stable version to go back to from {version}"
     elif not state.aborted:
         why = f"the rollout of {version} is not running ({state.stage})"
     if why is not None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
-from model_rollout_contract.canary import TRAFFIC_POLICY
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
+from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 
 @dataclass(frozen=True)
@@ -25,6 +24,16 @@ class PodView:
     seen_at: float | None = None  # sidecar report: when it saw ``reported_target``
     policy: str | None = None  # operator-set traffic policy annotation
     ip: str | None = None  # status.podIP: where the operator reads its server's /metrics
+    # every annotation of the pod, for the views of its other tracks (tenant models); a
+    # part of its equality, so that an index keeping views sees a tenant track's change
+    annotations: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def of_track(self, keys: TrackKeys) -> PodView:
+        """The same pod as one track's rollout sees it: that track's target, policy and
+        sidecar report (readiness and address are the pod's)."""
+        if keys == DEFAULT_TRACK:
+            return self
+        return _view(self.name, dict(self.annotations), self.ready, self.ip, keys)
 
     def holds(self, version: str) -> bool:
         """Swapping to ``version`` is a pointer swap: the server has it loaded."""
@@ -46,20 +55,32 @@ class PodView:
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
-    annotations = meta.get("annotations") or {}
-    report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
     conditions = (pod.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return _view(
+        meta.get("name", ""),
+        dict(meta.get("annotations") or {}),
+        ready and not meta.get("deletionTimestamp"),
+        (pod.get("status") or {}).get("podIP"),
+        DEFAULT_TRACK,
+    )
+
+
+def _view(
+    name: str, annotations: Mapping[str, str], ready: bool, ip: str | None, keys: TrackKeys
+) -> PodView:
+    report = SidecarReport.from_json(annotations.get(keys.sidecar_status))
     return PodView(
-        name=meta.get("name", ""),
-        target=annotations.get(TARGET_VERSION),
+        name=name,
+        target=annotations.get(keys.target),
         serving=report.serving if report else None,
         reported_target=report.target if report else None,
         state=report.state if report else None,
         reason=report.reason if report else None,
         retained=report.retained if report else (),
         seen_at=report.target_seen_at if report else None,
-        ready=ready and not meta.get("deletionTimestamp"),
-        policy=annotations.get(TRAFFIC_POLICY),
-        ip=(pod.get("status") or {}).get("podIP"),
+        ready=ready,
+        policy=annotations.get(keys.traffic),
+        ip=ip,
+        annotations=tuple(sorted(annotations.items())),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from model_rollout_contract import defaults
@@ -14,6 +14,7 @@ from model_rollout_contract.argv import STORE_DIR
 from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
 from model_rollout_contract.names import NAME_RULE, is_valid_name
 from model_rollout_contract.redact import redact
+from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
 
 from .errors import SpecError
 
@@ -32,6 +33,7 @@ S3_URL = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,62}(/.*)?")  # bucket, then any 
 ENDPOINT_URL = re.compile(r"https?://[^/?#@\s]+([/?#][^@\s]*)?")
 # limits the CRD repeats as its maximum:s (the property test checks that both agree)
 MAX_DRAIN_SECONDS = 300
+MAX_SERVER_PROCESSES = 16  # spec.server.processes: each holds its own copy of the engines
 MAX_START_JITTER_SECONDS = 600
 MAX_BACKOFF_SECONDS = 3600
 MAX_CONCURRENT_DOWNLOADS = 16
@@ -155,6 +157,48 @@ class BatchingSettings:
 class ServerSettings:
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve unready this long
     batching: BatchingSettings = field(default_factory=BatchingSettings)
+    processes: int = defaults.SERVER_PROCESSES  # behind the pod's one port
+
+
+@dataclass(frozen=True)
+class JwtSpec:
+    """``spec.tenants.jwt``: tenants' JWTs beside their API keys; the issuer's keys from a
+    JWKS Secret (key ``jwks.json``) or an https URL."""
+
+    issuer: str
+    audience: str
+    jwks_secret: str | None = None
+    jwks_url: str | None = None
+    algorithms: tuple[str, ...] = defaults.JWT_ALGORITHMS
+    tenant_claim: str = defaults.JWT_TENANT_CLAIM
+    leeway_seconds: float = defaults.JWT_LEEWAY_SECONDS
+
+
+MAX_JWT_LEEWAY_SECONDS = 300  # more would let an expired token live on for minutes
+JWT_TEXT_MAX = 1024  # issuer, audience, claim, URL: short text on a command line
+# an https URL with a host and no user-info (the CRD's pattern too)
+JWKS_URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
+
+
+@dataclass(frozen=True)
+class TenantModelSpec:
+    """One of ``spec.tenants.models``: a tenant's model with its own version and rollout
+    (a named track: model_rollout_contract.tracks), on the same pods, under the
+    deployment's canary and rollout settings."""
+
+    track: str
+    tenant: str
+    model: str
+    version: str
+    signing_public_key_secret: str | None = None  # None: the deployment's key
+
+    @property
+    def key(self) -> str:
+        """The server's and the store's name for it: ``tenant/model``."""
+        return f"{self.tenant}/{self.model}"
+
+
+MAX_TENANT_MODELS = 16  # a sidecar container each
 
 
 @dataclass(frozen=True)
@@ -179,6 +223,8 @@ class ModelDeploymentSpec:
     signing_public_key_secret: str | None = None
     allow_unsigned: bool = defaults.ALLOW_UNSIGNED
     tenants_secret: str | None = None  # Secret with tenants.yaml (see model-server)
+    jwt: JwtSpec | None = None  # with tenants_secret only
+    tenant_models: tuple[TenantModelSpec, ...] = ()  # with tenants_secret only
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
 
@@ -375,6 +421,15 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
 
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})
     tenants_secret = _object_name(tenants, "secretName", problems, "spec.tenants.")
+    jwt = _jwt(_get(tenants, "jwt", dict, problems, "spec.tenants."), problems)
+    if jwt is not None and tenants_secret is None:
+        problems.append("spec.tenants.jwt needs spec.tenants.secretName: a token names a tenant")
+    tenant_models = _tenant_models(tenants, model, problems)
+    if tenant_models and tenants_secret is None:
+        problems.append(
+            "spec.tenants.models needs spec.tenants.secretName: the tenants file says whose "
+            "keys and tokens reach them"
+        )
     sidecar_image = _get(raw, "sidecarImage", str, problems, "spec.")
     signing_key, allow_unsigned = _signing(raw, problems)
     sidecar = _sidecar_settings(_get(raw, "sidecar", dict, problems, "spec.", {}), problems)
@@ -382,8 +437,10 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     server = ServerSettings(
         _number(server_raw, "drainSeconds", problems, "spec.server.", defaults.DRAIN_SECONDS),
         _batching(_get(server_raw, "batching", dict, problems, "spec.server.", {}), problems),
+        _get(server_raw, "processes", int, problems, "spec.server.", defaults.SERVER_PROCESSES),
     )
     _range(problems, "spec.server.drainSeconds", server.drain_seconds, 0, MAX_DRAIN_SECONDS)
+    _range(problems, "spec.server.processes", server.processes, 1, MAX_SERVER_PROCESSES)
 
     if problems:
         raise SpecError(problems)
@@ -406,8 +463,104 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         signing_public_key_secret=signing_key,
         allow_unsigned=allow_unsigned,
         tenants_secret=tenants_secret,
+        jwt=jwt,
+        tenant_models=tenant_models,
         sidecar=sidecar,
         server=server,
+    )
+
+
+def _tenant_models(
+    tenants: dict[str, Any], model: str, problems: list[str]
+) -> tuple[TenantModelSpec, ...]:
+    """``spec.tenants.models``: each a track of its own, a tenant/model once."""
+    raw = _get(tenants, "models", list, problems, "spec.tenants.", [])
+    if len(raw) > MAX_TENANT_MODELS:
+        problems.append(f"spec.tenants.models holds at most {MAX_TENANT_MODELS} models")
+        return ()
+    out: list[TenantModelSpec] = []
+    for i, entry in enumerate(raw):
+        where = f"spec.tenants.models[{i}]."
+        if not isinstance(entry, dict):
+            problems.append(f"{where[:-1]} must be an object")
+            continue
+        track = entry.get("name")
+        if not isinstance(track, str) or TRACK_PATTERN.fullmatch(track) is None:
+            problems.append(f"{where}name must be {TRACK_RULE} (got {track!r})")
+            track = None
+        tenant = _name(entry, "tenant", problems, where)
+        name = _name(entry, "model", problems, where)
+        version = _name(entry, "version", problems, where)
+        key_secret = _object_name(entry, "signingPublicKeySecret", problems, where)
+        if tenant and tenant == model:
+            problems.append(
+                f"{where}tenant {tenant!r} is the deployment's model: its directory would hold both"
+            )
+        if track and tenant and name and version:
+            out.append(TenantModelSpec(track, tenant, name, version, key_secret))
+    for what, values in (
+        ("name", [t.track for t in out]),
+        ("tenant and model", [t.key for t in out]),
+    ):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            problems.append(f"spec.tenants.models: each {what} once (repeated: {repeated})")
+    return tuple(out)
+
+
+def _jwt_text(raw: dict[str, Any], key: str, problems: list[str], required: bool) -> str | None:
+    where = "spec.tenants.jwt."
+    value = _get(raw, key, str, problems, where)
+    if value is None:
+        if required:
+            problems.append(f"{where}{key} is required")
+        return None
+    if not 0 < len(value) <= JWT_TEXT_MAX:
+        problems.append(f"{where}{key} must be 1-{JWT_TEXT_MAX} characters")
+        return None
+    return value
+
+
+def _jwt(raw: dict[str, Any] | None, problems: list[str]) -> JwtSpec | None:
+    """``spec.tenants.jwt``, or ``None`` without one; every field checked here, so the
+    server never starts with a configuration it refuses."""
+    if raw is None:
+        return None
+    where = "spec.tenants.jwt."
+    issuer = _jwt_text(raw, "issuer", problems, required=True)
+    audience = _jwt_text(raw, "audience", problems, required=True)
+    secret = _object_name(raw, "jwksSecret", problems, where)
+    url = _get(raw, "jwksUrl", str, problems, where)
+    if url is not None and (len(url) > JWT_TEXT_MAX or not JWKS_URL.fullmatch(url)):
+        problems.append(
+            f"{where}jwksUrl must be an https URL with a host and no credentials, "
+            f"not {redact(url)[:200]!r}"
+        )
+        url = None
+    if (raw.get("jwksSecret") is None) == (raw.get("jwksUrl") is None):
+        problems.append("spec.tenants.jwt needs exactly one of jwksSecret and jwksUrl")
+    algorithms = _get(raw, "algorithms", list, problems, where, list(defaults.JWT_ALGORITHMS))
+    allowed = defaults.JWT_ASYMMETRIC_ALGORITHMS
+    if (
+        not algorithms
+        or len(set(map(str, algorithms))) != len(algorithms)
+        or not all(a in allowed for a in algorithms)
+    ):
+        problems.append(
+            f"{where}algorithms must be distinct asymmetric algorithms of {', '.join(allowed)}"
+            f" (never none or HS*), not {algorithms!r}"
+        )
+    claim = _jwt_text(raw, "tenantClaim", problems, required=False)
+    leeway = _number(raw, "leewaySeconds", problems, where, defaults.JWT_LEEWAY_SECONDS)
+    _range(problems, f"{where}leewaySeconds", leeway, 0, MAX_JWT_LEEWAY_SECONDS)
+    return JwtSpec(
+        issuer=issuer or "",
+        audience=audience or "",
+        jwks_secret=secret,
+        jwks_url=url,
+        algorithms=tuple(str(a) for a in algorithms),
+        tenant_claim=claim or defaults.JWT_TENANT_CLAIM,
+        leeway_seconds=leeway,
     )
 
 
@@ -589,3 +742,17 @@ def _prometheus(analysis: dict[str, Any], problems: list[str]) -> PrometheusSpec
             )
         queries.append((name, text))
     return PrometheusSpec(url if isinstance(url, str) else "", tuple(queries))
+
+
+def track_spec(spec: ModelDeploymentSpec, tenant_model: TenantModelSpec) -> ModelDeploymentSpec:
+    """The spec a tenant model's rollout is planned with: the deployment's settings, the
+    tenant's model (``tenant/model``) and version, and its signing key if it has one."""
+    return replace(
+        spec,
+        model=tenant_model.key,
+        version=tenant_model.version,
+        signing_public_key_secret=(
+            tenant_model.signing_public_key_secret or spec.signing_public_key_secret
+        ),
+        tenant_models=(),
+    )

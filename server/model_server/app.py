@@ -23,6 +23,7 @@ from .engine_manager import EngineManager
 from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
 from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
+from .pool_worker import POOL, PoolPeers, tag_responses, worker_rate_limits
 from .repository import ModelRepository
 from .shadow import ShadowRunner
 from .startup import load_at_start, resumed_policy
@@ -45,6 +46,9 @@ class ModelServer:
             config.jwt,
             on_rate_limited=lambda tenant: self.metrics.rate_limited.labels(tenant).inc(),
         )
+        share = config.pool_size  # a worker of a pool holds 1/N of what the pod may use
+        if share > 1:
+            self.policy.rate_limits = worker_rate_limits(self.policy.rate_limits, share)
         self.metrics.watch_tenants(self.policy.tenants, self.policy.rate_limits.buckets)
         self.audit = AuditLog(config.audit_log)
         self.repository = ModelRepository(config.repository)
@@ -56,22 +60,32 @@ class ModelServer:
             self.metrics,
             self.audit,
             retain=config.retain,
-            memory_budget_bytes=int(budget * 2**20) if budget else None,
+            memory_budget_bytes=int(budget * 2**20 / share) if budget else None,
             executor=self.executor,
             batching=BatchPolicy.from_flags(
                 config.max_batch_size, config.max_queue_delay_us, config.workers
             ),
             tenant_memory_caps={
-                t.name: int(t.memory_mb * 2**20)
+                t.name: int(t.memory_mb * 2**20 / share)
                 for t in self.policy.tenants.values()
                 if t.memory_mb is not None
             },
         )
         self.codec = JsonCodec(config.json_workers, max_pending_decodes=config.json_max_pending)
         self.shadows = ShadowRunner(config.shadow_max_in_flight)
+        seed = config.traffic_seed
+        if seed is not None and config.worker_index is not None:
+            seed += config.worker_index  # the same seed would split alike in every worker
         self.plane = DataPlane(
-            self.manager, self.metrics, self.codec, TrafficRouter(config.traffic_seed), self.shadows
+            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows
         )
+        self.peers: PoolPeers | None = None
+        if config.worker_index is not None and config.pool_dir is not None:
+            self.peers = PoolPeers(config.pool_dir, config.worker_index, config.pool_size)
+            self.plane.admin_swaps_refused = (
+                f"this server runs {config.pool_size} processes: versions are swapped through "
+                "its control socket (the sidecar), which reaches every process"
+            )
         self.in_flight = InFlightRequests()
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)
@@ -83,7 +97,12 @@ class ModelServer:
             from .grpc_api import GrpcServer  # grpcio is needed only with the gRPC API on
 
             self.grpc = GrpcServer(
-                self.plane, self.policy, config.host, config.grpc_port, MAX_REQUEST_BYTES
+                self.plane,
+                self.policy,
+                config.host,
+                config.grpc_port,
+                MAX_REQUEST_BYTES,
+                reuse_port=config.in_pool,
             )
 
     def model_specs(self) -> list[ModelSpec]:
@@ -139,6 +158,8 @@ class ModelServer:
         self.manager.close()
         self.codec.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.peers is not None:
+            await self.peers.close()
 
     def make_app(self) -> web.Application:
         app = web.Application(
@@ -148,6 +169,9 @@ class ModelServer:
         app[POLICY] = self.policy
         app[METRICS] = self.metrics
         app[SERVER] = self
+        if self.peers is not None:
+            app[POOL] = self.peers
+            tag_responses(app, self.peers.index)
         add_routes(app)
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)

@@ -1,4 +1,5 @@
-"""``model-server`` entry point."""
+"""``model-server`` entry point: one server, or with ``--processes N`` the supervisor of
+N (:mod:`.pool`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,25 @@ import sys
 
 from .backends import BackendUnavailable
 from .config import parse_args
+from .pool_worker import end_with_supervisor
 from .serving import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     config = parse_args(argv)
+    # one log stream for a pool: each line says which process wrote it
+    who = "" if config.worker_index is None else f"[worker {config.worker_index}] "
+    if config.processes > 1:
+        who = "[pool] "
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
+    )
+    if config.in_pool:
+        end_with_supervisor()
+    if config.processes > 1:
+        from .pool import run_pool
+
+        return run_pool(config, list(sys.argv[1:] if argv is None else argv))
     try:
         run(config)
     except BackendUnavailable as exc:

@@ -104,6 +104,18 @@ class ServerConfig:
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    # several processes behind one port (model_server.pool): the supervisor has
+    # ``processes`` > 1; each worker it starts has its index, the pool's size and the
+    # pool's private directory (its sockets), and is an ordinary server otherwise
+    processes: int = 1
+    worker_index: int | None = None
+    pool_size: int = 1
+    pool_dir: Path | None = None
+
+    @property
+    def in_pool(self) -> bool:
+        """A worker of a pool: shares its port and answers for the whole pool."""
+        return self.worker_index is not None
 
     def backend_options(self) -> dict[str, object]:
         """What ``make_backend`` is given for this configuration's backend."""
@@ -249,6 +261,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(Triton's max_queue_delay_microseconds); while every inference thread is busy, "
         "requests queue regardless",
     )
+    pool = p.add_argument_group("processes")
+    pool.add_argument(
+        "--processes",
+        type=int,
+        default=ServerConfig.processes,
+        help="server processes behind the one port (SO_REUSEPORT), one supervisor relaying "
+        "the control socket to all: more requests per second than one event loop; each "
+        "holds its own copy of the models, with 1/N of the memory budget and rate limits",
+    )
+    # set by the supervisor on the workers it starts
+    pool.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    pool.add_argument("--pool-size", type=int, default=1, help=argparse.SUPPRESS)
+    pool.add_argument("--pool-dir", help=argparse.SUPPRESS)
     trt = p.add_argument_group("TensorRT backend")
     trt.add_argument(
         "--precision",
@@ -312,6 +337,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error(f"--precision {a.precision} needs --backend tensorrt")
     if a.trt_contexts < 1:
         p.error("--trt-contexts must be at least 1")
+    if a.processes < 1:
+        p.error("--processes must be at least 1")
+    if a.processes > 1 and (a.port == 0 or a.grpc_port == 0):
+        p.error("--processes above 1 needs fixed ports: every process binds the same one")
+    if a.worker_index is not None and not (0 <= a.worker_index < a.pool_size and a.pool_dir):
+        p.error("--worker-index needs --pool-dir and a --pool-size above it")
     try:
         models = [ModelSpec.parse(m) for m in a.model]
     except InvalidName as exc:
@@ -360,6 +391,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         shadow_max_in_flight=a.shadow_max_in_flight,
         max_batch_size=a.max_batch_size,
         max_queue_delay_us=a.max_queue_delay_us,
+        processes=a.processes,
+        worker_index=a.worker_index,
+        pool_size=a.pool_size,
+        pool_dir=optional_path(a.pool_dir),
         tensorrt=TensorRTConfig(
             precision=a.precision,
             contexts=a.trt_contexts,

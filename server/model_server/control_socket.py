@@ -81,16 +81,17 @@ def bind_unix_socket(path: Path, mode: int) -> socket.socket:
     return sock
 
 
-class ControlSocketServer:
+class LineServer:
+    """The socket, its connections and their bounds; what a line is answered with is
+    the subclass's (this server's own data plane, or a pool's relay: ``.pool_relay``)."""
+
     def __init__(
         self,
-        plane: DataPlane,
         path: str | Path,
         mode: int = 0o600,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.plane = plane
         self.path = Path(path)
         self.mode = mode
         self.idle_timeout_s = idle_timeout_s
@@ -143,6 +144,22 @@ class ControlSocketServer:
         if last and not writer.is_closing():
             writer.write(last)
         writer.close()
+
+    async def handle_line(self, line: bytes, who: str) -> Reply:
+        raise NotImplementedError
+
+
+class ControlSocketServer(LineServer):
+    def __init__(
+        self,
+        plane: DataPlane,
+        path: str | Path,
+        mode: int = 0o600,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        super().__init__(path, mode, idle_timeout_s, max_connections)
+        self.plane = plane
 
     async def handle_line(self, line: bytes, who: str) -> Reply:
         try:

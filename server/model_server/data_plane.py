@@ -35,6 +35,7 @@ from .codec_workers import JsonCodec
 from .engine_manager import EngineManager, SwapResult
 from .errors import (
     BadRequest,
+    Conflict,
     Forbidden,
     ModelNotFound,
     ServingError,
@@ -139,6 +140,9 @@ class DataPlane:
         # models an admin unloaded (repository extension): they serve nothing, and do
         # not hold the server's readiness back, until a version is loaded again
         self.unloaded: set[str] = set()
+        # a worker of a pool (model_server.pool) swaps versions only as its supervisor
+        # tells it, so that every worker serves the same: this says why, to an admin
+        self.admin_swaps_refused: str | None = None
 
     # -- health and metadata --------------------------------------------------
     def model_keys(self) -> list[str]:
@@ -405,6 +409,11 @@ class DataPlane:
         return self.status(key)
 
     # -- versions -----------------------------------------------------------
+    def _check_admin_swap(self, caller: Caller) -> None:
+        """An admin's load, rollback or unload over HTTP or gRPC, refused in a pool."""
+        if self.admin_swaps_refused is not None and caller.source in ("http", "grpc"):
+            raise Conflict(self.admin_swaps_refused)
+
     async def load(
         self,
         key: str,
@@ -416,6 +425,7 @@ class DataPlane:
     ) -> SwapReply:
         """Load and swap in ``version``; with ``policy`` (its candidate is ``version``)
         the traffic policy is set in the same step (``EngineManager.load``)."""
+        self._check_admin_swap(caller)
         result = await self.manager.load(
             key, version, path=path, expected_sha256=sha256, who=caller.who,
             source=caller.source, policy=policy,
@@ -424,6 +434,7 @@ class DataPlane:
         return swap_reply(result)
 
     async def rollback(self, key: str, version: str | None, caller: Caller) -> SwapReply:
+        self._check_admin_swap(caller)
         result = await self.manager.rollback(key, version, who=caller.who, source=caller.source)
         self.unloaded.discard(key)
         return swap_reply(result)
@@ -467,6 +478,7 @@ class DataPlane:
         else the newest in the repository, under the traffic policy of its ``TRAFFIC``
         file on a canary pod (:mod:`.startup`); audited as any load. One already serving
         so is a no-op."""
+        self._check_admin_swap(caller)
         if parameters:
             raise BadRequest(
                 f"load parameters are not supported (a model's files and configuration come "
@@ -499,6 +511,7 @@ class DataPlane:
         until it is loaded again (each version is freed once its requests in flight
         end); the server stays ready for its other models. ``unload_dependents`` is
         accepted: no model here has dependents."""
+        self._check_admin_swap(caller)
         extra = sorted(set(parameters or {}) - {"unload_dependents"})
         if extra:
             raise BadRequest(f"unload parameters are not supported: {extra}")

@@ -287,8 +287,10 @@ class GrpcServer:
         host: str,
         port: int,
         max_message_bytes: int,
+        reuse_port: bool = False,
     ) -> None:
         self.service = InferenceService(plane, policy)
+        self.reuse_port = reuse_port  # the workers of a pool share the port
         self.host = host
         self.requested_port = port
         self.max_message_bytes = max_message_bytes
@@ -300,7 +302,8 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
+                # a port in use is an error, not a shared port, except within a pool
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ]
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)

@@ -29,6 +29,7 @@ from .errors import BadRequest, ServingError, internal_error
 from .http_body import read_body
 from .http_codec import HttpInferBody
 from .metrics import ServerMetrics
+from .pool_worker import POOL, pool_metrics, pool_statistics
 from .repository import model_key
 from .tensors import parameters_of
 from .v2_codec import parse_json
@@ -176,7 +177,12 @@ async def statistics(request: web.Request) -> web.Response:
     tenant = await request.app[POLICY].tenant_for(request.headers)
     name = request.match_info.get("name")
     keys = [model_key(name, tenant)] if name is not None else plane.namespace_keys(tenant)
-    return web.json_response(plane.statistics(keys, _route_version(request)))
+    version = _route_version(request)
+    answer = plane.statistics(keys, version)
+    peers = request.app.get(POOL)
+    if peers is not None:  # one worker of a pool: the pod's numbers are every worker's
+        answer = await pool_statistics(peers, answer, keys, version)
+    return web.json_response(answer)
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -289,6 +295,9 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
+    peers = request.app.get(POOL)
+    if peers is not None:  # one worker of a pool: the pod's series are every worker's
+        return await pool_metrics(peers, request.app[METRICS])
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

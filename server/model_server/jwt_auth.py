@@ -16,27 +16,18 @@ from pathlib import Path
 
 import jwt
 
+from model_rollout_contract import defaults
+
 from .errors import Unauthorized
 from .jwks import JwksFile, JwksUrl, KeySource
 
 log = logging.getLogger(__name__)
 
 # asymmetric algorithms only: a verifying key is public, an HMAC "key" would be a secret
-ASYMMETRIC_ALGORITHMS = (
-    "RS256",
-    "RS384",
-    "RS512",
-    "PS256",
-    "PS384",
-    "PS512",
-    "ES256",
-    "ES384",
-    "ES512",
-    "EdDSA",
-)
-DEFAULT_ALGORITHMS = ("RS256", "ES256", "EdDSA")
-DEFAULT_LEEWAY_S = 30.0
-DEFAULT_TENANT_CLAIM = "tenant"
+ASYMMETRIC_ALGORITHMS = defaults.JWT_ASYMMETRIC_ALGORITHMS
+DEFAULT_ALGORITHMS = defaults.JWT_ALGORITHMS
+DEFAULT_LEEWAY_S = defaults.JWT_LEEWAY_SECONDS
+DEFAULT_TENANT_CLAIM = defaults.JWT_TENANT_CLAIM
 DEFAULT_MIN_REFRESH_S = 60.0
 DEFAULT_MAX_AGE_S = 3600.0
 # header.payload.signature, each base64url (an unsigned token's signature is empty)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .app import SERVER, create_app
+from .app import SERVER, ModelServer, create_app
 from .config import ServerConfig
+from .pool_worker import private_app, private_socket
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,12 @@ async def serve(config: ServerConfig) -> None:
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=CANCEL_SECONDS)  # fmt: skip
     await runner.setup()  # loads the models (on_startup)
+    private: web.AppRunner | None = None
     try:
-        await web.TCPSite(runner, config.host, config.port).start()
+        if config.in_pool:  # the pool's other workers and its supervisor ask it here
+            private = await start_private(app[SERVER])
+        # a pool's workers share the port: the kernel spreads connections over them
+        await web.TCPSite(runner, config.host, config.port, reuse_port=config.in_pool).start()
         log.info("serving on %s:%d", config.host, config.port)
         await signalled.wait()
         signalled.clear()
@@ -51,7 +56,19 @@ async def serve(config: ServerConfig) -> None:
         await _finish_in_flight(runner, app, config.inflight_grace_seconds)
     finally:
         await runner.cleanup()  # stops listening, cancels what is left, on_cleanup
+        if private is not None:
+            await private.cleanup()
     log.info("stopped")
+
+
+async def start_private(server: ModelServer) -> web.AppRunner:
+    """The private app of a pool's worker on its Unix socket in the pool's directory."""
+    config = server.config
+    assert config.pool_dir is not None and config.worker_index is not None
+    runner = web.AppRunner(private_app(server.plane, server.metrics), access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, str(private_socket(config.pool_dir, config.worker_index))).start()
+    return runner
 
 
 async def _finish_in_flight(runner: web.AppRunner, app: web.Application, grace_s: float) -> None:
