@@ -24,6 +24,7 @@ from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_rollout_contract.annotations import PREVIOUS_VERSION, SIDECAR_STATUS, TARGET_VERSION
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
+from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e import chart_policy
 
 ROOT = Path(__file__).parent.parent
@@ -287,3 +288,53 @@ def test_the_chart_installs_exactly_the_generated_policy() -> None:
     )
     off = render_chart(CHART, {chart_policy.VALUE: False})
     assert [d for d in off if d["kind"] in kinds] == []
+
+
+TENANT = "acme-resnet"  # a named track (model_rollout_contract.tracks)
+TENANT_KEYS = track_keys(TENANT)
+
+
+def test_a_tenant_sidecar_reports_on_its_own_track() -> None:
+    """Issue 15: a tenant model's sidecar writes ``sidecar-status.<track>``; the policy
+    used to list only the default track's key, so every tenant report was Forbidden."""
+    tenant_report = annotate({TENANT_KEYS.sidecar_status: report(SidecarState.OK, "a7")})
+    verdict = patch_by(sidecar_of(OWN), OWN, tenant_report)
+    assert verdict.matched and verdict.allowed, verdict
+    reported = merge_patch(pod(OWN), tenant_report)
+    assert patch_by(sidecar_of(OWN), OWN, annotate({TENANT_KEYS.sidecar_status: None}),
+                    old=reported).allowed  # fmt: skip
+    both = annotate({SIDECAR_STATUS: "{}", track_keys("x").sidecar_status: "{}"})
+    assert patch_by(sidecar_of(OWN), OWN, both).allowed
+
+
+TENANT_DENIED = {
+    "a tenant's target version": annotate({TENANT_KEYS.target: "v666"}),
+    "a tenant's previous version": annotate({TENANT_KEYS.previous: "v0"}),
+    "a tenant's traffic policy": annotate({TENANT_KEYS.traffic: "{}"}),
+    "a tenant's report and its target at once": annotate(
+        {TENANT_KEYS.sidecar_status: "{}", TENANT_KEYS.target: "v9"}
+    ),
+    "a report of a track that breaks the track rule": annotate(
+        {f"{SIDECAR_STATUS}.Bad_Name": "{}"}
+    ),
+    "a report with an empty track": annotate({f"{SIDECAR_STATUS}.": "{}"}),
+    "a report with a track then more": annotate({f"{TENANT_KEYS.sidecar_status}/x": "{}"}),
+    "a report of a nested track": annotate({f"{TENANT_KEYS.sidecar_status}.b": "{}"}),
+    "a report key with a prefix": annotate({f"x{SIDECAR_STATUS}": "{}"}),
+    "a report key with any character for its dots": annotate(
+        {SIDECAR_STATUS.replace(".", "x") + ".acme": "{}"}
+    ),
+    "a report of a track longer than 40": annotate({f"{SIDECAR_STATUS}.{'a' * 41}": "{}"}),
+}
+
+
+@pytest.mark.parametrize("patch", TENANT_DENIED.values(), ids=TENANT_DENIED.keys())
+def test_a_tenant_sidecar_cannot_change_anything_else(patch: dict[str, Any]) -> None:
+    _deny("annotations its sidecar owns", patch_by(sidecar_of(OWN), OWN, patch))
+
+
+@pytest.mark.parametrize("track", ["a", "acme-resnet", "0-9", "a" * 40])
+def test_every_track_the_contract_allows_may_report(track: str) -> None:
+    """The policy's pattern and the contract's track rule are one rule."""
+    verdict = patch_by(sidecar_of(OWN), OWN, annotate({track_keys(track).sidecar_status: "{}"}))
+    assert verdict.allowed, verdict

@@ -119,3 +119,18 @@ async def test_store_check_messages_never_carry_credentials_of_a_url(
     assert result is VersionCheck.UNREACHABLE
     assert "hunter2" not in message and "ops:" not in message
     assert "http://***@127.0.0.1" in message  # the endpoint is still named
+
+
+def test_a_status_that_differs_only_in_update_times_is_not_written_again() -> None:
+    """Each tenant model's status entry carries its own lastUpdateTime: a pass that moved
+    nothing must not write the status (and wake itself) for it."""
+    from model_operator.handlers import _changed
+
+    def at(when: str, phase: str = "Available") -> dict:  # type: ignore[type-arg]
+        tenant = {"phase": phase, "lastUpdateTime": when}
+        return {"phase": "Available", "lastUpdateTime": when, "tenants": {"acme": tenant}}
+
+    old, new = at("t1"), at("t2")
+    assert not _changed(old, new)
+    assert _changed(old, at("t2", "Canary"))
+    assert _changed(old, {**new, "tenants": {}})  # a tenant model removed

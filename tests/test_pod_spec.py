@@ -590,3 +590,21 @@ def test_server_processes_reach_the_server() -> None:
         pod = pod_of(example_spec(server={"processes": processes}))
         assert server_args(containers(pod)["server"]["args"][1:]).processes == processes
     assert server_args(containers(pod_of(example_spec()))["server"]["args"][1:]).processes == 1
+
+
+def test_a_tenant_with_its_own_key_is_signed_even_when_the_deployment_allows_unsigned() -> None:
+    """Issue 15: ``allowUnsigned`` is the deployment's key's opt-out; a tenant that names
+    its own signingPublicKeySecret ran ``--allow-unsigned`` anyway, its key unused."""
+    spec = example_spec(signingPublicKeySecret=None, allowUnsigned=True, tenants=TENANT_MODELS)
+    by_name = containers(pod_of(spec))
+    for name in ("prefetch-globex-resnet", "sidecar-globex-resnet"):  # its own key
+        config = sidecar_args(by_name[name]["args"][1:])
+        assert isinstance(config, InitConfig | WatchConfig)
+        assert (config.fetch.public_key, config.fetch.allow_unsigned) == (
+            Path(f"{argv.KEYS_DIR}-globex-resnet"),
+            False,
+        ), name
+    for name in ("prefetch-acme-resnet", "sidecar-acme-resnet", "sidecar"):  # no key of its own
+        config = sidecar_args(by_name[name]["args"][1:])
+        assert isinstance(config, InitConfig | WatchConfig)
+        assert (config.fetch.public_key, config.fetch.allow_unsigned) == (None, True), name

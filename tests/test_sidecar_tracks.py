@@ -32,7 +32,7 @@ from model_sidecar.pod_watch import PodWatch
 from model_sidecar.publish import publish
 from model_sidecar.store import LocalStore
 from model_sidecar.volume import SafeDir
-from sidecar_helpers import Keys, downloads_left, make_fetcher, make_keys
+from sidecar_helpers import Keys, downloads_left, make_fetcher, make_keys, sidecar_cli
 
 NS, POD = "ml", "shared-000"
 POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
@@ -323,3 +323,20 @@ async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_se
             stop.set()
             for proc in procs:
                 proc.stop()
+
+
+def test_a_tenant_models_pre_pull_never_holds_the_pod_back(tmp_path: Path) -> None:
+    """A tenant version not (yet) in the store: its init container exits 0 so the pod
+    starts for everybody else, and its watch sidecar retries and reports; the deployment's
+    own model's pre-pull still fails the pod (nothing to serve)."""
+    keys = make_keys(tmp_path / "keys")
+    common = [
+        "init", "--store", f"file://{tmp_path / 'store'}", "--volume", str(tmp_path / "v"),
+        "--public-key", str(keys.public), "--version", "a1", "--start-jitter-seconds", "0",
+        "--retries", "1",
+    ]  # fmt: skip
+    tenant = sidecar_cli(*common, "--model", "acme/mlp", "--track", "acme-mlp")
+    assert tenant.returncode == 0, tenant.stderr
+    assert "acme/mlp: not pre-pulled" in tenant.stderr and "not_found" in tenant.stderr
+    own = sidecar_cli(*common, "--model", "mlp")
+    assert own.returncode != 0

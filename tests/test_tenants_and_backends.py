@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from helpers import add_version, infer_body, which_version
 from model_server.app import ModelServer
 from model_server.backends import BackendUnavailable, ModelFile, make_backend
-from model_server.config import ServerConfig
+from model_server.config import ModelSpec, ServerConfig
 
 X = np.ones((1, 8), np.float32)
 
@@ -101,3 +101,32 @@ def test_torch_backend_matches_reference(tmp_path: Path) -> None:
 
 # TensorRT on a GPU: tests/test_tensorrt_gpu.py; its API against the real bindings:
 # tests/test_tensorrt_api.py
+
+
+async def test_a_tenant_model_with_no_version_does_not_take_the_pod_from_everybody(
+    tmp_path: Path,
+) -> None:
+    """The pod's readiness is the server's own models': globex's model, which has no
+    version yet (or whose load failed), leaves acme's and the deployment's serving."""
+    root = tmp_path / "models"
+    add_version(root, "resnet", "v1", seed=1)
+    add_version(root, "acme/mlp", "a1", seed=2)
+    tenants = tmp_path / "tenants.yaml"
+    entries = {
+        "acme": {"api_key": "ka", "models": ["mlp"]},
+        "globex": {"api_key": "kg", "models": ["mlp"]},
+    }
+    tenants.write_text(yaml.safe_dump({"tenants": entries}))
+    config = ServerConfig(repository=root, models=[ModelSpec("resnet")], tenants_file=tenants)
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        assert (await client.get("/v2/health/ready")).status == 200
+        ready = await client.get("/v2/models/mlp/ready", headers={"X-API-Key": "ka"})
+        assert ready.status == 200
+        unready = await client.get("/v2/models/mlp/ready", headers={"X-API-Key": "kg"})
+        assert unready.status != 200
+    # the server's own model still holds readiness back until it serves
+    empty = tmp_path / "empty"
+    add_version(empty, "acme/mlp", "a1", seed=2)
+    config = ServerConfig(repository=empty, models=[ModelSpec("resnet")], tenants_file=tenants)
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        assert (await client.get("/v2/health/ready")).status == 503

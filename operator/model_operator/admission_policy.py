@@ -16,6 +16,11 @@ pattern is what a policy can match on. Anyone else (the operator, the kubelet, p
 is not matched. What it allows such an account: UPDATE (PATCH) of the very pod its token
 is bound to (the kubelet's projected token puts the pod's name and uid in the request's
 ``userInfo.extra``), changing nothing but the annotations the sidecar owns.
+
+A known limit: all sidecars of a pod (the default track's and each tenant model's) share
+the pod's one service account, so the policy cannot tell them apart: one track's sidecar
+could write another track's report on its own pod, though never a target, previous
+version or traffic policy.
 """
 
 from __future__ import annotations
@@ -23,25 +28,38 @@ from __future__ import annotations
 from typing import Any
 
 from model_rollout_contract.annotations import SIDECAR_STATUS
+from model_rollout_contract.tracks import TRACK_PATTERN
 
 POLICY_NAME = "model-rollout-sidecar-pods"
 SIDECAR_SA_PREFIX = "model-sidecar-"
 # what a bound (projected) service-account token adds to the request's userInfo.extra
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
-# the pod annotations the sidecar writes; the target and previous versions are the
-# operator's alone
-SIDECAR_ANNOTATIONS = (SIDECAR_STATUS,)
+# the pod annotations the sidecars write: the default track's report and each named
+# track's (``track_keys(track).sidecar_status``); targets, previous versions and traffic
+# policies are the operator's alone
+SIDECAR_ANNOTATIONS = (SIDECAR_STATUS, f"{SIDECAR_STATUS}.<track>")
 SIDECAR_USERNAME = rf"^system:serviceaccount:[^:]+:{SIDECAR_SA_PREFIX}[^:]+$"
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regex matching only itself, without backslashes (which a CEL string
+    and the YAML around it would each need escaped): a dot becomes ``[.]``."""
+    if not all(c.isalnum() or c in "-/." for c in text):
+        raise ValueError(f"not a plain annotation key: {text!r}")
+    return text.replace(".", "[.]")
+
+
+# the report keys (``matches`` is RE2 in the API server; the track rule is the contract's)
+SIDECAR_ANNOTATION_PATTERN = f"^{_literal(SIDECAR_STATUS)}(?:[.](?:{TRACK_PATTERN.pattern}))?$"
+# a literal pattern, not a variable: the API server compiles it once, when the policy is
+# written, and refuses the policy if it does not compile
+_K_IS_A_SIDECAR_REPORT = f'k.matches("{SIDECAR_ANNOTATION_PATTERN}")'
 
 
 def sidecar_service_account(name: str) -> str:
     """The ServiceAccount of a ModelDeployment's pods: a name this policy matches."""
     return f"{SIDECAR_SA_PREFIX}{name}"
-
-
-def _cel_list(items: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
 
 def _or_empty(path: str, empty: str) -> str:
@@ -67,7 +85,6 @@ VARIABLES = {
     ),
     "tokenPodName": _token_extra(POD_NAME_EXTRA),
     "tokenPodUid": _token_extra(POD_UID_EXTRA),
-    "sidecarAnnotations": _cel_list(SIDECAR_ANNOTATIONS),
     # only an UPDATE has both objects (CREATE has no old one, DELETE no new one)
     "oldAnnotations": (
         f"variables.isPodUpdate ? {_or_empty('oldObject.metadata.annotations', '{}')} : {{}}"
@@ -106,10 +123,10 @@ VALIDATIONS = [
     ),
     (
         "!variables.isPodUpdate || (\n"
-        "  variables.newAnnotations.all(k, k in variables.sidecarAnnotations ||\n"
+        f"  variables.newAnnotations.all(k, {_K_IS_A_SIDECAR_REPORT} ||\n"
         "    (k in variables.oldAnnotations &&"
         " variables.oldAnnotations[k] == variables.newAnnotations[k])) &&\n"
-        "  variables.oldAnnotations.all(k, k in variables.sidecarAnnotations ||"
+        f"  variables.oldAnnotations.all(k, {_K_IS_A_SIDECAR_REPORT} ||"
         " k in variables.newAnnotations)\n"
         ")",
         "a model pod may change only the annotations its sidecar owns: "

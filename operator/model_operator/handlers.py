@@ -450,8 +450,18 @@ async def _check_store(
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether ``new`` says more than ``old`` beyond the volatile fields, the resource's
+    and each tenant model's (whose entries carry their own)."""
+
     def stable(status: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in status.items() if k not in _VOLATILE}
+        kept = {k: v for k, v in status.items() if k not in _VOLATILE}
+        tenants = kept.get("tenants")
+        if isinstance(tenants, dict):
+            kept["tenants"] = {
+                track: stable(entry) if isinstance(entry, dict) else entry
+                for track, entry in tenants.items()
+            }
+        return kept
 
     return stable(old) != stable(new)
 

@@ -66,7 +66,8 @@ def _sidecar_args(
     return argv.SidecarArgs(
         tenant.key if tenant else spec.model,
         spec.store.sidecar_url,
-        signed=not spec.allow_unsigned,  # a valid spec has the key, or says allowUnsigned
+        # a valid spec has the key, or says allowUnsigned; a tenant's own key is always used
+        signed=not spec.allow_unsigned or bool(tenant and tenant.signing_public_key_secret),
         retain=spec.retain_versions,
         start_jitter_seconds=spec.sidecar.start_jitter_seconds,
         backoff_base_seconds=spec.sidecar.backoff_base_seconds,

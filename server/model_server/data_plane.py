@@ -153,14 +153,20 @@ class DataPlane:
         self.draining = True
 
     def ready(self) -> bool:
-        """Every model serves, but those an admin unloaded (as Triton, whose readiness
-        does not wait for a model unloaded on request)."""
-        slots = self.manager.slots
-        return (
-            not self.draining
-            and bool(slots)
-            and all(s.current is not None or k in self.unloaded for k, s in slots.items())
-        )
+        """Every model of the server's own serves, but those an admin unloaded (as
+        Triton, whose readiness does not wait for a model unloaded on request). Tenant
+        models (``tenant/name``) do not hold the pod back: one tenant whose version cannot
+        load must not take the pod from everybody else (its own readiness is
+        ``/v2/models/{m}/ready``); a server of tenant models only is ready once one
+        serves."""
+        if self.draining:
+            return False
+        serving = {
+            key: slot.current is not None or key in self.unloaded
+            for key, slot in self.manager.slots.items()
+        }
+        own = [ok for key, ok in serving.items() if "/" not in key]
+        return all(own) if own else any(serving.values())
 
     def _version(self, key: str, version: str | None) -> LoadedVersion:
         """The loaded ``version`` of ``key`` (None: the serving one): a version that is

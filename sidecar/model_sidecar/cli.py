@@ -105,9 +105,16 @@ async def _init(config: InitConfig) -> int:
     except InvalidPolicy as exc:  # the watch loop reports it (bad_policy)
         log.warning("pod annotation %s ignored: %s", _keys(fetch).traffic, exc)
         policy = None
-    return await pre_pull(
+    code = await pre_pull(
         _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds, policy=policy
     )
+    if code != 0 and fetch.track is not None:
+        # a tenant model's pre-pull never holds the pod back: the deployment's model and
+        # the other tenants' serve meanwhile, and this track's watch sidecar tries again
+        # and reports the failure
+        log.warning("%s: not pre-pulled (exit %d); the pod starts without it", fetch.model, code)
+        return 0
+    return code
 
 
 async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
