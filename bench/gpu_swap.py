@@ -28,9 +28,23 @@ from model_rollout_e2e.onnx_models import write_mlp
 from model_server.audit import AuditLog
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
+from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
 from model_server.engine_manager import EngineManager
 from model_server.metrics import ServerMetrics
 from model_server.repository import ModelRepository
+
+
+def write_versions(root: Path, args: argparse.Namespace) -> None:
+    """v1 and v2 of the MLP ``args`` describe (``--in-dim``, ``--hidden``, ``--depth``)."""
+    for version, seed in (("v1", 1), ("v2", 2)):
+        write_mlp(
+            root / "mlp" / version / "model.onnx",
+            seed,
+            in_dim=args.in_dim,
+            hidden=args.hidden,
+            out_dim=16,
+            depth=args.depth,
+        )
 
 
 async def measure(args: argparse.Namespace, root: Path) -> dict:
@@ -45,6 +59,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         AuditLog(),
         retain=args.retain,
         executor=threads,
+        quick_run_s=args.quick_run_us / 1e6,
     )
     manager.register("mlp")
     mib = lambda: round(torch.cuda.memory_allocated() / 2**20, 1)  # noqa: E731
@@ -59,6 +74,8 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         "batch": args.batch,
         "workers": args.workers,
         "chunk_mib": args.chunk_mib,
+        "gil_switch_interval_us": args.gil_switch_interval_us,
+        "quick_run_us": args.quick_run_us,
         "memory_mib": {"empty": mib()},
         "weights_mib": {},
     }
@@ -159,20 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--chunk-mib", type=float, default=CHUNK_BYTES / 2**20, help="load staging chunk"
     )
+    p.add_argument(
+        "--gil-switch-interval-us",
+        type=int,
+        default=GIL_SWITCH_INTERVAL_US,
+        help="sys.setswitchinterval, as the server's flag of that name sets it",
+    )
+    p.add_argument(
+        "--quick-run-us",
+        type=int,
+        default=QUICK_RUN_US,
+        help="the server's --quick-run-us: graph replays this quick run on the event loop",
+    )
     p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before the load")
     p.add_argument("--out", default="bench/results/gpu_swap.json")
     args = p.parse_args(argv)
+    sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
-        for version, seed in (("v1", 1), ("v2", 2)):
-            write_mlp(
-                root / "mlp" / version / "model.onnx",
-                seed,
-                in_dim=args.in_dim,
-                hidden=args.hidden,
-                out_dim=16,
-                depth=args.depth,
-            )
+        write_versions(root, args)
         size = (root / "mlp" / "v1" / "model.onnx").stat().st_size / 2**20
         report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
     print(json.dumps(report, indent=2))

@@ -13,6 +13,9 @@ it drops only as the work per request (event loop, decoding, engine, metrics) dr
 ``--processes K`` starts each server as one of K processes behind one port (the server's
 ``--processes``: the kernel spreads the connections, /metrics is the pool's).
 
+``--client-processes P`` spreads the clients over P processes: one asyncio client process
+tops out near 6000 requests a second, less than several server processes answer.
+
 ``--batching`` takes modes, each ``off`` or ``ROWS:DELAY_US`` (the server's
 ``--max-batch-size`` and ``--max-queue-delay-us``); each mode gets a server of its own.
 """
@@ -22,11 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import platform
 import sys
 import tempfile
 import time
 import urllib.request
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import aiohttp
@@ -34,6 +39,7 @@ import numpy as np
 
 from batching import batch_histogram
 from model_rollout_e2e.processes import ServerProcess, wait_until
+from model_server.config import QUICK_RUN_US
 from swap_under_load import DEPTH, SIZES, publish, server_seconds
 
 MODEL = "mlp"
@@ -86,18 +92,18 @@ def batches_total(urls: list[str]) -> tuple[float, float]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-async def measure(
-    urls: list[str], protocol: str, in_dim: int, clients: int, seconds: float
-) -> dict:
-    """``clients`` closed-loop clients, client i on server ``i % len(urls)``."""
+async def client_loops(
+    urls: list[str], protocol: str, in_dim: int, clients: int, until: float
+) -> tuple[list[tuple[float, float, int]], str | None]:
+    """``clients`` closed-loop clients until wall-clock ``until``, client i on server
+    ``i % len(urls)``: each answer's (wall-clock end, latency, status) and the first
+    error's text."""
     body, headers = request(protocol, in_dim)
-    samples: list[tuple[float, float, int]] = []  # (when, latency, status)
-    start = time.monotonic()
-    stop = asyncio.Event()
+    samples: list[tuple[float, float, int]] = []
     first_error: list[str] = []
 
     async def client(session: aiohttp.ClientSession, url: str) -> None:
-        while not stop.is_set():
+        while time.time() < until:
             t = time.perf_counter()
             async with session.post(
                 f"{url}/v2/models/{MODEL}/infer", data=body, headers=headers
@@ -105,35 +111,80 @@ async def measure(
                 answer = await response.read()
                 if response.status != 200 and not first_error:
                     first_error.append(f"{response.status} {answer[:300]!r}")
-                samples.append((time.monotonic() - start, time.perf_counter() - t, response.status))
+                samples.append((time.time(), time.perf_counter() - t, response.status))
 
     connector = aiohttp.TCPConnector(limit=clients * 2)
     async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [asyncio.create_task(client(session, urls[i % len(urls)])) for i in range(clients)]
-        await asyncio.sleep(1.0)  # warm: every inference thread has run
-        before = await asyncio.to_thread(server_total, urls)
-        runs0, rows0 = await asyncio.to_thread(batches_total, urls)
-        t0 = time.monotonic() - start
-        await asyncio.sleep(seconds)
-        after = await asyncio.to_thread(server_total, urls)
-        runs1, rows1 = await asyncio.to_thread(batches_total, urls)
-        t1 = time.monotonic() - start
-        stop.set()
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(client(session, urls[i % len(urls)]) for i in range(clients)))
+    return samples, first_error[0] if first_error else None
+
+
+def client_process(
+    urls: list[str], protocol: str, in_dim: int, clients: int, until: float, out: Connection
+) -> None:
+    """One client process: its share of the clients; the samples go back over ``out``."""
+    out.send(asyncio.run(client_loops(urls, protocol, in_dim, clients, until)))
+    out.close()
+
+
+def shares(clients: int, processes: int) -> list[int]:
+    """``clients`` spread over at most ``processes`` client processes, none empty."""
+    processes = max(1, min(processes, clients))
+    return [clients // processes + (i < clients % processes) for i in range(processes)]
+
+
+def measure(
+    urls: list[str],
+    protocol: str,
+    in_dim: int,
+    clients: int,
+    seconds: float,
+    client_processes: int = 1,
+) -> dict:
+    """``clients`` closed-loop clients spread over ``client_processes`` processes (one
+    asyncio process tops out near 6000 requests a second, under what several servers
+    answer), measured over one wall-clock window after a second of warm-up."""
+    spawn = multiprocessing.get_context("spawn")
+    warm_s, start = 1.0, time.time() + 2.0  # the processes' start-up comes first
+    t0, t1 = start + warm_s, start + warm_s + seconds
+    workers = []
+    for n in shares(clients, client_processes):
+        # each process's clients take servers in turn from a different one
+        offset = sum(w[2] for w in workers)
+        mine = [urls[(offset + i) % len(urls)] for i in range(len(urls))]
+        receive, send = spawn.Pipe(duplex=False)
+        proc = spawn.Process(
+            target=client_process, args=(mine, protocol, in_dim, n, t1 + 0.2, send)
+        )
+        proc.start()
+        workers.append((proc, receive, n))
+    time.sleep(max(0.0, t0 - time.time()))
+    before, runs0 = server_total(urls), batches_total(urls)
+    time.sleep(max(0.0, t1 - time.time()))
+    after, runs1 = server_total(urls), batches_total(urls)
+    samples: list[tuple[float, float, int]] = []
+    errors: list[str] = []
+    for proc, receive, _ in workers:
+        got, error = receive.recv()
+        proc.join()
+        samples.extend(got)
+        errors.extend([error] if error else [])
     window = [(lat, status) for at, lat, status in samples if t0 <= at < t1]
     ok = np.array([lat for lat, status in window if status == 200]) * 1000
     count = after[1] - before[1]
+    runs, rows = runs1[0] - runs0[0], runs1[1] - runs0[1]
     return {
         "protocol": protocol,
         "clients": clients,
+        "client_processes": len(workers),
         "requests": len(window),
         "errors": sum(1 for _, status in window if status != 200),
-        "per_second": round(len(window) / (t1 - t0)),
+        "per_second": round(len(window) / seconds),
         "client_p50_ms": round(float(np.percentile(ok, 50)), 3) if ok.size else None,
         "client_p99_ms": round(float(np.percentile(ok, 99)), 3) if ok.size else None,
         "server_mean_ms": round((after[0] - before[0]) / count * 1000, 3) if count else None,
-        "rows_per_run": round((rows1 - rows0) / (runs1 - runs0), 2) if runs1 > runs0 else None,
-        "first_error": first_error[0] if first_error else None,
+        "rows_per_run": round(rows / runs, 2) if runs > 0 else None,
+        "first_error": errors[0] if errors else None,
     }
 
 
@@ -152,6 +203,8 @@ def run_mode(work: Path, args: argparse.Namespace, mode: str) -> list[dict]:
                 str(args.workers),
                 "--processes",
                 str(args.processes),
+                "--quick-run-us",
+                str(args.quick_run_us),
                 *batching_flags(mode),
             ],
         ).start()
@@ -175,7 +228,9 @@ def run_mode(work: Path, args: argparse.Namespace, mode: str) -> list[dict]:
                 "batching": mode,
                 "servers": args.servers,
                 "processes": args.processes,
-                **asyncio.run(measure(urls, protocol, SIZES[args.size][0], n, args.seconds)),
+                **measure(
+                    urls, protocol, SIZES[args.size][0], n, args.seconds, args.client_processes
+                ),
             }
             for protocol in args.protocols.split(",")
             for n in (int(c) for c in args.clients.split(","))
@@ -204,6 +259,18 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="processes of each server behind its one port (the server's --processes)",
     )
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="processes the clients are spread over (one asyncio process: ~6000 req/s)",
+    )
+    p.add_argument(
+        "--quick-run-us",
+        type=int,
+        default=QUICK_RUN_US,
+        help="the server's --quick-run-us (0: every engine run on an inference thread)",
+    )
     p.add_argument("--seconds", type=float, default=3.0, help="measured per case")
     p.add_argument(
         "--batching",
@@ -220,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{DEPTH}-layer MLP ({args.size}), batch 1, backend {args.backend}, "
         f"{args.servers} server(s) of {args.processes} process(es) of {args.workers} "
-        "inference threads, "
+        f"inference threads, quick runs up to {args.quick_run_us} us, "
+        f"clients in {args.client_processes} process(es), "
         f"{args.seconds:g} s per case, host {platform.node()}"
     )
     print(
@@ -242,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "servers": args.servers,
         "processes": args.processes,
+        "client_processes": args.client_processes,
+        "quick_run_us": args.quick_run_us,
         "seconds_per_case": args.seconds,
         "host": platform.node(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

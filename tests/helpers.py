@@ -6,12 +6,14 @@ import io
 import json
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_rollout_contract.canary import GOLDEN_FILE
@@ -203,3 +205,45 @@ class RaisingBackend(OnnxRuntimeBackend):
 
         engine.infer = infer  # type: ignore[method-assign]
         return engine
+
+
+async def keep_sending(
+    url: str, body: Mapping[str, Any], statuses: list[int], errors: list[str]
+) -> None:
+    """One client on one kept-alive connection, posting ``body`` to ``url`` until an
+    answer says the server closes the connection (it drains on SIGTERM: a load balancer
+    would send elsewhere now). Every status goes to ``statuses`` and a failed request to
+    ``errors`` (ending the client), so a SIGTERM test can send under load and then assert
+    that no request failed while the server drained."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+        while True:
+            try:
+                async with session.post(url, json=body) as response:
+                    await response.read()
+                    statuses.append(response.status)
+                    if response.headers.get("Connection", "").lower() == "close":
+                        return
+            except aiohttp.ClientError as exc:
+                errors.append(repr(exc))
+                return
+
+
+TENANT_KEYS: Mapping[str, str] = {"acme": "key-acme", "globex": "key-globex"}
+
+
+def write_tenants(
+    path: Path,
+    keys: Mapping[str, str] = TENANT_KEYS,
+    models: Sequence[str] = ("mlp",),
+    rate_limits: Mapping[str, Mapping[str, float]] | None = None,
+) -> Path:
+    """Write a ``--tenants-file`` at ``path`` (and return it): each tenant of ``keys``
+    with its API key, serving ``models``, and the rate limit ``rate_limits`` gives it,
+    if any. One writer, so the tenant tests agree on the file's shape."""
+    tenants: dict[str, dict[str, Any]] = {}
+    for tenant, key in keys.items():
+        tenants[tenant] = {"api_key": key, "models": list(models)}
+        if rate_limits and tenant in rate_limits:
+            tenants[tenant]["rate_limit"] = dict(rate_limits[tenant])
+    path.write_text(yaml.safe_dump({"tenants": tenants}))
+    return path

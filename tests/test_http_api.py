@@ -26,6 +26,15 @@ async def test_infer_returns_v1_outputs(client: TestClient, repo) -> None:
     assert answer["outputs"][0]["shape"] == [2, 4]
 
 
+async def test_answers_to_requests_without_an_id_get_distinct_ids(client: TestClient) -> None:
+    ids = []
+    for _ in range(3):
+        response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
+        assert response.status == 200
+        ids.append((await response.json())["id"])
+    assert len(set(ids)) == 3 and all(ids)
+
+
 async def test_health_and_metadata(client: TestClient, repo) -> None:
     assert (await client.get("/v2/health/live")).status == 200
     assert (await (await client.get("/v2/health/ready")).json()) == {"ready": True}

@@ -11,13 +11,20 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.grpc import service_pb2_grpc as triton_pb_grpc
 
-from helpers import Version, add_version, infer_body, sample, samples, which_version
+from helpers import (
+    Version,
+    add_version,
+    infer_body,
+    sample,
+    samples,
+    which_version,
+    write_tenants,
+)
 from model_server.app import SERVER, ModelServer
 from model_server.auth import parse_tenants
 from model_server.binary_codec import HEADER_LENGTH
@@ -110,20 +117,9 @@ async def limited(tmp_path: Path) -> AsyncIterator[Limited]:
     root = tmp_path / "models"
     acme = {"v1": add_version(root, "acme/mlp", "v1", seed=11)}
     globex = {"v1": add_version(root, "globex/mlp", "v1", seed=22)}
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        yaml.safe_dump(
-            {
-                "tenants": {
-                    "acme": {
-                        "api_key": "key-acme",
-                        "models": ["mlp"],
-                        "rate_limit": {"requests_per_second": 0.001, "burst": 3},
-                    },
-                    "globex": {"api_key": "key-globex", "models": ["mlp"]},
-                }
-            }
-        )
+    tenants = write_tenants(
+        tmp_path / "tenants.yaml",
+        rate_limits={"acme": {"requests_per_second": 0.001, "burst": 3}},
     )
     config = ServerConfig(
         repository=root, tenants_file=tenants, grpc_port=0, cache_dir=tmp_path / "cache"

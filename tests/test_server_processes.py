@@ -23,7 +23,16 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ADMIN
-from helpers import Version, add_version, ask, infer_body, sample, samples, which_version
+from helpers import (
+    Version,
+    add_version,
+    ask,
+    infer_body,
+    keep_sending,
+    sample,
+    samples,
+    which_version,
+)
 from model_rollout_contract import control
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_e2e.processes import ServerProcess, free_port
@@ -252,20 +261,10 @@ async def test_sigterm_drains_every_worker_and_exits_zero(
     statuses: list[int] = []
     errors: list[str] = []
 
-    async def client() -> None:  # until an answer closes the connection (draining)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-            while True:
-                try:
-                    async with session.post(infer, json=BODY) as response:
-                        await response.read()
-                        statuses.append(response.status)
-                        if response.headers.get("Connection", "").lower() == "close":
-                            return
-                except aiohttp.ClientError as exc:
-                    errors.append(repr(exc))
-                    return
-
-    clients = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+    # each until an answer closes its connection (draining)
+    clients = [
+        asyncio.create_task(keep_sending(infer, BODY, statuses, errors)) for _ in range(CLIENTS)
+    ]
     while len(statuses) < 5 * CLIENTS:
         await asyncio.sleep(0.01)
     pool.proc.send_signal(signal.SIGTERM)

@@ -15,27 +15,11 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from helpers import add_version, infer_body, output_of, worker_processes
+from helpers import add_version, infer_body, keep_sending, output_of, worker_processes
 from model_rollout_e2e.processes import ServerProcess
 
 CLIENTS = 8
 JSON = {"Content-Type": "application/json"}
-
-
-async def keep_sending(url: str, body: dict, statuses: list[int], errors: list[str]) -> None:
-    """One client on one kept-alive connection, sending until an answer says the server
-    closes the connection (it drains: a load balancer would send elsewhere now)."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-        while True:
-            try:
-                async with session.post(url, json=body) as response:
-                    await response.read()
-                    statuses.append(response.status)
-                    if response.headers.get("Connection", "").lower() == "close":
-                        return
-            except aiohttp.ClientError as exc:
-                errors.append(repr(exc))
-                return
 
 
 async def get_status(url: str) -> int | None:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from helpers import write_tenants
 from model_rollout_contract import argv
 from model_rollout_contract.layout import INCOMING_DIR
 from model_rollout_contract.tracks import DEFAULT_TRACK, InvalidTrack, track_keys
@@ -242,17 +242,7 @@ async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_se
     # acme's sidecar trusts acme's key only
     publish_tenant(store, globex_keys, tmp_path, "acme/mlp", {"a3": 4})
     copy_version(tmp_path / "store", "globex/mlp", "acme/mlp", "g1")
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        yaml.safe_dump(
-            {
-                "tenants": {
-                    "acme": {"api_key": "key-acme", "models": ["mlp"]},
-                    "globex": {"api_key": "key-globex", "models": ["mlp"]},
-                }
-            }
-        )
-    )
+    tenants = write_tenants(tmp_path / "tenants.yaml")
     volume = tmp_path / "volume"
     volume.mkdir()
     config = ServerConfig(

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
-from helpers import add_version, infer_body, which_version
+from helpers import add_version, infer_body, which_version, write_tenants
 from model_server.app import ModelServer
 from model_server.backends import BackendUnavailable, ModelFile, make_backend
 from model_server.config import ModelSpec, ServerConfig
@@ -23,17 +22,7 @@ async def test_api_keys_route_to_tenant_models(tmp_path: Path) -> None:
     root = tmp_path / "models"
     acme = {"v1": add_version(root, "acme/mlp", "v1", seed=11)}
     globex = {"v1": add_version(root, "globex/mlp", "v1", seed=22)}
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        yaml.safe_dump(
-            {
-                "tenants": {
-                    "acme": {"api_key": "key-acme", "models": ["mlp"]},
-                    "globex": {"api_key": "key-globex", "models": ["mlp"]},
-                }
-            }
-        )
-    )
+    tenants = write_tenants(tmp_path / "tenants.yaml")
     app = ModelServer(ServerConfig(repository=root, tenants_file=tenants)).make_app()
     async with TestClient(TestServer(app)) as client:
         for key, versions in (("key-acme", acme), ("key-globex", globex)):
@@ -111,12 +100,7 @@ async def test_a_tenant_model_with_no_version_does_not_take_the_pod_from_everybo
     root = tmp_path / "models"
     add_version(root, "resnet", "v1", seed=1)
     add_version(root, "acme/mlp", "a1", seed=2)
-    tenants = tmp_path / "tenants.yaml"
-    entries = {
-        "acme": {"api_key": "ka", "models": ["mlp"]},
-        "globex": {"api_key": "kg", "models": ["mlp"]},
-    }
-    tenants.write_text(yaml.safe_dump({"tenants": entries}))
+    tenants = write_tenants(tmp_path / "tenants.yaml", {"acme": "ka", "globex": "kg"})
     config = ServerConfig(repository=root, models=[ModelSpec("resnet")], tenants_file=tenants)
     async with TestClient(TestServer(ModelServer(config).make_app())) as client:
         assert (await client.get("/v2/health/ready")).status == 200

@@ -269,3 +269,29 @@ def test_stream_ordered_device_buffers_never_wait_for_the_default_stream(
     stream.close()
     host.free()
     back.free()
+
+
+def test_a_quick_run_replays_a_graph_on_the_calling_thread(torch: Any, tmp_path: Path) -> None:
+    """Warm-up times the replays; ``infer_if_quick`` then answers as ``infer`` does for
+    the captured (batch-1) shape within that budget, and declines any other shape or a
+    budget below the replay's time, so those go to an inference thread."""
+    from model_server.backends import torch_backend
+
+    version, model = _mlp(tmp_path, 6)
+    engine = torch_backend.TorchBackend("cuda").load(model)
+    engine.warm_up()
+    replay = engine.replay_seconds
+    assert replay is not None and replay > 0
+    x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    quick = engine.infer_if_quick({"input": x}, replay * 2)
+    assert quick is not None
+    np.testing.assert_allclose(quick["output"], version.expected(x), atol=1e-4)
+    assert engine.infer_if_quick({"input": x}, replay / 2) is None
+    assert engine.infer_if_quick({"input": np.ones((2, 8), np.float32)}, 1.0) is None
+    assert engine.graphs_captured == torch_backend.GRAPHS_PER_SHAPE
+    for _ in range(60):  # replays slowed down (a busy GPU): no longer run on the loop
+        engine.note_replay(replay * 10)
+    assert engine.replay_seconds is not None and engine.replay_seconds > replay * 5
+    assert engine.infer_if_quick({"input": x}, replay * 2) is None
+    engine.close()
+    assert engine.infer_if_quick({"input": x}, 1.0) is None

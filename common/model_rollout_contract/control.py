@@ -20,13 +20,25 @@ Replies::
      "policy": {"stable": "v1", "candidate": "v2", "trafficPercent": 10,
                 "shadowPercent": 20}}    (status, traffic; "policy" null: none held)
     {"ok": false, "error": "why", "code": "load_refused"}
+
+:func:`exchange` is the one client exchange (a request, its reply line) both the sidecar
+and the server's pool relay use; how it failed is one of its typed errors (as httpx's
+``_exceptions.py``), which each caller maps to its own codes::
+
+    ControlExchangeError
+    ├── ControlUnreachable    nobody listens: no socket file, or the connection refused
+    ├── ControlDenied         no permission on the socket, not a socket, a path too long
+    ├── ControlClosed         the connection dropped, or closed without a reply
+    └── ControlLineTooLong    a reply line over MAX_LINE bytes
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .canary import InvalidPolicy, TrafficPolicy
@@ -295,3 +307,59 @@ def parse_reply(line: bytes) -> Reply:
         duration,
         _typed(raw, "instant", (bool,)),
     )
+
+
+class ControlExchangeError(Exception):
+    """One exchange on a control socket failed; ``path`` is the socket's. The message
+    names the socket, so a caller prefixes only who it is (``server``, ``worker 1``)."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+class ControlUnreachable(ControlExchangeError):
+    """Nobody listens on the socket (not created yet, or its server is gone): transient."""
+
+
+class ControlDenied(ControlExchangeError):
+    """The socket cannot be used by this process (no permission, not a socket, a path too
+    long): waiting does not help."""
+
+
+class ControlClosed(ControlExchangeError):
+    """The connection dropped, or the peer closed it without a reply (it died meanwhile)."""
+
+
+class ControlLineTooLong(ControlExchangeError):
+    """The reply line is longer than :data:`MAX_LINE`: outside the protocol."""
+
+
+async def exchange(path: Path, request: Request) -> bytes:
+    """Send ``request`` on the control socket at ``path`` and return the reply line (its
+    newline included; not parsed: see :func:`parse_reply`). No timeout of its own: the
+    caller knows how long a load may take."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise ControlUnreachable(path, f"control socket {path} not answering: {exc}") from exc
+    except PermissionError as exc:
+        raise ControlDenied(path, f"no permission to use the control socket {path}: {exc}") from exc
+    except OSError as exc:  # not a socket, a path too long, ...
+        raise ControlDenied(path, f"cannot connect to the control socket {path}: {exc}") from exc
+    try:
+        writer.write(encode(request))
+        await writer.drain()
+        line = await reader.readline()
+    except OSError as exc:  # a ConnectionError (reset, broken pipe): the peer went away
+        raise ControlClosed(path, f"control socket {path} closed the connection: {exc}") from exc
+    except ValueError as exc:  # asyncio's LimitOverrunError, as readline raises it
+        raise ControlLineTooLong(
+            path, f"control socket {path} answered {request.op} with a line over {MAX_LINE} bytes"
+        ) from exc
+    finally:
+        writer.close()
+    if not line:
+        raise ControlClosed(path, f"control socket {path} closed the connection without answering")
+    return line

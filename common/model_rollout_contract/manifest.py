@@ -150,5 +150,5 @@ def sha256_file(path: str | Path) -> str:
         return sha256_stream(f)
 
 
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -65,6 +65,7 @@ class ModelServer:
             batching=BatchPolicy.from_flags(
                 config.max_batch_size, config.max_queue_delay_us, config.workers
             ),
+            quick_run_s=config.quick_run_us / 1e6,
             tenant_memory_caps={
                 t.name: int(t.memory_mb * 2**20 / share)
                 for t in self.policy.tenants.values()

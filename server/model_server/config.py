@@ -22,6 +22,13 @@ from .jwt_auth import (
     JwtConfig,
 )
 
+# Python's own switch interval (5 ms), until the H200 figures say otherwise
+GIL_SWITCH_INTERVAL_US = 5000
+# off until measured through a swap: on the H200, runs on the event loop cut a one-process
+# server's time at 16 clients from 9.4 to 0.33 ms, but cost a pool of 8 processes sharing
+# the GPU a quarter of its throughput and showed more of a load in p99 (README)
+QUICK_RUN_US = 0
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -103,6 +110,12 @@ class ServerConfig:
     # configuration's max_batch_size); how long a request may wait for others
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+    # how long a thread may hold the GIL while another waits (sys.setswitchinterval): a
+    # load's Python steps then delay a request by at most this (Python's default: 5 ms)
+    gil_switch_interval_us: int = GIL_SWITCH_INTERVAL_US
+    # an engine run known to take at most this (a CUDA graph replay, timed at warm-up)
+    # runs on the event loop rather than on an inference thread; 0: never
+    quick_run_us: int = QUICK_RUN_US
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
     # several processes behind one port (model_server.pool): the supervisor has
     # ``processes`` > 1; each worker it starts has its index, the pool's size and the
@@ -261,6 +274,22 @@ def build_parser() -> argparse.ArgumentParser:
         "(Triton's max_queue_delay_microseconds); while every inference thread is busy, "
         "requests queue regardless",
     )
+    p.add_argument(
+        "--gil-switch-interval-us",
+        type=int,
+        default=ServerConfig.gil_switch_interval_us,
+        help="the longest one thread holds the GIL while another waits, in microseconds "
+        "(Python's sys.setswitchinterval; its default is 5000): a version loading beside "
+        "the serving one then delays a request's Python steps by at most this",
+    )
+    p.add_argument(
+        "--quick-run-us",
+        type=int,
+        default=ServerConfig.quick_run_us,
+        help="an engine run known to take at most this many microseconds (the torch "
+        "backend's CUDA graph replays, timed at warm-up) runs on the event loop instead "
+        "of an inference thread, whose hand-off costs more; 0: never",
+    )
     pool = p.add_argument_group("processes")
     pool.add_argument(
         "--processes",
@@ -333,6 +362,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--max-batch-size must not be negative (0: no batching)")
     if a.max_queue_delay_us < 0:
         p.error("--max-queue-delay-us must not be negative")
+    if not 0 <= a.quick_run_us <= 10_000:
+        p.error("--quick-run-us must be between 0 and 10000")
+    if not 50 <= a.gil_switch_interval_us <= 100_000:
+        p.error("--gil-switch-interval-us must be between 50 and 100000")
     if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
         p.error(f"--precision {a.precision} needs --backend tensorrt")
     if a.trt_contexts < 1:
@@ -391,6 +424,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         shadow_max_in_flight=a.shadow_max_in_flight,
         max_batch_size=a.max_batch_size,
         max_queue_delay_us=a.max_queue_delay_us,
+        gil_switch_interval_us=a.gil_switch_interval_us,
+        quick_run_us=a.quick_run_us,
         processes=a.processes,
         worker_index=a.worker_index,
         pool_size=a.pool_size,

@@ -13,6 +13,7 @@ transport submits once the client has the answer (:mod:`.shadow`)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Mapping
@@ -61,6 +62,16 @@ R = TypeVar("R")
 # The server counts it; the version's series do not, since the client left, not the model
 CLIENT_CLOSED = "499"
 R_co = TypeVar("R_co", covariant=True)
+
+
+# an answer's id when its request gave none: unique per process start (a uuid4) and
+# counter, without uuid4's os.urandom call on every request (3 % of its GIL time)
+_ANSWER_ID_PREFIX = uuid.uuid4().hex
+_ANSWER_IDS = itertools.count(1)
+
+
+def next_answer_id() -> str:
+    return f"{_ANSWER_ID_PREFIX}-{next(_ANSWER_IDS)}"
 
 
 def _iso(ts: float) -> str:
@@ -356,7 +367,7 @@ class DataPlane:
             encoding = time.perf_counter_ns()
             outputs = select_outputs(results, request.outputs)
             response = await codec.encode(
-                name, pinned.version, request.id or str(uuid.uuid4()), outputs, request
+                name, pinned.version, request.id or next_answer_id(), outputs, request
             )
             served.encode_ns = time.perf_counter_ns() - encoding
             code = "200"

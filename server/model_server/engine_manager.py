@@ -38,7 +38,7 @@ from .audit import AuditEvent, AuditLog
 from .backends.base import Backend
 from .batching import Batchers, BatchPolicy, run_to_completion
 from .errors import Conflict, ModelNotFound, ServingError
-from .load_pipeline import LoadPipeline, normalized_digest
+from .load_pipeline import CheckedVersion, LoadPipeline, normalized_digest
 from .memory_budget import MemoryBudget, Reservation, tenant_of
 from .metrics import ServerMetrics, VersionRow
 from .model_slot import LoadedVersion, ModelSlot
@@ -70,8 +70,12 @@ class EngineManager:
         executor: Executor | None = None,
         batching: BatchPolicy | None = None,
         tenant_memory_caps: Mapping[str, int] | None = None,
+        quick_run_s: float = 0.0,
     ) -> None:
+        """``quick_run_s``: the longest engine run the event loop may make itself (0:
+        none, every run goes to an inference thread)."""
         self.backend = backend
+        self.quick_run_s = quick_run_s
         self.repository = repository
         self.metrics = metrics
         self.audit = audit
@@ -133,9 +137,17 @@ class EngineManager:
         counted in the version's series there too): in a batch with other requests
         pinned to the same version when batching is on and the model batches
         (:mod:`.batching`), else alone. A caller cancelled while the engine runs its
-        inputs waits for that run to end, so that its pin outlives it."""
+        inputs waits for that run to end, so that its pin outlives it.
+
+        The one exception: a run the engine knows takes at most ``quick_run_s`` (a CUDA
+        graph replay) runs here, on the event loop: handing it to a thread and back
+        costs more than the run, and at 16 clients those hand-offs were most of a
+        request's time in the server."""
         if self.batchers.batches(version):
             return await self.batchers.run(version, feeds)
+        quick = version.infer_if_quick(feeds, self.quick_run_s)
+        if quick is not None:
+            return quick
         return await run_to_completion(self.executor, lambda: version.infer(feeds))
 
     async def infer(
@@ -197,6 +209,7 @@ class EngineManager:
         # the policy's stable version must stay: it answers the requests the candidate
         # does not, so it is never made room of
         evictable = [v for v in slot.retained() if policy is None or v.version != policy.stable]
+        checked: CheckedVersion | None = None  # read, and not yet handed to the load
         try:
             checked = await self.pipeline.read(slot.key, version, path, expected)
             event.digest = checked.model.sha256
@@ -208,15 +221,18 @@ class EngineManager:
                 evictable,
                 lambda old: slot.evict(old, f"evicted to make room for {version}"),
             )
-            loaded = await self.pipeline.load(slot.key, version, checked, estimate)
-            del checked  # the bytes are not kept beside the engine
+            handed, checked = checked, None  # the load lets its bytes go, whatever happens
+            loaded = await self.pipeline.load(slot.key, version, handed, estimate)
+            del handed
         except asyncio.CancelledError:
+            self.pipeline.discard(checked)
             slot.refused(version, "load cancelled")
             if reservation is not None:
                 reservation.release()
                 self._restore_later(slot, version, reservation.evicted)
             raise
         except ServingError as exc:
+            self.pipeline.discard(checked)
             slot.refused(version, exc.message)
             if reservation is not None:
                 reservation.release()

@@ -106,11 +106,15 @@ class LoadPipeline:
         else:
             files = self.repository.read_announced(path, what)
         model = files.model
-        if expected is not None and model.sha256 != expected:
-            raise LoadRefused(
-                f"{what}: sha256 of {model.path.name} is {model.sha256}, expected {expected}"
-            )
-        return CheckedVersion(model, _golden(what, files))
+        try:
+            if expected is not None and model.sha256 != expected:
+                raise LoadRefused(
+                    f"{what}: sha256 of {model.path.name} is {model.sha256}, expected {expected}"
+                )
+            return CheckedVersion(model, _golden(what, files))
+        except BaseException:  # refused: its bytes go here, not with the error on the loop
+            model.release()
+            raise
 
     async def read(
         self, key: str, version: str, path: Path | None, expected_sha256: str | None
@@ -118,12 +122,28 @@ class LoadPipeline:
         """The model file's bytes, read once and checked against the expected digest
         (the caller's, else the version's manifest), and its golden set, checked against
         the manifest's digest; ``expected_sha256`` is normalized."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        future = asyncio.get_running_loop().run_in_executor(
             self._threads, self._read_checked, key, version, path, expected_sha256
         )
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:  # the read goes on: its bytes go on a loader thread
+            future.add_done_callback(self._discard_read)
+            raise
+
+    def _discard_read(self, future: asyncio.Future[CheckedVersion]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.discard(future.result())
 
     def _load_and_warm(
+        self, key: str, version: str, checked: CheckedVersion, estimate: int
+    ) -> LoadedVersion:
+        try:
+            return self._make(key, version, checked, estimate)
+        finally:  # the engine holds its own copy: unmap the file's bytes here, not on the loop
+            checked.model.release()
+
+    def _make(
         self, key: str, version: str, checked: CheckedVersion, estimate: int
     ) -> LoadedVersion:
         model = checked.model
@@ -161,6 +181,15 @@ class LoadPipeline:
         except asyncio.CancelledError:
             future.add_done_callback(_close_unused)
             raise
+
+    def discard(self, checked: CheckedVersion | None) -> None:
+        """Let the bytes of a version read but never handed to :meth:`load` (refused for
+        memory, or cancelled) go on a loader thread, not on the caller's event loop."""
+        if checked is not None:
+            try:
+                self._threads.submit(checked.model.release)
+            except RuntimeError:  # shut down: let them go here
+                checked.model.release()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

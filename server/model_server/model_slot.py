@@ -91,6 +91,22 @@ class LoadedVersion:
             self.metrics.engine_latency.observe(time.perf_counter() - started)
         return outputs
 
+    def infer_if_quick(
+        self, feeds: Mapping[str, np.ndarray], budget_s: float
+    ) -> dict[str, np.ndarray] | None:
+        """The engine's ``infer_if_quick`` (see ``Engine``), timed and counted as
+        :meth:`infer` is; None where the engine has none or declines."""
+        run = getattr(self.engine, "infer_if_quick", None)
+        if run is None or budget_s <= 0:
+            return None
+        started = time.perf_counter()
+        outputs: dict[str, np.ndarray] | None = run(feeds, budget_s)
+        if outputs is None:
+            return None
+        self.metrics.engine_latency.observe(time.perf_counter() - started)
+        self.metrics.outputs(outputs)
+        return outputs
+
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """:meth:`run_engine`, its outputs counted in this version's series."""
         outputs = self.run_engine(feeds)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from model_rollout_contract.control import (
     BUSY,
-    MAX_LINE,
+    ControlExchangeError,
     ErrorReply,
     LoadRequest,
     ProtocolError,
@@ -37,7 +37,7 @@ from model_rollout_contract.control import (
     StatusRequest,
     SwapReply,
     TrafficRequest,
-    encode,
+    exchange,
     parse_reply,
     parse_request,
 )
@@ -64,20 +64,13 @@ class WorkerLink:
         """The worker's reply; a worker that cannot be reached or dies meanwhile is an
         ``unavailable`` error (transient: the sidecar tries again)."""
         try:
-            reader, writer = await asyncio.open_unix_connection(str(self.path), limit=MAX_LINE)
-        except OSError as exc:
-            return ErrorReply(f"worker {self.index} unreachable: {exc}", Unavailable.code)
+            line = await exchange(self.path, request)
+        except ControlExchangeError as exc:
+            return ErrorReply(f"worker {self.index}: {exc}", Unavailable.code)
         try:
-            writer.write(encode(request))
-            await writer.drain()
-            line = await reader.readline()
-            if not line:
-                return ErrorReply(f"worker {self.index} closed without a reply", Unavailable.code)
             return parse_reply(line)
-        except (OSError, ValueError, ProtocolError) as exc:
+        except ProtocolError as exc:
             return ErrorReply(f"worker {self.index} failed to reply: {exc}", Unavailable.code)
-        finally:
-            writer.close()
 
 
 def _same_serving(a: StatusReply, b: StatusReply) -> bool:

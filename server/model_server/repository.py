@@ -29,6 +29,7 @@ from .trusted_files import (
     check_regular,
     open_directory,
     read_regular,
+    read_regular_private,
     relative_parts,
 )
 
@@ -123,11 +124,11 @@ class ModelRepository:
             with open_directory(self.root, parts) as directory:
                 for name in MODEL_FILE_NAMES:
                     try:
-                        data = read_regular(directory, name, str(shown / name))
+                        copy = read_regular_private(directory, name, str(shown / name))
                     except FileNotFoundError:
                         continue
-                    model = ModelFile(shown / name, data, sha256_bytes(data))
-                    return self._beside(directory, shown, model, f"{key}:{version}")
+                    model = ModelFile(shown / name, copy.view, sha256_bytes(copy.view), copy)
+                    return self._beside_or_release(directory, shown, model, f"{key}:{version}")
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError):
@@ -135,6 +136,18 @@ class ModelRepository:
         except OSError as exc:
             raise LoadRefused(f"cannot read {shown}: {exc}") from exc
         raise VersionNotFound(f"model {key!r} has no version {version!r} in {self.root}")
+
+    @classmethod
+    def _beside_or_release(
+        cls, directory: int, shown: Path, model: ModelFile, what: str
+    ) -> VersionFiles:
+        """:meth:`_beside`; if that refuses the version, its model bytes go here (the
+        reading thread), not with the error wherever it ends."""
+        try:
+            return cls._beside(directory, shown, model, what)
+        except BaseException:
+            model.release()
+            raise
 
     @staticmethod
     def _beside(directory: int, shown: Path, model: ModelFile, what: str) -> VersionFiles:
@@ -164,9 +177,9 @@ class ModelRepository:
         parts = self._parts(path)
         try:
             with open_directory(self.root, parts[:-1]) as directory:
-                data = read_regular(directory, parts[-1], str(path))
-                model = ModelFile(path, data, sha256_bytes(data))
-                return self._beside(directory, path.parent, model, what)
+                copy = read_regular_private(directory, parts[-1], str(path))
+                model = ModelFile(path, copy.view, sha256_bytes(copy.view), copy)
+                return self._beside_or_release(directory, path.parent, model, what)
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError) as exc:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 
 from aiohttp import web
@@ -92,4 +93,5 @@ async def _finish_in_flight(runner: web.AppRunner, app: web.Application, grace_s
 
 def run(config: ServerConfig) -> None:
     Path(config.repository).mkdir(parents=True, exist_ok=True)
+    sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
     asyncio.run(serve(config))

@@ -14,7 +14,10 @@ from pathlib import Path
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.control import (
     BUSY,
-    MAX_LINE,
+    ControlClosed,
+    ControlDenied,
+    ControlLineTooLong,
+    ControlUnreachable,
     ErrorReply,
     LoadRequest,
     ProtocolError,
@@ -25,7 +28,7 @@ from model_rollout_contract.control import (
     StatusRequest,
     SwapReply,
     TrafficRequest,
-    encode,
+    exchange,
     parse_reply,
 )
 
@@ -72,38 +75,15 @@ class ServerControl:
         return reply
 
     async def _exchange(self, request: Request) -> bytes:
+        """The reply line; the contract's typed errors as the sidecar's (module docstring)."""
         try:
-            reader, writer = await asyncio.open_unix_connection(
-                str(self.socket_path), limit=MAX_LINE
-            )
-        except PermissionError as exc:
-            raise ControlFailure(
-                "control_denied",
-                f"no permission to use the server socket {self.socket_path}: {exc}",
-            ) from exc
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise ServerUnavailable(
-                f"server socket {self.socket_path} not answering: {exc}"
-            ) from exc
-        except OSError as exc:  # not a socket, a path too long, ...
-            raise ControlFailure(
-                "control_denied", f"cannot connect to the server socket {self.socket_path}: {exc}"
-            ) from exc
-        try:
-            writer.write(encode(request))
-            await writer.drain()
-            line = await reader.readline()
-        except ConnectionError as exc:
-            raise ServerUnavailable(f"server closed the control connection: {exc}") from exc
-        except ValueError as exc:  # asyncio's LimitOverrunError: a line over MAX_LINE
-            raise ControlFailure(
-                "protocol_error", f"server answered {request.op} with a line over {MAX_LINE} bytes"
-            ) from exc
-        finally:
-            writer.close()
-        if not line:
-            raise ServerUnavailable("server closed the control connection without answering")
-        return line
+            return await exchange(self.socket_path, request)
+        except (ControlUnreachable, ControlClosed) as exc:
+            raise ServerUnavailable(f"server {exc}") from exc
+        except ControlDenied as exc:
+            raise ControlFailure("control_denied", f"server {exc}") from exc
+        except ControlLineTooLong as exc:
+            raise ControlFailure("protocol_error", f"server {exc}") from exc
 
     async def request(self, request: Request) -> Reply:
         return await retry_async(

@@ -11,6 +11,8 @@ import numpy as np
 
 from model_rollout_contract.manifest import sha256_bytes
 
+from ..private_copy import PrivateCopy
+
 
 class BackendUnavailable(RuntimeError):
     """The backend's runtime (TensorRT, CUDA, torch) is not installed or has no device."""
@@ -23,12 +25,27 @@ class ModelFile:
     whatever happens to the file afterwards."""
 
     path: Path  # where the bytes were read: for names, the suffix and messages only
-    data: bytes = field(repr=False)
+    data: bytes | memoryview = field(repr=False)  # read-only (the server's: a PrivateCopy)
     sha256: str
+    # where ``data`` lives when the server read it: a memfd this process can open
+    private: PrivateCopy | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+    def loadable(self) -> str | bytes:
+        """What a runtime that loads from a path or from ``bytes`` only is given: the
+        private copy's path (the same bytes, no copy made), else the bytes."""
+        if self.private is not None and self.private.path is not None:
+            return self.private.path
+        return self.data if isinstance(self.data, bytes) else bytes(self.data)
+
+    def release(self) -> None:
+        """Let the bytes go now, on this thread (see :meth:`PrivateCopy.close`); ``data``
+        is unusable after."""
+        if self.private is not None:
+            self.private.close()
 
     @classmethod
     def read(cls, path: str | Path) -> ModelFile:
@@ -59,7 +76,13 @@ class TensorSpec:
 
 @runtime_checkable
 class Engine(Protocol):
-    """A loaded model version. ``infer`` must be safe to call from several threads."""
+    """A loaded model version. ``infer`` must be safe to call from several threads.
+
+    An engine may also have ``infer_if_quick(feeds, budget_s)``: the outputs, computed
+    on the calling thread (the event loop's), if it knows this run takes at most
+    ``budget_s``; else None, and the request goes to an inference thread. The torch
+    engine's CUDA graph replays do (tens of microseconds of GPU work, less than the
+    hop to a thread and back costs)."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

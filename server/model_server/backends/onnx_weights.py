@@ -156,7 +156,7 @@ def _numpy_dtype(tensor: onnx.TensorProto) -> np.dtype:
     return dtype
 
 
-def load(data: bytes) -> tuple[onnx.ModelProto, list[Weight]]:
+def load(data: bytes | memoryview) -> tuple[onnx.ModelProto, list[Weight]]:
     """The model (its initializers without ``raw_data``) and every initializer's weight.
 
     A bad model raises ``ValueError``, or ``onnx``'s own ``DecodeError``."""
@@ -167,8 +167,8 @@ def load(data: bytes) -> tuple[onnx.ModelProto, list[Weight]]:
             raise _Malformed
         skeleton, raws = _split(view)
         model = onnx.load_model_from_string(skeleton)
-    except _Malformed:
-        model = onnx.load_model_from_string(data)
+    except _Malformed:  # rare (a model the walk cannot follow): onnx parses bytes only
+        model = onnx.load_model_from_string(bytes(data))
         raws = [None] * len(model.graph.initializer)
     if len(raws) != len(model.graph.initializer):  # cannot happen if the walk is right
         raise ValueError("the model's initializers could not be read")

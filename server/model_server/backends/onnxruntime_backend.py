@@ -38,6 +38,11 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
     return TensorSpec(arg.name, np.dtype(dtype), shape)
 
 
+CPU = ["CPUExecutionProvider"]
+# a flatbuffer's file identifier, bytes 4 to 8 of an ORT-format model
+ORT_FORMAT_IDENTIFIER = b"ORTM"
+
+
 class OnnxRuntimeEngine:
     platform = "onnxruntime_onnx"
 
@@ -88,13 +93,22 @@ class OnnxRuntimeBackend:
             shape_profile="dynamic",
         )
 
-    def _optimize(self, source: bytes, target: Path) -> None:
+    @staticmethod
+    def _source(model: ModelFile, options: ort.SessionOptions) -> str | bytes:
+        """What the session loads (see ``ModelFile.loadable``). ONNX Runtime tells its
+        own ORT format from ONNX by the bytes, but for a path by a ``.ort`` suffix, which
+        the private copy's path has not: so it is told."""
+        if bytes(model.data[4:8]) == ORT_FORMAT_IDENTIFIER:
+            options.add_session_config_entry("session.load_model_format", "ORT")
+        return model.loadable()
+
+    def _optimize(self, model: ModelFile, target: Path) -> None:
         options = self._options()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(target)
         # ORT warns that the result is specific to this CPU: the cache key says so already
         options.log_severity_level = 3
-        ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(self._source(model, options), options, providers=CPU)
 
     def load(self, model: ModelFile) -> OnnxRuntimeEngine:
         """Build the session from the verified bytes; the cache entry is keyed by their
@@ -103,10 +117,10 @@ class OnnxRuntimeBackend:
         if self.cache is None:
             options = self._options()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            session = ort.InferenceSession(model.data, options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(self._source(model, options), options, providers=CPU)
             return OnnxRuntimeEngine(session)
         key = self.cache_key(model)
-        with self.cache.open(key, lambda tmp: self._optimize(model.data, tmp)) as hit:
+        with self.cache.open(key, lambda tmp: self._optimize(model, tmp)) as hit:
             self.last_cache_hit = hit.hit
             options = self._options()
             # already optimised for this CPU: skip the expensive passes on every load

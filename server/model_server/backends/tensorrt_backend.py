@@ -461,10 +461,11 @@ class TensorRTBackend:
             workspace_bytes=self.options.workspace_bytes,
             timing_cache=self.timing_cache_path(),
         )
-        onnx = (model.data, model.path)
+        # onnx's parser takes bytes only; a build (minutes, once per cache key) copies them
+        onnx = (bytes(model.data), model.path)
         build_engine(self._trt, self._logger, self._major, onnx, out_path, options)
 
-    def _deserialize(self, data: bytes, runtime: Any) -> TensorRTEngine:
+    def _deserialize(self, data: bytes | memoryview, runtime: Any) -> TensorRTEngine:
         engine = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise ValueError("not a valid TensorRT engine for this TensorRT version and GPU")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 GRAPHS_PER_SHAPE = 8  # concurrent requests of one shape that replay a graph
 GRAPH_SHAPES = 1  # input shapes captured per engine: the batch-1 ones, at warm-up
+REPLAYS_TIMED = 7  # at warm-up: their median says whether a replay may run on the loop
+REPLAY_AVERAGE_WEIGHT = 0.1  # of each later replay in the moving average of their time
 
 
 def import_torch() -> Any:
@@ -119,7 +122,7 @@ class TorchEngine:
     def __init__(
         self,
         torch: Any,
-        data: bytes,
+        data: bytes | memoryview,
         device: str,
         chunk_bytes: int = torch_gpu.CHUNK_BYTES,
         io: torch_gpu.PerThreadIO | None = None,
@@ -148,6 +151,8 @@ class TorchEngine:
         else:
             self._io = None
         self._graphs = graphs if self._gpu else None
+        # a graph replay's time: the median at warm-up, then a moving average of them all
+        self.replay_seconds: float | None = None
 
     def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
         """All the weights in one allocation (one ``cudaMalloc`` rather than one per
@@ -240,7 +245,7 @@ class TorchEngine:
         captured = graphs.borrow(key) if graphs is not None else None
         if graphs is not None and captured is not None:
             try:
-                return captured.run(self._torch, io.stream, arrays, self.outputs)
+                return self._replay(captured, io.stream, arrays)
             finally:
                 graphs.give_back(key, captured)
         with self._torch.cuda.stream(io.stream):
@@ -249,6 +254,40 @@ class TorchEngine:
             answer = self._fetch_outputs(self._outputs(steps, inputs), io)
             io.stream.synchronize()  # the one wait of a request, on this thread's stream
         return {s.name: a.numpy().copy() for s, a in zip(self.outputs, answer, strict=True)}
+
+    def infer_if_quick(
+        self, feeds: Mapping[str, np.ndarray], budget_s: float
+    ) -> dict[str, np.ndarray] | None:
+        """Replay a free captured graph for these shapes on this thread, if a replay took
+        at most ``budget_s`` at warm-up; else None (no graph, none free, too slow)."""
+        steps, graphs, io = self._steps, self._graphs, self._io
+        replay = self.replay_seconds
+        if steps is None or graphs is None or io is None or replay is None or replay > budget_s:
+            return None
+        arrays = {name: np.ascontiguousarray(array) for name, array in feeds.items()}
+        key = _shape_key(arrays)
+        captured = graphs.borrow(key)
+        if captured is None:
+            return None
+        try:
+            with self._torch.inference_mode():
+                return self._replay(captured, io.get().stream, arrays)
+        finally:
+            graphs.give_back(key, captured)
+
+    def _replay(
+        self, captured: torch_gpu.Captured, stream: Any, arrays: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """One replay, its time folded into :attr:`replay_seconds` (a moving average), so
+        that replays slowed by a busy GPU stop running on the event loop."""
+        started = time.perf_counter()
+        outputs = captured.run(self._torch, stream, arrays, self.outputs)
+        self.note_replay(time.perf_counter() - started)
+        return outputs
+
+    def note_replay(self, seconds: float) -> None:
+        if self.replay_seconds is not None:
+            self.replay_seconds += REPLAY_AVERAGE_WEIGHT * (seconds - self.replay_seconds)
 
     def _stage_inputs(self, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO) -> dict:
         """The inputs, copied into this thread's pinned buffer (as pinned tensors)."""
@@ -321,6 +360,27 @@ class TorchEngine:
                 if captured is None:
                     break
             thread.stream.synchronize()
+        self.replay_seconds = self._time_replays(key, arrays, thread)
+
+    def _time_replays(
+        self, key: torch_gpu.ShapeKey, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO
+    ) -> float | None:
+        """The median time of a few replays of a captured graph, whole (copies in and out
+        and the wait), or None if none was captured."""
+        graphs = self._graphs
+        captured = graphs.borrow(key) if graphs is not None else None
+        if graphs is None or captured is None:
+            return None
+        times = []
+        try:
+            with self._torch.inference_mode():
+                for _ in range(REPLAYS_TIMED):
+                    started = time.perf_counter()
+                    captured.run(self._torch, io.stream, arrays, self.outputs)
+                    times.append(time.perf_counter() - started)
+        finally:
+            graphs.give_back(key, captured)
+        return sorted(times)[len(times) // 2]
 
     def close(self) -> None:
         """Drop the weights and graphs: their device memory goes back to torch's

@@ -1,0 +1,312 @@
+"""Model bytes as the server reads them: one private copy, read-only, that ONNX Runtime
+opens by path without a second copy, and that is let go without holding the GIL.
+
+The defect behind it, on the H200 host: right after a 400 MiB swap, every request in
+flight waited 15 to 23 ms while the event loop freed the model's ``bytes`` (the kernel
+takes the pages back with the GIL held). A mapping is unmapped with the GIL released;
+these tests pin the structure that guarantees it (no timed assertion)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import gc
+import mmap
+import os
+import threading
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from helpers import add_version
+from model_rollout_contract.manifest import sha256_file
+from model_rollout_e2e.onnx_models import write_mlp
+from model_server.audit import AuditLog
+from model_server.backends.base import ModelFile
+from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.backends.torch_backend import TorchBackend
+from model_server.engine_manager import EngineManager
+from model_server.errors import MemoryBudgetExceeded, ServingError
+from model_server.load_pipeline import LoadPipeline
+from model_server.metrics import ServerMetrics
+from model_server.private_copy import PrivateCopy, read_into_private_copy
+from model_server.repository import ModelRepository
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[ModelRepository, Path]:
+    path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
+    write_mlp(path, 1, in_dim=8, hidden=16, out_dim=4, depth=2)
+    return ModelRepository(tmp_path / "repo"), path
+
+
+def test_model_bytes_are_a_read_only_mapping_with_the_files_bytes(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    repository, path = repo
+    model = repository.read_version("mlp", "v1").model
+    assert isinstance(model.data, memoryview) and isinstance(model.data.obj, mmap.mmap)
+    assert model.data.readonly
+    with pytest.raises(TypeError):
+        model.data[0] = 0
+    assert model.data == path.read_bytes() and model.size == path.stat().st_size
+    assert model.sha256 == sha256_file(path)
+    assert model.private is not None and model.private.path is not None
+    assert model.loadable() == model.private.path
+    with open(model.private.path, "rb") as f:  # what ONNX Runtime is given: the same bytes
+        assert f.read() == path.read_bytes()
+    announced = repository.read_announced(path, "mlp:v1").model
+    assert isinstance(announced.data, memoryview) and announced.sha256 == model.sha256
+
+
+def test_the_private_copy_is_the_bytes_read_not_the_file_changed_later(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    repository, path = repo
+    model = repository.read_version("mlp", "v1").model
+    original = path.read_bytes()
+    path.write_bytes(b"\0" * len(original))  # rewritten in place after the read
+    assert model.data == original
+    assert model.private is not None and model.private.path is not None
+    with open(model.private.path, "rb") as f:
+        assert f.read() == original
+
+
+def test_backends_load_the_private_copy(repo: tuple[ModelRepository, Path]) -> None:
+    repository, _ = repo
+    model = repository.read_version("mlp", "v1").model
+    x = {"input": np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)}
+    ort_engine = OnnxRuntimeBackend().load(model)
+    torch_engine = TorchBackend("cpu").load(model)
+    try:
+        want = ort_engine.infer(x)
+        got = torch_engine.infer(x)
+        assert set(want) == set(got)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+    finally:
+        ort_engine.close()
+        torch_engine.close()
+
+
+def test_the_memfd_is_closed_once_the_last_view_is_gone(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    repository, _ = repo
+    model = repository.read_version("mlp", "v1").model
+    assert model.private is not None
+    path = model.private.path
+    assert path is not None and os.path.exists(path)
+    held = np.frombuffer(model.data, np.uint8)  # a view of the bytes outlives the model
+    del model
+    gc.collect()
+    assert os.path.exists(path)
+    del held
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_load_unmaps_the_bytes_on_the_loaders_thread(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    """The defect: the event loop dropped the last reference, so it unmapped 400 MiB
+    (40 to 50 ms on the H200 host) while every request waited. Now the loader's thread
+    unmaps them once the engine is made, whether the load succeeds or not."""
+    repository, _ = repo
+    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
+    unmapped_on: list[str] = []
+    real_close = PrivateCopy.close
+
+    async def load() -> None:
+        checked = await pipeline.read("mlp", "v1", None, None)
+        private = checked.model.private
+        assert private is not None and private.mapping is not None
+        loaded = await pipeline.load("mlp", "v1", checked, 0)
+        assert private.mapping.closed and unmapped_on == ["load"]
+        loaded.engine.close()
+
+    def close(self: PrivateCopy) -> None:
+        unmapped_on.append(threading.current_thread().name.split("_")[0])
+        real_close(self)
+
+    with mock.patch.object(PrivateCopy, "close", close):
+        try:
+            asyncio.run(load())
+        finally:
+            pipeline.close()
+
+
+def test_releasing_bytes_a_view_still_holds_keeps_them_for_the_view(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    repository, path = repo
+    model = repository.read_version("mlp", "v1").model
+    held = np.frombuffer(model.data, np.uint8)
+    model.release()  # no error: the mapping stays until the view goes
+    assert held.tobytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("told", [100, 300], ids=["grew", "shrank"])
+def test_a_file_that_changes_size_while_read_is_refused(tmp_path: Path, told: int) -> None:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"x" * 200)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="changed size while it was read"):
+            read_into_private_copy(fd, told, "model.onnx", str(path))
+    finally:
+        os.close(fd)
+
+
+def test_an_empty_model_file_has_no_mapping(tmp_path: Path) -> None:
+    """``mmap`` cannot map 0 bytes: an empty file is empty bytes, refused by the load."""
+    path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    model = ModelRepository(tmp_path / "repo").read_version("mlp", "v1").model
+    assert model.size == 0 and model.loadable() == b""
+
+
+async def test_a_version_refused_for_memory_is_unmapped_on_a_loader_thread(
+    tmp_path: Path,
+) -> None:
+    """Bytes read but never loaded (the budget refused them) go on a loader thread too,
+    never on the event loop that refused them."""
+    add_version(tmp_path, "mlp", "v1", seed=1)
+    manager = EngineManager(
+        OnnxRuntimeBackend(), ModelRepository(tmp_path), ServerMetrics(), AuditLog(),
+        memory_budget_bytes=10,
+    )  # fmt: skip
+    manager.register("mlp")
+    unmapped_on: list[str] = []
+    real_close = PrivateCopy.close
+
+    def close(self: PrivateCopy) -> None:
+        unmapped_on.append(threading.current_thread().name.split("_")[0])
+        real_close(self)
+
+    try:
+        with mock.patch.object(PrivateCopy, "close", close):
+            with pytest.raises(MemoryBudgetExceeded):
+                await manager.load("mlp", "v1")
+            for _ in range(200):  # the release is handed to the loader's thread
+                if unmapped_on:
+                    break
+                await asyncio.sleep(0.01)
+        assert unmapped_on == ["load"]
+    finally:
+        manager.close()
+
+
+# -- found by review ----------------------------------------------------------------
+
+
+def test_the_memfd_cannot_be_rewritten_or_resized_once_read(
+    repo: tuple[ModelRepository, Path],
+) -> None:
+    """Another process of the same user could open ``/proc/<pid>/fd/N`` for writing and
+    change the bytes after they were hashed: the memfd is now its owner's to read only,
+    and sealed against growing and shrinking (a shrink would fault its readers)."""
+    repository, _ = repo
+    model = repository.read_version("mlp", "v1").model
+    assert model.private is not None and model.private.path is not None
+    assert os.stat(model.private.path).st_mode & 0o777 == 0o400
+    fd = os.open(model.private.path, os.O_RDONLY)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SHRINK
+    finally:
+        os.close(fd)
+
+
+def test_a_kernel_refusing_the_advice_neither_fails_the_load_nor_keeps_the_bytes(
+    repo: tuple[ModelRepository, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``OSError`` from ``madvise`` used to replace the engine the load had made (a
+    500, the version left loading, its memory reserved for ever)."""
+    repository, _ = repo
+    monkeypatch.setattr(mmap, "MADV_REMOVE", 12345)  # no such advice: EINVAL
+    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
+
+    async def load() -> None:
+        checked = await pipeline.read("mlp", "v1", None, None)
+        private = checked.model.private
+        loaded = await pipeline.load("mlp", "v1", checked, 0)
+        assert private is not None and private.mapping is not None and private.mapping.closed
+        loaded.engine.close()
+
+    try:
+        asyncio.run(load())
+    finally:
+        pipeline.close()
+
+
+@pytest.mark.parametrize("refusal", ["digest", "manifest"])
+def test_bytes_of_a_version_refused_at_its_read_go_on_the_loaders_thread(
+    repo: tuple[ModelRepository, Path], refusal: str
+) -> None:
+    """A wrong digest or a bad manifest raised with the copy alive: the error carried it
+    to the event loop, which unmapped it (77 to 95 ms for 400 MiB)."""
+    repository, path = repo
+    if refusal == "manifest":
+        (path.parent / "manifest.json").write_text("{not json")
+    expected = "0" * 64 if refusal == "digest" else None
+    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
+    unmapped_on: list[str] = []
+    real_close = PrivateCopy.close
+
+    def close(self: PrivateCopy) -> None:
+        unmapped_on.append(threading.current_thread().name.split("_")[0])
+        real_close(self)
+
+    async def read() -> None:
+        with pytest.raises(ServingError):
+            await pipeline.read("mlp", "v1", None, expected)
+
+    try:
+        with mock.patch.object(PrivateCopy, "close", close):
+            asyncio.run(read())
+        assert unmapped_on == ["load"]
+    finally:
+        pipeline.close()
+
+
+def test_a_released_model_is_not_loadable(repo: tuple[ModelRepository, Path]) -> None:
+    """After release the memfd path read zeros, and later another file: refused now."""
+    repository, _ = repo
+    model = repository.read_version("mlp", "v1").model
+    model.release()
+    assert model.private is not None and model.private.path is None
+    with pytest.raises(ValueError):
+        model.loadable()
+
+
+def test_without_proc_a_runtime_is_given_the_bytes() -> None:
+    copy = PrivateCopy(memoryview(b"onnx bytes"), "/nonexistent/proc/self/fd/7")
+    model = ModelFile(Path("model.onnx"), copy.view, "0" * 64, copy)
+    assert model.loadable() == b"onnx bytes"
+
+
+def test_an_ort_format_model_named_model_onnx_still_loads(tmp_path: Path) -> None:
+    """ONNX Runtime tells its ORT format by the bytes, but by a ``.ort`` suffix for a
+    path: the private copy's path has none, so the backend says which format it is."""
+    source = tmp_path / "source.onnx"
+    write_mlp(source, 1, in_dim=8, hidden=16, out_dim=4, depth=2)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "model.ort")
+    options.add_session_config_entry("session.save_model_format", "ORT")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    version = tmp_path / "repo" / "mlp" / "v1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes((tmp_path / "model.ort").read_bytes())
+    model = ModelRepository(tmp_path / "repo").read_version("mlp", "v1").model
+    engine = OnnxRuntimeBackend().load(model)
+    try:
+        x = {"input": np.ones((1, 8), np.float32)}
+        want = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, x)
+        np.testing.assert_allclose(engine.infer(x)["output"], want[0], rtol=1e-5)
+    finally:
+        engine.close()
