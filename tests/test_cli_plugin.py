@@ -15,7 +15,10 @@ import kmock
 import pytest
 
 from cli_helpers import BIN, TOOL_TIMEOUT_S, flaky_proxy, run_tool, write_kubeconfig
-from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE
+from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, DEPLOYMENT_LABEL
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
+from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import MD_PATH, create_model_deployment, kube_emulator
 from model_rollout_e2e.onnx_models import write_mlp
@@ -400,3 +403,121 @@ async def test_release_json_reports_what_was_done_whatever_ends_it(tmp_path: Pat
     report = json.loads(stdout)
     assert proc.returncode == 130 and report["result"] == "interrupted", report
     assert report["published"].startswith("published mlp:v4")
+
+
+TENANT_MODELS = [
+    {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a2"},
+    {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
+]
+ACME_CANARY = {
+    "phase": "Canary",
+    "message": "canary: 1/2 pods serve a2",
+    "currentVersion": "a1",
+    "model": "acme/mlp",
+    "versions": {"a1": 1, "a2": 1},
+    "rollout": {"toVersion": "a2", "fromVersion": "a1", "stage": "canary", "startedAt": 1e9},
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "CanaryPause"}],
+}
+GLOBEX_AVAILABLE = {
+    "phase": "Available",
+    "message": "2/2 pods serve g1",
+    "currentVersion": "g1",
+    "model": "globex/mlp",
+    "versions": {"g1": 2},
+    "rollout": {"toVersion": "g1", "stage": "complete", "startedAt": 1e9},
+    "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
+}
+
+
+async def tenant_pod(api: Any, name: str, acme: str) -> None:
+    """A pod of mlp serving v1 on its own track, ``acme`` on acme's and g1 on globex's,
+    each as that track's sidecar reports it in the track's annotation."""
+    annotations = {}
+    for track, model, version in (
+        (None, "mlp", "v1"), ("acme-mlp", "acme/mlp", acme), ("globex-mlp", "globex/mlp", "g1")
+    ):  # fmt: skip
+        keys = track_keys(track)
+        annotations[keys.target] = version
+        report = SidecarReport(model, version, version, SidecarState.OK)
+        annotations[keys.sidecar_status] = report.to_json()
+    meta = {"name": name, "labels": {DEPLOYMENT_LABEL: "mlp"}, "annotations": annotations}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+    await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+
+
+async def next_view(stream: asyncio.StreamReader) -> list[str]:
+    """The lines of the next view a non-terminal ``--watch`` prints (each ends in ---)."""
+    lines: list[str] = []
+    while (line := (await asyncio.wait_for(stream.readline(), TOOL_TIMEOUT_S)).decode()) != "":
+        if line.rstrip("\n") == "---":
+            return lines
+        lines.append(line.rstrip("\n"))
+    raise AssertionError(f"the watch ended mid-view: {lines}")
+
+
+def tenant_row(view: list[str], track: str) -> list[str]:
+    return next(line.split() for line in view if line.strip().startswith(track + " "))
+
+
+async def test_status_shows_each_tenant_track_and_watch_prints_a_change_in_one(
+    tmp_path: Path,
+) -> None:
+    async with kube_emulator() as api:
+        spec = {
+            "model": "mlp", "version": "v2", "replicas": 2,
+            "tenants": {"secretName": "keys", "models": TENANT_MODELS},
+        }  # fmt: skip
+        await create_model_deployment(api, NAMESPACE, {"metadata": {"name": "mlp"}, "spec": spec})
+        tenants = {"acme-mlp": ACME_CANARY, "globex-mlp": GLOBEX_AVAILABLE}
+        await set_status(api, "mlp", {**STATUS, "tenants": tenants})
+        await tenant_pod(api, "mlp-a", "a2")
+        await tenant_pod(api, "mlp-b", "a1")
+        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+        code, out, err = await run_tool(
+            "kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig
+        )
+        assert code == 0, err
+        view = out.splitlines()
+        assert view[view.index("Tenants:") + 1].split()[:3] == ["TRACK", "TENANT/MODEL", "DESIRED"]
+        assert tenant_row(view, "acme-mlp")[:7] == [
+            "acme-mlp", "acme/mlp", "a2", "a1", "Canary", "(CanaryPause)", "a1=1"
+        ]  # fmt: skip
+        assert tenant_row(view, "globex-mlp")[:6] == [
+            "globex-mlp", "globex/mlp", "g1", "g1", "Available", "g1=2"
+        ]  # fmt: skip
+        assert "Phase:       Canary (AwaitingPromotion)" in out  # the deployment's own
+        # -o json: the resource as the API has it, its tenants' spec and status included
+        code, out, err = await run_tool(
+            "kubectl-model", "status", "mlp", "-o", "json", "--kubeconfig", kubeconfig
+        )
+        assert code == 0, err
+        raw = json.loads(out)
+        assert raw["status"]["tenants"] == tenants
+        assert raw["spec"]["tenants"]["models"] == TENANT_MODELS
+
+        proc = await asyncio.create_subprocess_exec(
+            str(BIN / "kubectl-model"), "status", "mlp", "--watch", "--interval", "0.1",
+            "--kubeconfig", kubeconfig,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        try:
+            first = await next_view(proc.stdout)
+            # only acme's track moves on: a change the log must show
+            done = {
+                "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
+                "versions": {"a2": 2}, "rollout": {"stage": "complete"},
+                "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
+            }  # fmt: skip
+            await set_status(api, "mlp", {"tenants": {"acme-mlp": done}})
+            second = await next_view(proc.stdout)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            rest, err_bytes = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
+    assert proc.returncode == 130, err_bytes.decode()
+    assert tenant_row(first, "acme-mlp")[2:5] == ["a2", "a1", "Canary"]
+    assert tenant_row(second, "acme-mlp")[2:5] == ["a2", "a2", "Available"]
+    assert tenant_row(second, "globex-mlp") == tenant_row(first, "globex-mlp")
+    changed = [b for a, b in zip(first, second, strict=True) if a.split() != b.split()]
+    assert len(changed) == 1 and changed[0].strip().startswith("acme-mlp "), changed
+    assert "Name:" not in rest.decode()  # nothing changed after: no view more

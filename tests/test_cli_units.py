@@ -24,6 +24,7 @@ from model_rollout_contract.annotations import change_cause_for
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import RolloutResult, SidecarState
+from model_rollout_contract.tracks import track_keys
 
 CRD = Path(__file__).parent.parent / "deploy" / "crds" / "modeldeployment.yaml"
 NOW = datetime(2026, 12, 3, 9, 0, 0, tzinfo=timezone.utc)
@@ -290,3 +291,135 @@ def test_progress_prints_a_line_only_when_its_words_change() -> None:
     show(md([], phase="Available", message="2/2 pods serve v2", versions={"v2": 2}))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1].endswith("Available: 2/2 pods serve v2 | pods serving v2=2")
+
+
+# --- tenant models: a track each, in status.tenants and the track's pod annotations ---
+def tenant_pod(name: str, tracks: dict[str, str | None]) -> dict[str, Any]:
+    """A pod serving v2 on the default track and, per tenant track, the version its
+    sidecar reports serving (``None``: that sidecar has not reported yet)."""
+    raw = pod(name, "v2", "v2", SidecarState.OK)
+    annotations = raw["metadata"]["annotations"]
+    for track, serving in tracks.items():
+        keys = track_keys(track)
+        model = {"acme-mlp": "acme/mlp", "globex-mlp": "globex/mlp"}[track]
+        if serving is not None:
+            annotations[keys.target] = serving
+            report = SidecarReport(model, serving, serving, SidecarState.OK)
+            annotations[keys.sidecar_status] = report.to_json()
+    return raw
+
+
+TENANT_MODELS = [
+    {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a2"},
+    {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
+]
+ACME_CANARY = {
+    "phase": "Canary",
+    "message": "canary healthy; promote with annotation",
+    "currentVersion": "a1",
+    "model": "acme/mlp",
+    "versions": {"a1": 1, "a2": 1},
+    "rollout": {"toVersion": "a2", "fromVersion": "a1", "stage": "canary", "startedAt": 1e9},
+    "analysis": {"lastResult": "Passed", "checks": 3, "failures": 0},
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "AwaitingPromotion"}],
+}
+GLOBEX_REFUSED = {
+    "phase": "Invalid",
+    "message": "globex/mlp g1 not in the model store",
+    "model": "globex/mlp",
+    "conditions": [{"type": "Degraded", "status": "True", "reason": "InvalidSpec"}],
+}
+
+
+def with_tenants(resource: dict[str, Any], tenants: dict[str, Any]) -> dict[str, Any]:
+    spec = {**resource["spec"], "tenants": {"secretName": "keys", "models": TENANT_MODELS}}
+    return {**resource, "spec": spec, "status": {**resource["status"], "tenants": tenants}}
+
+
+def test_the_view_shows_every_tenant_track_with_its_own_phase_and_pods() -> None:
+    base = md([], version="v2", phase="Available", currentVersion="v2", versions={"v2": 2})
+    resource = with_tenants(base, {"acme-mlp": ACME_CANARY, "globex-mlp": GLOBEX_REFUSED})
+    pods = [
+        tenant_pod("mlp-a", {"acme-mlp": "a2", "globex-mlp": None}),
+        tenant_pod("mlp-b", {"acme-mlp": "a1", "globex-mlp": None}),
+    ]
+    lines = render(resource, pods, [], NOW).splitlines()
+    at = lines.index("Tenants:")
+    assert lines[at + 1].split() == [
+        "TRACK", "TENANT/MODEL", "DESIRED", "STABLE", "PHASE", "PODS", "MESSAGE"
+    ]  # fmt: skip
+    acme, globex = lines[at + 2].split(), lines[at + 3].split()
+    assert acme[:8] == ["acme-mlp", "acme/mlp", "a2", "a1", "Canary", "(AwaitingPromotion)",
+                        "a1=1", "a2=1"]  # fmt: skip
+    assert globex[:6] == ["globex-mlp", "globex/mlp", "g1", "-", "Invalid", "(InvalidSpec)"]
+    assert globex[6:8] == ["-=2", "globex/mlp"]  # no sidecar report yet; then its message
+    assert lines[at + 4] == (
+        "  promote acme-mlp: kubectl annotate modeldeployment mlp --overwrite "
+        "serving.model-rollout.io/promote.acme-mlp=a2@1000000000"
+    )
+    assert lines[at + 5] == "  analysis acme-mlp: Passed (3 checks, 0 failed)"
+    assert lines[at + 6 : at + 8] == ["", "Pods:"]
+    # the default track is read through its own keys only: its rows are unchanged
+    pod_header = lines.index("  NAME    READY   SERVING   TARGET   STATE   REASON")
+    assert lines[pod_header + 1].split() == ["mlp-a", "True", "v2", "v2", "ok"]
+    assert "Promote:" not in "\n".join(lines[:at])  # the deployment's own is not held
+    # a tenant model the operator has not reached yet, and one gone from the spec whose
+    # status the operator has not dropped yet, are shown too
+    pending = with_tenants(base, {"old-mlp": {**GLOBEX_REFUSED, "model": "old/mlp"}})
+    rows = render(pending, [], [], NOW).splitlines()
+    at = rows.index("Tenants:")
+    assert [r.split()[:5] for r in rows[at + 2 : at + 5]] == [
+        ["acme-mlp", "acme/mlp", "a2", "-", "Pending"],
+        ["globex-mlp", "globex/mlp", "g1", "-", "Pending"],
+        ["old-mlp", "old/mlp", "-", "-", "Invalid"],
+    ]
+
+
+NO_TENANTS_VIEW = """\
+Name:        mlp
+Namespace:   ml
+Model:       mlp
+Phase:       Canary (AwaitingPromotion)
+Message:     canary healthy
+Stable:      v2   (previous v1)
+Target:      v3
+Replicas:    2 desired | 2 ready | 1 updated
+Serving:     v2: 1 pods  v3: 1 pods
+Promote:     kubectl model promote mlp   (serving.model-rollout.io/promote=v3@1000000000)
+Analysis:    Passed (1 checks, 0 failed)
+
+Pods:
+  NAME    READY   SERVING   TARGET   STATE   REASON
+  mlp-a   True    v3        v3       ok
+  mlp-b   True    v2        v2       ok
+  by version: v2=1  v3=1
+
+History (most recent first):
+  VERSION   STARTED    RESULT       TRIGGERED BY        REASON
+  v3        10m ago    RolledBack   -                   canary analysis of v3 failed
+  v2        1h0m ago   Succeeded    -
+  v1        1d ago     Succeeded    spec.version edit
+
+Events:
+  AGE   TYPE     REASON          MESSAGE
+  60s   Normal   CanaryStarted   x"""
+
+
+def test_a_resource_without_tenant_models_renders_as_it_always_did() -> None:
+    """The view, word for word, as it was before tenant tracks were shown: with no
+    spec.tenants, and with tenants (API keys) but no tenant models."""
+    resource = md(
+        HISTORY, phase="Canary", message="canary healthy", currentVersion="v2",
+        previousVersion="v1", readyReplicas=2, updatedReplicas=1, versions={"v2": 1, "v3": 1},
+        rollout={"toVersion": "v3", "startedAt": 1e9},
+        analysis={"lastResult": "Passed", "checks": 1, "failures": 0},
+        conditions=[{"type": "Progressing", "status": "True", "reason": "AwaitingPromotion"}],
+    )  # fmt: skip
+    pods = [pod("mlp-a", "v3", "v3", SidecarState.OK), pod("mlp-b", "v2", "v2", SidecarState.OK)]
+    events = [
+        {"type": "Normal", "reason": "CanaryStarted", "message": "x",
+         "lastTimestamp": "2026-12-03T08:59:00Z"}
+    ]  # fmt: skip
+    assert render(resource, pods, events, NOW) == NO_TENANTS_VIEW
+    keys_only = {**resource, "spec": {**resource["spec"], "tenants": {"secretName": "keys"}}}
+    assert render(keys_only, pods, events, NOW) == NO_TENANTS_VIEW

@@ -173,8 +173,8 @@ def test_an_empty_model_file_has_no_mapping(tmp_path: Path) -> None:
 async def test_a_version_refused_for_memory_is_unmapped_on_a_loader_thread(
     tmp_path: Path,
 ) -> None:
-    """Bytes read but never loaded (the budget refused them) go on a loader thread too,
-    never on the event loop that refused them."""
+    """Bytes read but never loaded (the budget refused them) go on the release thread,
+    never on the event loop that refused them, nor queued behind a loader's long build."""
     add_version(tmp_path, "mlp", "v1", seed=1)
     manager = EngineManager(
         OnnxRuntimeBackend(), ModelRepository(tmp_path), ServerMetrics(), AuditLog(),
@@ -196,7 +196,7 @@ async def test_a_version_refused_for_memory_is_unmapped_on_a_loader_thread(
                 if unmapped_on:
                     break
                 await asyncio.sleep(0.01)
-        assert unmapped_on == ["load"]
+        assert unmapped_on == ["release"]
     finally:
         manager.close()
 
@@ -310,3 +310,48 @@ def test_an_ort_format_model_named_model_onnx_still_loads(tmp_path: Path) -> Non
         np.testing.assert_allclose(engine.infer(x)["output"], want[0], rtol=1e-5)
     finally:
         engine.close()
+
+
+async def test_bytes_of_a_load_cancelled_while_it_reads_go_on_the_release_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read goes on after its caller is cancelled; its bytes were then dropped with
+    the finished future, on the event loop."""
+    add_version(tmp_path, "mlp", "v1", seed=1)
+    read_started, finish_read = threading.Event(), threading.Event()
+    real_read = LoadPipeline._read_checked
+
+    def held_read(self: LoadPipeline, *args: object) -> object:
+        checked = real_read(self, *args)  # type: ignore[arg-type]
+        read_started.set()
+        finish_read.wait(10)
+        return checked
+
+    monkeypatch.setattr(LoadPipeline, "_read_checked", held_read)
+    unmapped_on: list[str] = []
+    real_close = PrivateCopy.close
+
+    def close(self: PrivateCopy) -> None:
+        unmapped_on.append(threading.current_thread().name.split("_")[0])
+        real_close(self)
+
+    monkeypatch.setattr(PrivateCopy, "close", close)
+    manager = EngineManager(
+        OnnxRuntimeBackend(), ModelRepository(tmp_path), ServerMetrics(), AuditLog()
+    )
+    manager.register("mlp")
+    try:
+        load = asyncio.ensure_future(manager.load("mlp", "v1"))
+        await asyncio.to_thread(read_started.wait, 10)
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+        finish_read.set()
+        for _ in range(200):
+            if unmapped_on:
+                break
+            await asyncio.sleep(0.01)
+        assert unmapped_on == ["release"]
+    finally:
+        finish_read.set()
+        manager.close()

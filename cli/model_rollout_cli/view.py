@@ -1,6 +1,7 @@
 """The status view of one ModelDeployment (``kubectl model status``): phase, versions,
-pods per serving version, the canary analysis, recent history and events, as the demo
-shows a rollout. Colour only on a terminal that wants it; the same words otherwise."""
+each tenant model's rollout, pods per serving version, the canary analysis, recent
+history and events, as the demo shows a rollout. Colour only on a terminal that wants
+it; the same words otherwise."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from model_rollout_contract.states import Phase
 
 from .history import entries
 from .table import cut, since, table
+from .tenants import tenant_lines, tenant_tracks
 
 RECENT_EVENTS = 8
 RECENT_HISTORY = 5
@@ -65,6 +67,16 @@ def phase_reason(status: dict[str, Any]) -> str:
         if c.get("status") == "True":
             return str(c.get("reason") or "")
     return ""
+
+
+def analysis_text(analysis: dict[str, Any], colour: bool) -> str:
+    """The last canary analysis of a rollout: its result, checks and why."""
+    result = str(analysis.get("lastResult") or "no check yet")
+    return (
+        f"{paint(result, 'Warning' if result == 'Failed' else '', colour)}"
+        f" ({analysis.get('checks', 0)} checks, {analysis.get('failures', 0)} failed)"
+        + (f": {cut(str(analysis['message']), 140)}" if analysis.get("message") else "")
+    )
 
 
 def pod_rows(pods: list[dict[str, Any]]) -> list[list[str]]:
@@ -123,12 +135,10 @@ def render(
         lines.append(f"Promote:     kubectl model promote {name}   ({PROMOTE}={value})")
     analysis = status.get("analysis") or {}
     if analysis:
-        result = str(analysis.get("lastResult") or "no check yet")
-        lines.append(
-            f"Analysis:    {paint(result, 'Warning' if result == 'Failed' else '', colour)}"
-            f" ({analysis.get('checks', 0)} checks, {analysis.get('failures', 0)} failed)"
-            + (f": {cut(str(analysis['message']), 140)}" if analysis.get("message") else "")
-        )
+        lines.append(f"Analysis:    {analysis_text(analysis, colour)}")
+    tracks = tenant_tracks(md, pods)
+    if tracks:  # only a resource with tenant models has the section
+        lines += tenant_lines(name, tracks, phase_reason, lambda a: analysis_text(a, colour))
     lines += ["", "Pods:"]
     rows = pod_rows(pods)
     header = ["NAME", "READY", "SERVING", "TARGET", "STATE", "REASON"]

@@ -94,6 +94,9 @@ class LoadPipeline:
         self.repository = repository
         # loads get their own threads: a long load or warm-up never takes an inference thread
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="load")
+        # bytes of versions never loaded go here: not queued behind a long build, when it
+        # is memory that refused them
+        self._releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="release")
 
     def _read_checked(
         self, key: str, version: str, path: Path | None, expected: str | None
@@ -184,12 +187,13 @@ class LoadPipeline:
 
     def discard(self, checked: CheckedVersion | None) -> None:
         """Let the bytes of a version read but never handed to :meth:`load` (refused for
-        memory, or cancelled) go on a loader thread, not on the caller's event loop."""
+        memory, or cancelled) go on the release thread, not on the caller's event loop."""
         if checked is not None:
             try:
-                self._threads.submit(checked.model.release)
+                self._releases.submit(checked.model.release)
             except RuntimeError:  # shut down: let them go here
                 checked.model.release()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._releases.shutdown(wait=False)  # what is queued still goes, on its thread
