@@ -587,9 +587,17 @@ def test_the_sidecar_process_relays_the_policy_to_a_server_process_across_its_cr
 
         return check
 
+    def persisted() -> bool:
+        """The sidecar wrote CURRENT and TRAFFIC after the server's reply: a kill before
+        that restarts the server on v1 (correctly: TRAFFIC's candidate is not CURRENT)."""
+        model_dir = volume / "mlp"
+        current = (model_dir / "CURRENT").read_text().strip()
+        return current == "v2" and (model_dir / TRAFFIC_FILE).exists()
+
     try:
         server.wait_ready()
         wait_until(server_shows("v2", ALL_STABLE.to_json()), 60, what="the policy")
+        wait_until(persisted, 30, what="the sidecar's CURRENT and TRAFFIC")
         server.kill()
         server.start()
         server.wait_ready()
