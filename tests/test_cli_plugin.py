@@ -15,7 +15,13 @@ import kmock
 import pytest
 
 from cli_helpers import BIN, TOOL_TIMEOUT_S, flaky_proxy, run_tool, write_kubeconfig
-from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, DEPLOYMENT_LABEL
+from model_rollout_contract.annotations import (
+    ABORT,
+    CHANGE_CAUSE,
+    DEPLOYMENT_LABEL,
+    PROMOTE,
+    RETRY,
+)
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_contract.tracks import track_keys
@@ -521,3 +527,106 @@ async def test_status_shows_each_tenant_track_and_watch_prints_a_change_in_one(
     changed = [b for a, b in zip(first, second, strict=True) if a.split() != b.split()]
     assert len(changed) == 1 and changed[0].strip().startswith("acme-mlp "), changed
     assert "Name:" not in rest.decode()  # nothing changed after: no view more
+
+
+async def tenant_deployment(api: Any, tmp_path: Path, acme: dict[str, Any]) -> str:
+    """mlp held at its own canary (manualPromote), with acme's track in state ``acme`` and
+    globex's Available; the kubeconfig's path."""
+    spec = {
+        "model": "mlp", "version": "v2", "replicas": 2, "canary": {"manualPromote": True},
+        "tenants": {"secretName": "keys", "models": TENANT_MODELS},
+    }  # fmt: skip
+    await create_model_deployment(api, NAMESPACE, {"metadata": {"name": "mlp"}, "spec": spec})
+    tenants = {"acme-mlp": acme, "globex-mlp": GLOBEX_AVAILABLE}
+    await set_status(api, "mlp", {**STATUS, "tenants": tenants})
+    return str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+
+
+ACME_HELD = {
+    **ACME_CANARY,
+    "message": "canary healthy; promote with annotation",
+    "conditions": [{"type": "Progressing", "status": "True", "reason": "AwaitingPromotion"}],
+}
+ACME_FAILED = {
+    **ACME_CANARY,
+    "phase": "Degraded",
+    "message": "a2 failed to load",
+    "rollout": {"toVersion": "a2", "fromVersion": "a1", "stage": "failed", "startedAt": 1e9},
+}
+
+
+async def test_promote_abort_and_retry_with_track_write_that_tracks_annotations_only(
+    tmp_path: Path,
+) -> None:
+    """``--track``: each command reads the tenant track's state in status.tenants and
+    writes the annotation key, and value, the operator reads for that track; the
+    deployment's own rollout (held at its canary too) is left alone."""
+    acme = track_keys("acme-mlp")
+    async with kube_emulator() as api:
+        kubeconfig = await tenant_deployment(api, tmp_path, ACME_HELD)
+
+        async def tool(*argv: str) -> tuple[int, str, str]:
+            return await run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig)
+
+        code, out, err = await tool("promote", "mlp", "--track", "acme-mlp")
+        assert code == 0 and "track acme-mlp: canary of a2 promoted" in out, (out, err)
+        annotations = (await read(api))["metadata"]["annotations"]
+        assert annotations[acme.promote] == "a2@1000000000"
+        assert PROMOTE not in annotations  # the deployment's own canary stays held
+
+        code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")
+        assert code == 0 and "rollout of a2 aborted; pods go back to a1" in out, (out, err)
+        annotations = (await read(api))["metadata"]["annotations"]
+        assert annotations[acme.abort] == "a2" and ABORT not in annotations
+
+        await set_status(api, "mlp", {"tenants": {"acme-mlp": ACME_FAILED}})
+        code, out, err = await tool("retry", "mlp", "--track", "acme-mlp")
+        assert code == 0 and "track acme-mlp: rollout of a2 retried" in out, (out, err)
+        annotations = (await read(api))["metadata"]["annotations"]
+        assert annotations[acme.retry] == "a2" and RETRY not in annotations
+        # the one change-cause of every track is left alone: a release may have just
+        # written it (the operator has not read it yet)
+        assert CHANGE_CAUSE not in annotations
+        # the default track has not failed: its retry is still refused
+        code, out, err = await tool("retry", "mlp")
+        assert code == 6 and "the rollout of v2 has not failed" in err, (out, err)
+
+        before = (await read(api))["metadata"]["resourceVersion"]
+        code, out, err = await tool("promote", "mlp", "--track", "globex-mlp")
+        assert code == 6 and "mlp's track globex-mlp is Available" in err, (out, err)
+        code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")  # failed: not running
+        assert code == 6 and "nothing to abort: mlp's track acme-mlp is Degraded" in err
+        for command in ("promote", "abort", "retry"):
+            code, out, err = await tool(command, "mlp", "--track", "initech-mlp")
+            assert code == 2, (command, out, err)
+            assert err.strip() == (
+                "error: unknown track 'initech-mlp' for mlp: its tracks are acme-mlp, globex-mlp"
+            )
+        assert (await read(api))["metadata"]["resourceVersion"] == before  # nothing written
+
+
+async def test_promote_track_wait_follows_that_tracks_rollout(tmp_path: Path) -> None:
+    """``--wait`` with ``--track`` ends on the track's result in status.tenants, while
+    the deployment's own rollout stays held at its canary (following it would time out)."""
+    progressing = {"version": "a2", "fromVersion": "a1", "startedAt": "2026-12-03T08:00:00Z",
+                   "result": "Progressing", "reason": "AwaitingPromotion"}  # fmt: skip
+    async with kube_emulator() as api:
+        kubeconfig = await tenant_deployment(api, tmp_path, {**ACME_HELD, "history": [progressing]})
+        argv = ("promote", "mlp", "--track", "acme-mlp", "--wait")
+        tool = asyncio.create_task(run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig))
+        key = track_keys("acme-mlp").promote
+        await when(api, lambda md: key in (md["metadata"].get("annotations") or {}))
+        done = {
+            "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
+            "versions": {"a1": None, "a2": 2},  # a merge patch: a1 removed
+            "rollout": {"toVersion": "a2", "stage": "complete"},
+            "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
+            "history": [{**progressing, "result": "Succeeded", "reason": "2/2 pods serve a2",
+                         "finishedAt": "2026-12-03T08:05:00Z"}],
+        }  # fmt: skip
+        await set_status(api, "mlp", {"tenants": {"acme-mlp": done}})
+        code, out, err = await tool
+        md = await read(api)
+    assert code == 0 and "result: Succeeded: 2/2 pods serve a2" in out, (out, err)
+    assert "Available: 2/2 pods serve a2 | pods serving a2=2" in out  # the track's progress
+    assert md["status"]["phase"] == "Canary"  # the deployment's own, never followed

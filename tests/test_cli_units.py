@@ -19,6 +19,7 @@ from model_rollout_cli.errors import OK, ROLLOUT_FAILED, USAGE, api_error
 from model_rollout_cli.follow import INVALID, judge, rollout_on
 from model_rollout_cli.history import history_table, keys, previous_success
 from model_rollout_cli.table import age
+from model_rollout_cli.track import checked_keys, track_view
 from model_rollout_cli.view import Progress, progress_line, render
 from model_rollout_contract.annotations import change_cause_for
 from model_rollout_contract.defaults import HISTORY_LIMIT
@@ -354,8 +355,8 @@ def test_the_view_shows_every_tenant_track_with_its_own_phase_and_pods() -> None
     assert globex[:6] == ["globex-mlp", "globex/mlp", "g1", "-", "Invalid", "(InvalidSpec)"]
     assert globex[6:8] == ["-=2", "globex/mlp"]  # no sidecar report yet; then its message
     assert lines[at + 4] == (
-        "  promote acme-mlp: kubectl annotate modeldeployment mlp --overwrite "
-        "serving.model-rollout.io/promote.acme-mlp=a2@1000000000"
+        "  promote acme-mlp: kubectl model promote mlp --track acme-mlp   "
+        "(serving.model-rollout.io/promote.acme-mlp=a2@1000000000)"
     )
     assert lines[at + 5] == "  analysis acme-mlp: Passed (3 checks, 0 failed)"
     assert lines[at + 6 : at + 8] == ["", "Pods:"]
@@ -423,3 +424,27 @@ def test_a_resource_without_tenant_models_renders_as_it_always_did() -> None:
     assert render(resource, pods, events, NOW) == NO_TENANTS_VIEW
     keys_only = {**resource, "spec": {**resource["spec"], "tenants": {"secretName": "keys"}}}
     assert render(keys_only, pods, events, NOW) == NO_TENANTS_VIEW
+
+
+def test_a_tenant_track_is_seen_as_the_resource_its_commands_act_on() -> None:
+    """``--track``: the track's version as spec.version, its status.tenants entry as the
+    status, the deployment's canary settings kept; a track gone from the spec mid-wait
+    ends the wait as superseded; a track the spec does not list is a usage error."""
+    resource = with_tenants(md([], version="v2", phase="Available"), {"acme-mlp": ACME_CANARY})
+    resource["spec"]["canary"] = {"manualPromote": True}
+    view = track_view(resource, "acme-mlp")
+    assert view["spec"] == {
+        "model": "mlp", "version": "a2", "replicas": 2, "canary": {"manualPromote": True}
+    }  # fmt: skip
+    assert view["status"] == ACME_CANARY and track_view(resource, None) is resource
+    assert track_view(resource, "globex-mlp")["status"] == {}  # not reached by the operator yet
+    assert checked_keys(resource, "mlp", "acme-mlp") == track_keys("acme-mlp")
+    gone = {**resource, "spec": {**resource["spec"], "tenants": {"models": TENANT_MODELS[1:]}}}
+    outcome = judge(track_view(gone, "acme-mlp"), "a2", set(), RolloutResult.SUCCEEDED, None)
+    assert outcome is not None and outcome.result == RolloutResult.SUPERSEDED
+    with pytest.raises(errors.CliError) as refused:
+        checked_keys(gone, "mlp", "acme-mlp")
+    assert refused.value.code == USAGE and "its tracks are globex-mlp" in refused.value.message
+    with pytest.raises(errors.CliError) as none:
+        checked_keys(md([]), "mlp", "acme-mlp")
+    assert none.value.message.endswith("its tracks are none (no spec.tenants.models)")

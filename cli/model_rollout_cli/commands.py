@@ -11,14 +11,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, PROMOTE, RETRY, promotion_id
+from model_rollout_contract.annotations import CHANGE_CAUSE, promotion_id
 from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
+from model_rollout_contract.tracks import TrackKeys
 
 from .cause import change_cause
 from .errors import NOTHING_TO_DO, OK, CliError
 from .follow import Outcome, follow, rollout_on
 from .history import history_table, key, keys, previous_success
 from .kube import Cluster
+from .track import checked_keys, described, subject, track_view
 from .view import Progress, render, wants_colour
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -58,11 +60,14 @@ def _follow(
     expected: RolloutResult = RolloutResult.SUCCEEDED,
     generation: int | None = None,
     new_entry: bool = True,
+    track: str | None = None,
 ) -> Outcome:
     show = Progress(how.out)
+    view = None if track is None else (lambda md: track_view(md, track))
     return follow(
-        cluster, name, version, known, how.timeout_s, expected, generation, show, new_entry
-    )
+        cluster, name, version, known, how.timeout_s, expected, generation, show, new_entry,
+        view,
+    )  # fmt: skip
 
 
 def _report(outcome: Outcome, out: TextIO) -> int:
@@ -110,14 +115,22 @@ def status(
         time.sleep(interval_s)
 
 
-def promote(cluster: Cluster, name: str, how: Follow) -> int:
-    md = cluster.get(name)
+def _read(cluster: Cluster, name: str, track: str | None) -> tuple[dict[str, Any], TrackKeys]:
+    """The resource as ``track``'s rollout sees it (track.py), and the track's keys."""
+    resource = cluster.get(name)
+    keys = checked_keys(resource, name, track)
+    return track_view(resource, track), keys
+
+
+def promote(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
+    md, own = _read(cluster, name, track)
     rollout = _rollout(md)
     spec = md.get("spec") or {}
     phase = (md.get("status") or {}).get("phase")
+    what = subject(name, track)
     if phase != Phase.CANARY or rollout.get("stage") != RolloutStage.CANARY:
         raise CliError(
-            f"nothing to promote: {name} is {phase}, not held at a canary", NOTHING_TO_DO
+            f"nothing to promote: {what} is {phase}, not held at a canary", NOTHING_TO_DO
         )
     if not (spec.get("canary") or {}).get("manualPromote"):
         raise CliError(
@@ -127,43 +140,53 @@ def promote(cluster: Cluster, name: str, how: Follow) -> int:
         )
     version = str(rollout.get("toVersion"))
     value = promotion_id(version, float(rollout.get("startedAt") or 0))
-    cluster.patch(name, {"metadata": {"annotations": {PROMOTE: value}}})
-    print(f"modeldeployment {name}: canary of {version} promoted ({PROMOTE}={value})", file=how.out)
+    cluster.patch(name, {"metadata": {"annotations": {own.promote: value}}})
+    print(
+        f"{described(name, track)}: canary of {version} promoted ({own.promote}={value})",
+        file=how.out,
+    )
     if not how.wait:
         return OK
-    return _report(_follow(cluster, name, version, _current_entry_known(md), how), how.out)
+    known = _current_entry_known(md)
+    return _report(_follow(cluster, name, version, known, how, track=track), how.out)
 
 
-def abort(cluster: Cluster, name: str, how: Follow) -> int:
-    md = cluster.get(name)
+def abort(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
+    md, own = _read(cluster, name, track)
     status = md.get("status") or {}
     version = str(_rollout(md).get("toVersion"))
+    what = subject(name, track)
     if not _running(md):
-        raise CliError(f"nothing to abort: {name} is {status.get('phase')}", NOTHING_TO_DO)
+        raise CliError(f"nothing to abort: {what} is {status.get('phase')}", NOTHING_TO_DO)
     if status.get("currentVersion") in (None, version):
         raise CliError(
-            f"nothing to abort to: {name} has no stable version to go back to from {version} "
+            f"nothing to abort to: {what} has no stable version to go back to from {version} "
             "(its first deployment)",
             NOTHING_TO_DO,
         )
-    cluster.patch(name, {"metadata": {"annotations": {ABORT: version}}})
+    cluster.patch(name, {"metadata": {"annotations": {own.abort: version}}})
     print(
-        f"modeldeployment {name}: rollout of {version} aborted; pods go back to "
+        f"{described(name, track)}: rollout of {version} aborted; pods go back to "
         f"{status.get('currentVersion')}",
         file=how.out,
     )
     if not how.wait:
         return OK
     known = _current_entry_known(md)
-    outcome = _follow(cluster, name, version, known, how, RolloutResult.ABORTED)
+    outcome = _follow(cluster, name, version, known, how, RolloutResult.ABORTED, track=track)
     if outcome.result == RolloutResult.SUCCEEDED:  # the operator read the abort too late
         why = f"the rollout of {version} had completed before the abort; to go back: "
-        outcome = replace(outcome, reason=why + f"kubectl model rollback {name}")
+        back = (
+            f"kubectl model rollback {name}"
+            if track is None
+            else f"set the version of {track} in spec.tenants.models back"
+        )
+        outcome = replace(outcome, reason=why + back)
     return _report(outcome, how.out)
 
 
-def retry(cluster: Cluster, name: str, how: Follow) -> int:
-    md = cluster.get(name)
+def retry(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
+    md, own = _read(cluster, name, track)
     version = str((md.get("spec") or {}).get("version"))
     rollout = _rollout(md)
     if rollout.get("stage") != RolloutStage.FAILED or rollout.get("toVersion") != version:
@@ -172,12 +195,16 @@ def retry(cluster: Cluster, name: str, how: Follow) -> int:
             f"nothing to retry: the rollout of {version} has not failed ({phase})", NOTHING_TO_DO
         )
     known = keys(md)
-    cause = change_cause("retry", version)
-    cluster.patch(name, {"metadata": {"annotations": {RETRY: version, CHANGE_CAUSE: cause}}})
-    print(f"modeldeployment {name}: rollout of {version} retried", file=how.out)
+    annotations = {own.retry: version}
+    if track is None:
+        # the change-cause annotation is one for every track: a tenant's retry leaves it
+        # alone, or it could overwrite a release's that the operator has not read yet
+        annotations[CHANGE_CAUSE] = change_cause("retry", version)
+    cluster.patch(name, {"metadata": {"annotations": annotations}})
+    print(f"{described(name, track)}: rollout of {version} retried", file=how.out)
     if not how.wait:
         return OK
-    return _report(_follow(cluster, name, version, known, how), how.out)
+    return _report(_follow(cluster, name, version, known, how, track=track), how.out)
 
 
 def _rollback_to(md: dict[str, Any], name: str, to: str | None) -> str:

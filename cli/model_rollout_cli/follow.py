@@ -143,9 +143,11 @@ def follow(
     generation: int | None = None,
     on_update: Callable[[dict[str, Any]], None] | None = None,
     new_entry: bool = True,
+    view: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Outcome:
     """Poll the resource until its rollout to ``version`` (an entry not in ``known``)
-    ends, or ``timeout_s`` passes; ``on_update`` sees every state read."""
+    ends, or ``timeout_s`` passes; ``on_update`` sees every state read. ``view``: what
+    of the resource is followed (a tenant track's rollout, track.py), all of it without."""
     deadline = time.monotonic() + timeout_s
     md: dict[str, Any] = {}
     while True:
@@ -156,6 +158,8 @@ def follow(
                 raise
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
             continue
+        if view is not None:
+            md = view(md)
         if on_update is not None:
             on_update(md)
         outcome = judge(md, version, known, expected, generation, new_entry)

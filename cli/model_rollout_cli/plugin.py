@@ -1,6 +1,7 @@
 """``kubectl-model``: the kubectl plugin (``kubectl model ...``; kubectl finds any
 ``kubectl-<name>`` executable on PATH). ``status``, ``promote``, ``abort``, ``retry``,
-``rollback``, ``history``; exit codes in :mod:`.errors`."""
+``rollback``, ``history`` (``promote``, ``abort`` and ``retry`` on a tenant model's
+track with ``--track``); exit codes in :mod:`.errors`."""
 
 from __future__ import annotations
 
@@ -41,9 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=positive, default=None, help="with --watch: stop after this long"
     )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    waits(command("promote", "promote the canary held for promotion (canary.manualPromote)"))
-    waits(command("abort", "stop the running rollout: every pod back to the stable version now"))
-    waits(command("retry", "run the failed rollout of spec.version again"))
+
+    def on_track(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--track", default=None,
+            help="a tenant model's track (a spec.tenants.models name; default: the "
+            "deployment's own model)",
+        )  # fmt: skip
+        waits(p)
+
+    on_track(command("promote", "promote the canary held for promotion (canary.manualPromote)"))
+    on_track(command("abort", "stop the running rollout: every pod back to the stable version now"))
+    on_track(command("retry", "run the failed rollout of spec.version again"))
     p = command("rollback", "set spec.version to the previous Succeeded version (or --to)")
     p.add_argument("--to", help="the version to roll back to")
     waits(p)
@@ -64,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
             return commands.history(cluster, args.name, args.limit, args.output)
         how = commands.Follow(args.wait, args.timeout)
         if args.command == "promote":
-            return commands.promote(cluster, args.name, how)
+            return commands.promote(cluster, args.name, how, args.track)
         if args.command == "abort":
-            return commands.abort(cluster, args.name, how)
+            return commands.abort(cluster, args.name, how, args.track)
         if args.command == "retry":
-            return commands.retry(cluster, args.name, how)
+            return commands.retry(cluster, args.name, how, args.track)
         return commands.rollback(cluster, args.name, args.to, how)
     finally:
         cluster.close()

@@ -94,7 +94,8 @@ def tenant_lines(
     analysis_text: Callable[[dict[str, Any]], str],
 ) -> list[str]:
     """The "Tenants:" section, a row per track and, under the table, what a person may
-    act on: the annotation that promotes a track's held canary, and its analysis.
+    act on: the command that promotes a track's held canary (and the annotation it
+    writes), and its analysis.
     ``phase_reason`` and ``analysis_text`` are the view's own, so a track reads as the
     deployment's model does."""
     rows: list[list[str]] = []
@@ -118,8 +119,8 @@ def tenant_lines(
         if reason == "AwaitingPromotion" and rollout.get("toVersion") and keys is not None:
             value = promotion_id(str(rollout["toVersion"]), float(rollout.get("startedAt") or 0))
             notes.append(
-                f"promote {t.track}: kubectl annotate modeldeployment {name} --overwrite "
-                f"{keys.promote}={value}"
+                f"promote {t.track}: kubectl model promote {name} --track {t.track}   "
+                f"({keys.promote}={value})"
             )
         analysis = t.status.get("analysis") or {}
         if analysis:
