@@ -54,18 +54,18 @@ async def run_tool(
 
 
 @contextlib.asynccontextmanager
-async def flaky_proxy(upstream: str, fail: Callable[[str, str], int | None]) -> AsyncIterator[str]:
-    """An HTTP proxy in front of the API server at ``upstream`` that answers the status
-    ``fail(method, path)`` picks (a Kubernetes ``Status``) instead of forwarding, and
-    forwards when it picks ``None``: an API server failing over (500), a write that lost
-    a race (409). Its URL."""
+async def intercepting_proxy(
+    upstream: str, intercept: Callable[[web.Request], web.Response | None]
+) -> AsyncIterator[str]:
+    """An HTTP proxy in front of the API server at ``upstream`` that answers what
+    ``intercept(request)`` gives, or forwards the request when it gives ``None``. Its
+    URL."""
     session = aiohttp.ClientSession()
 
     async def forward(request: web.Request) -> web.StreamResponse:
-        status = fail(request.method, request.path)
-        if status is not None:
-            body = {"kind": "Status", "code": status, "message": f"injected {status}"}
-            return web.json_response(body, status=status)
+        answer_here = intercept(request)
+        if answer_here is not None:
+            return answer_here
         async with session.request(
             request.method,
             upstream + request.path_qs,
@@ -86,3 +86,21 @@ async def flaky_proxy(upstream: str, fail: Callable[[str, str], int | None]) -> 
     finally:
         await runner.cleanup()
         await session.close()
+
+
+@contextlib.asynccontextmanager
+async def flaky_proxy(upstream: str, fail: Callable[[str, str], int | None]) -> AsyncIterator[str]:
+    """An HTTP proxy in front of the API server at ``upstream`` that answers the status
+    ``fail(method, path)`` picks (a Kubernetes ``Status``) instead of forwarding, and
+    forwards when it picks ``None``: an API server failing over (500), a write that lost
+    a race (409). Its URL."""
+
+    def injected(request: web.Request) -> web.Response | None:
+        status = fail(request.method, request.path)
+        if status is None:
+            return None
+        body = {"kind": "Status", "code": status, "message": f"injected {status}"}
+        return web.json_response(body, status=status)
+
+    async with intercepting_proxy(upstream, injected) as url:
+        yield url

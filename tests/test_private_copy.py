@@ -15,7 +15,6 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import onnxruntime as ort
@@ -41,6 +40,21 @@ def repo(tmp_path: Path) -> tuple[ModelRepository, Path]:
     path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
     write_mlp(path, 1, in_dim=8, hidden=16, out_dim=4, depth=2)
     return ModelRepository(tmp_path / "repo"), path
+
+
+@pytest.fixture
+def unmapped_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread (its name's prefix: load, release, MainThread) of each
+    ``PrivateCopy.close`` while the test runs."""
+    threads: list[str] = []
+    real_close = PrivateCopy.close
+
+    def close(self: PrivateCopy) -> None:
+        threads.append(threading.current_thread().name.split("_")[0])
+        real_close(self)
+
+    monkeypatch.setattr(PrivateCopy, "close", close)
+    return threads
 
 
 def test_model_bytes_are_a_read_only_mapping_with_the_files_bytes(
@@ -110,15 +124,13 @@ def test_the_memfd_is_closed_once_the_last_view_is_gone(
 
 
 def test_a_load_unmaps_the_bytes_on_the_loaders_thread(
-    repo: tuple[ModelRepository, Path],
+    repo: tuple[ModelRepository, Path], unmapped_on: list[str]
 ) -> None:
     """The defect: the event loop dropped the last reference, so it unmapped 400 MiB
     (40 to 50 ms on the H200 host) while every request waited. Now the loader's thread
     unmaps them once the engine is made, whether the load succeeds or not."""
     repository, _ = repo
     pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
-    unmapped_on: list[str] = []
-    real_close = PrivateCopy.close
 
     async def load() -> None:
         checked = await pipeline.read("mlp", "v1", None, None)
@@ -128,15 +140,10 @@ def test_a_load_unmaps_the_bytes_on_the_loaders_thread(
         assert private.mapping.closed and unmapped_on == ["load"]
         loaded.engine.close()
 
-    def close(self: PrivateCopy) -> None:
-        unmapped_on.append(threading.current_thread().name.split("_")[0])
-        real_close(self)
-
-    with mock.patch.object(PrivateCopy, "close", close):
-        try:
-            asyncio.run(load())
-        finally:
-            pipeline.close()
+    try:
+        asyncio.run(load())
+    finally:
+        pipeline.close()
 
 
 def test_releasing_bytes_a_view_still_holds_keeps_them_for_the_view(
@@ -170,8 +177,8 @@ def test_an_empty_model_file_has_no_mapping(tmp_path: Path) -> None:
     assert model.size == 0 and model.loadable() == b""
 
 
-async def test_a_version_refused_for_memory_is_unmapped_on_a_loader_thread(
-    tmp_path: Path,
+async def test_a_version_refused_for_memory_is_unmapped_on_the_release_thread(
+    tmp_path: Path, unmapped_on: list[str]
 ) -> None:
     """Bytes read but never loaded (the budget refused them) go on the release thread,
     never on the event loop that refused them, nor queued behind a loader's long build."""
@@ -181,21 +188,14 @@ async def test_a_version_refused_for_memory_is_unmapped_on_a_loader_thread(
         memory_budget_bytes=10,
     )  # fmt: skip
     manager.register("mlp")
-    unmapped_on: list[str] = []
-    real_close = PrivateCopy.close
-
-    def close(self: PrivateCopy) -> None:
-        unmapped_on.append(threading.current_thread().name.split("_")[0])
-        real_close(self)
 
     try:
-        with mock.patch.object(PrivateCopy, "close", close):
-            with pytest.raises(MemoryBudgetExceeded):
-                await manager.load("mlp", "v1")
-            for _ in range(200):  # the release is handed to the loader's thread
-                if unmapped_on:
-                    break
-                await asyncio.sleep(0.01)
+        with pytest.raises(MemoryBudgetExceeded):
+            await manager.load("mlp", "v1")
+        for _ in range(200):  # the release is handed to the release thread
+            if unmapped_on:
+                break
+            await asyncio.sleep(0.01)
         assert unmapped_on == ["release"]
     finally:
         manager.close()
@@ -246,7 +246,7 @@ def test_a_kernel_refusing_the_advice_neither_fails_the_load_nor_keeps_the_bytes
 
 @pytest.mark.parametrize("refusal", ["digest", "manifest"])
 def test_bytes_of_a_version_refused_at_its_read_go_on_the_loaders_thread(
-    repo: tuple[ModelRepository, Path], refusal: str
+    repo: tuple[ModelRepository, Path], refusal: str, unmapped_on: list[str]
 ) -> None:
     """A wrong digest or a bad manifest raised with the copy alive: the error carried it
     to the event loop, which unmapped it (77 to 95 ms for 400 MiB)."""
@@ -255,20 +255,13 @@ def test_bytes_of_a_version_refused_at_its_read_go_on_the_loaders_thread(
         (path.parent / "manifest.json").write_text("{not json")
     expected = "0" * 64 if refusal == "digest" else None
     pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
-    unmapped_on: list[str] = []
-    real_close = PrivateCopy.close
-
-    def close(self: PrivateCopy) -> None:
-        unmapped_on.append(threading.current_thread().name.split("_")[0])
-        real_close(self)
 
     async def read() -> None:
         with pytest.raises(ServingError):
             await pipeline.read("mlp", "v1", None, expected)
 
     try:
-        with mock.patch.object(PrivateCopy, "close", close):
-            asyncio.run(read())
+        asyncio.run(read())
         assert unmapped_on == ["load"]
     finally:
         pipeline.close()
@@ -313,7 +306,7 @@ def test_an_ort_format_model_named_model_onnx_still_loads(tmp_path: Path) -> Non
 
 
 async def test_bytes_of_a_load_cancelled_while_it_reads_go_on_the_release_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unmapped_on: list[str]
 ) -> None:
     """The read goes on after its caller is cancelled; its bytes were then dropped with
     the finished future, on the event loop."""
@@ -328,14 +321,7 @@ async def test_bytes_of_a_load_cancelled_while_it_reads_go_on_the_release_thread
         return checked
 
     monkeypatch.setattr(LoadPipeline, "_read_checked", held_read)
-    unmapped_on: list[str] = []
-    real_close = PrivateCopy.close
 
-    def close(self: PrivateCopy) -> None:
-        unmapped_on.append(threading.current_thread().name.split("_")[0])
-        real_close(self)
-
-    monkeypatch.setattr(PrivateCopy, "close", close)
     manager = EngineManager(
         OnnxRuntimeBackend(), ModelRepository(tmp_path), ServerMetrics(), AuditLog()
     )

@@ -101,6 +101,15 @@ async def status(socket: Path) -> dict[str, Any]:
     return await ask(socket, {"op": "status", "model": "mlp"})
 
 
+async def load(socket: Path, version: Version) -> dict[str, Any]:
+    """The reply to the sidecar's load of ``version`` (its file and digest)."""
+    return await ask(
+        socket,
+        {"op": "load", "model": "mlp", "version": version.name, "path": str(version.path),
+         "sha256": version.sha256},
+    )  # fmt: skip
+
+
 async def pool_ready(server: ServerProcess, socket: Path) -> None:
     """Every worker serves: the pool's status is ok and a scrape hears every worker."""
     await asyncio.to_thread(server.wait_ready)
@@ -190,12 +199,7 @@ async def test_a_load_swaps_every_worker_under_load(
 
     clients = [asyncio.create_task(client()) for _ in range(CLIENTS)]
     await asyncio.sleep(0.5)
-    v2 = versions["v2"]
-    reply = await ask(
-        socket,
-        {"op": "load", "model": "mlp", "version": "v2", "path": str(v2.path),
-         "sha256": v2.sha256},
-    )  # fmt: skip
+    reply = await load(socket, versions["v2"])
     swapped.set()
     assert reply["ok"] and reply["from"] == "v1" and reply["to"] == "v2", reply
     await asyncio.wait_for(asyncio.gather(*clients), 120)  # a hang guard
@@ -210,12 +214,7 @@ async def test_killed_worker_is_restarted_and_given_the_pools_version(
 ) -> None:
     socket = tmp_path / "ctl.sock"
     await pool_ready(pool, socket)
-    v2 = versions["v2"]
-    reply = await ask(
-        socket,
-        {"op": "load", "model": "mlp", "version": "v2", "path": str(v2.path),
-         "sha256": v2.sha256},
-    )  # fmt: skip
+    reply = await load(socket, versions["v2"])
     assert reply["ok"], reply
     assert pool.proc is not None
     before = pool_workers(pool.proc.pid)
@@ -243,7 +242,7 @@ async def test_killed_worker_is_restarted_and_given_the_pools_version(
     restarted = await ask(directory / "worker-1.sock", {"op": "status", "model": "mlp"})
     assert restarted["ok"] and restarted["version"] == "v2", restarted
     held = await status(socket)
-    assert held["version"] == "v2" and held["sha256"] == v2.sha256
+    assert held["version"] == "v2" and held["sha256"] == versions["v2"].sha256
     assert "v2" in held["loaded"]  # the versions every worker holds
     log = (tmp_path / "server.log").read_text()
     assert "pool: worker 1 exited with -9; restarting" in log

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
 from aiohttp import web
 
 import model_rollout_cli
-from cli_helpers import run_tool, write_kubeconfig
+from cli_helpers import intercepting_proxy, run_tool, write_kubeconfig
 from helm_chart import RELEASE, lint_chart, render_chart
 from model_rollout_cli import kube
 from model_rollout_cli.errors import API_ERROR, OK, TIMED_OUT
@@ -32,7 +31,6 @@ from model_rollout_cli.kube import GROUP, PLURAL, Cluster
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import MD_PATH, create_model_deployment, kube_emulator
 from model_rollout_e2e.onnx_models import write_mlp
-from model_rollout_e2e.processes import free_port
 from sidecar_helpers import make_keys
 
 ROOT = Path(__file__).parent.parent
@@ -174,36 +172,19 @@ class Authorizer:
 async def authorizing_proxy(upstream: str, authorizer: Authorizer) -> AsyncIterator[str]:
     """An HTTP proxy to the API server at ``upstream`` that answers 403 Forbidden (a
     Kubernetes ``Status``, as the API server does) to what ``authorizer`` refuses."""
-    session = aiohttp.ClientSession()
 
-    async def forward(request: web.Request) -> web.StreamResponse:
+    def forbidden(request: web.Request) -> web.Response | None:
         why = authorizer.refuse(request.method, request.path, request.query)
-        if why is not None:
-            body = {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": f"forbidden: {why}", "reason": "Forbidden", "code": 403,
-            }  # fmt: skip
-            return web.json_response(body, status=403)
-        async with session.request(
-            request.method,
-            upstream + request.path_qs,
-            headers={k: v for k, v in request.headers.items() if k.lower() != "host"},
-            data=await request.read(),
-        ) as answer:
-            headers = {"Content-Type": answer.headers.get("Content-Type", "application/json")}
-            return web.Response(status=answer.status, body=await answer.read(), headers=headers)
+        if why is None:
+            return None
+        body = {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": f"forbidden: {why}", "reason": "Forbidden", "code": 403,
+        }  # fmt: skip
+        return web.json_response(body, status=403)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-        await session.close()
+    async with intercepting_proxy(upstream, forbidden) as url:
+        yield url
 
 
 HISTORY_V1 = {

@@ -145,9 +145,10 @@ class EngineManager:
         request's time in the server."""
         if self.batchers.batches(version):
             return await self.batchers.run(version, feeds)
-        quick = version.infer_if_quick(feeds, self.quick_run_s)
-        if quick is not None:
-            return quick
+        if self.quick_run_s > 0:  # off (the default): not even asked, on every request
+            quick = version.infer_if_quick(feeds, self.quick_run_s)
+            if quick is not None:
+                return quick
         return await run_to_completion(self.executor, lambda: version.infer(feeds))
 
     async def infer(
