@@ -1,15 +1,21 @@
 """What letting a model's bytes go costs the threads that serve: a 400 MiB model file's
-bytes, freed three ways, beside two threads that stand for serving work. One ticks every
-0.2 ms (its longest gap: how long it could not get the GIL); the other maps, touches and
+bytes, freed four ways, beside threads that stand for serving work. One ticks every
+0.2 ms (its longest gap: how long it could not get the GIL); one maps, touches and
 unmaps 256 KiB regions as Python's allocator and the CUDA driver do (its longest call:
-how long it waited for the process's memory-map lock).
+how long it waited for the process's memory-map lock); with ``--busy-threads N``, N more
+run Python without pause, as a loaded event loop and inference threads do (then the
+release's own time shows how often it had to ask for the GIL back).
 
 * ``bytes``: how the server held a model file's bytes before (freed with the GIL held);
 * ``one munmap``: the server's private copy (a memfd mapping) unmapped in one call;
-* ``PrivateCopy.close``: what the server does now, on a loader's thread: the pages given
-  back 2 MiB at a time (``MADV_REMOVE``), then the empty mapping unmapped.
+* ``madvise 2 MiB chunks``: the pages given back 2 MiB at a time with ``MADV_REMOVE``
+  (which holds the GIL), then the empty mapping unmapped: the server's way for a day;
+* ``PrivateCopy.close``: what the server does now, on a loader's thread: one
+  ``fallocate`` punching a hole in the memfd, without the GIL, then the empty mapping
+  unmapped.
 
     python bench/release_stall.py --mib 400 --repeat 3
+    python bench/release_stall.py --mib 400 --repeat 3 --busy-threads 1
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ from model_server.private_copy import PrivateCopy, read_into_private_copy
 class Watchers:
     """The two stand-in threads and the worst each saw in a window."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy_threads: int) -> None:
         self.stop = threading.Event()
         self.gil_gaps: list[tuple[float, float]] = []  # (when, gap)
         self.map_calls: list[tuple[float, float]] = []  # (when, call)
         self.threads = [
             threading.Thread(target=self._tick, daemon=True),
             threading.Thread(target=self._map, daemon=True),
-        ]
+        ] + [threading.Thread(target=self._spin, daemon=True) for _ in range(busy_threads)]
+
+    def _spin(self) -> None:
+        while not self.stop.is_set():
+            sum(range(1000))
 
     def _tick(self) -> None:
         last = time.perf_counter()
@@ -94,14 +104,25 @@ def drop(holder: dict) -> None:
     del holder["data"]
 
 
+def madvise_chunks(holder: dict) -> None:
+    copy: PrivateCopy = holder.pop("data")
+    copy.view.release()
+    mapping = copy.mapping
+    assert mapping is not None
+    for start in range(0, len(mapping), 2 * 2**20):
+        mapping.madvise(mmap.MADV_REMOVE, start, min(2 * 2**20, len(mapping) - start))
+        time.sleep(0)  # madvise holds the GIL: let a waiting thread have it
+    mapping.close()
+
+
 def close_private_copy(holder: dict) -> None:
     holder.pop("data").close()
 
 
-def measure(name: str, data: object, release: Callable[[dict], None]) -> dict:
+def measure(name: str, data: object, release: Callable[[dict], None], busy_threads: int) -> dict:
     holder = {"data": data}
     del data
-    with Watchers() as watchers:
+    with Watchers(busy_threads) as watchers:
         time.sleep(0.2)
         since = time.perf_counter()
         release(holder)
@@ -120,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--mib", type=int, default=400, help="size of the model file")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--busy-threads", type=int, default=0, help="threads running Python")
+    p.add_argument("--gil-switch-interval-us", type=int, default=5000, help="as the server sets it")
     p.add_argument("--out", default="bench/results/release_stall.json")
     args = p.parse_args(argv)
+    sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp:
         path = Path(tmp) / "model.onnx"
@@ -129,21 +153,31 @@ def main(argv: list[str] | None = None) -> int:
         ways: list[tuple[str, Callable[[], object], Callable[[dict], None]]] = [
             ("bytes", path.read_bytes, drop),
             ("one munmap", lambda: private_copy(path), one_munmap),
+            ("madvise 2 MiB chunks", lambda: private_copy(path), madvise_chunks),
             ("PrivateCopy.close", lambda: private_copy(path), close_private_copy),
         ]
         for _ in range(args.repeat):
             for name, make, release in ways:
-                rows.append(measure(name, make(), release))
-    print(f"\n{args.mib} MiB, {args.repeat} runs each, host {platform.node()}")
-    print(f"{'way':<20} {'release ms':>11} {'worst GIL wait ms':>18} {'worst map call ms':>18}")
+                rows.append(measure(name, make(), release, args.busy_threads))
+    print(
+        f"\n{args.mib} MiB, {args.repeat} runs each, {args.busy_threads} busy threads, "
+        f"switch interval {args.gil_switch_interval_us} us, host {platform.node()}"
+    )
+    print(f"{'way':<22} {'release ms':>11} {'worst GIL wait ms':>18} {'worst map call ms':>18}")
     for r in rows:
         print(
-            f"{r['way']:<20} {r['release_ms']:>11} {r['worst_gil_wait_ms']:>18} "
+            f"{r['way']:<22} {r['release_ms']:>11} {r['worst_gil_wait_ms']:>18} "
             f"{r['worst_map_call_ms']:>18}"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"mib": args.mib, "host": platform.node(), "rows": rows}
+    report = {
+        "mib": args.mib,
+        "busy_threads": args.busy_threads,
+        "gil_switch_interval_us": args.gil_switch_interval_us,
+        "host": platform.node(),
+        "rows": rows,
+    }
     out.write_text(json.dumps(report, indent=2))
     print(f"json: {out}")
     return 0

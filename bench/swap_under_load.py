@@ -29,6 +29,7 @@ from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import ServerProcess, free_port
+from model_server.config import QUICK_RUN_US
 
 ADMIN_TOKEN = "bench-token"
 # 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
@@ -133,6 +134,8 @@ def server(
             str(token),
             "--workers",
             str(args.workers),
+            "--quick-run-us",
+            str(args.quick_run_us),
         ],
     )
 
@@ -240,7 +243,8 @@ def print_table(args: argparse.Namespace, phases: dict, sizes_mib: dict, cold: d
         f"\nmodels: {DEPTH}-layer MLPs "
         + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in sizes_mib.items())
         + f"; backend {args.backend}, {args.concurrency} concurrent clients, "
-        f"{args.workers} inference threads, host {platform.node()}"
+        f"{args.workers} inference threads, quick runs up to {args.quick_run_us} us, "
+        f"host {platform.node()}"
     )
     columns = ("requests", "errors", "p50 ms", "p99 ms", "max ms")
     header = f"{'scenario':<18} {'window':<12} " + " ".join(f"{c:>8}" for c in columns)
@@ -285,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-restart", action="store_true", help="only the hot swaps (no restart, cold start)"
     )
+    p.add_argument(
+        "--quick-run-us",
+        type=int,
+        default=QUICK_RUN_US,
+        help="the server's --quick-run-us: graph replays this quick run on the event loop",
+    )
     p.add_argument("--ready-timeout", type=float, default=120)
     p.add_argument("--out", default="bench/results/swap_under_load.json")
     args = p.parse_args(argv)
@@ -314,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_mib": {name: round(mib, 2) for name, mib in sizes_mib.items()},
         "concurrency": args.concurrency,
         "workers": args.workers,
+        "quick_run_us": args.quick_run_us,
         "host": platform.node(),
         "python": sys.version.split()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -39,13 +39,13 @@ import onnx
 
 from . import onnx_weights, torch_gpu
 from .base import BackendUnavailable, ModelFile, TensorSpec
+from .replay_times import ReplayTimes
 
 log = logging.getLogger(__name__)
 
 GRAPHS_PER_SHAPE = 8  # concurrent requests of one shape that replay a graph
 GRAPH_SHAPES = 1  # input shapes captured per engine: the batch-1 ones, at warm-up
-REPLAYS_TIMED = 7  # at warm-up: their median says whether a replay may run on the loop
-REPLAY_AVERAGE_WEIGHT = 0.1  # of each later replay in the moving average of their time
+REPLAYS_TIMED = 7  # at warm-up: they seed the replay times (see replay_times)
 
 
 def import_torch() -> Any:
@@ -151,8 +151,8 @@ class TorchEngine:
         else:
             self._io = None
         self._graphs = graphs if self._gpu else None
-        # a graph replay's time: the median at warm-up, then a moving average of them all
-        self.replay_seconds: float | None = None
+        # the batch-1 graphs' replay times: at warm-up, then those run on the event loop
+        self.replay_times: ReplayTimes | None = None
 
     def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
         """All the weights in one allocation (one ``cudaMalloc`` rather than one per
@@ -244,8 +244,8 @@ class TorchEngine:
         graphs = self._graphs
         captured = graphs.borrow(key) if graphs is not None else None
         if graphs is not None and captured is not None:
-            try:
-                return self._replay(captured, io.stream, arrays)
+            try:  # not timed: on a thread, that would time its waits for the GIL
+                return captured.run(self._torch, io.stream, arrays, self.outputs)
             finally:
                 graphs.give_back(key, captured)
         with self._torch.cuda.stream(io.stream):
@@ -258,11 +258,13 @@ class TorchEngine:
     def infer_if_quick(
         self, feeds: Mapping[str, np.ndarray], budget_s: float
     ) -> dict[str, np.ndarray] | None:
-        """Replay a free captured graph for these shapes on this thread, if a replay took
-        at most ``budget_s`` at warm-up; else None (no graph, none free, too slow)."""
-        steps, graphs, io = self._steps, self._graphs, self._io
-        replay = self.replay_seconds
-        if steps is None or graphs is None or io is None or replay is None or replay > budget_s:
+        """Replay a free captured graph for these shapes on this thread, if replays here
+        typically take at most ``budget_s`` (or it is time to look again); else None (no
+        graph, none free, too slow)."""
+        steps, graphs, io, times = self._steps, self._graphs, self._io, self.replay_times
+        if steps is None or graphs is None or io is None or times is None:
+            return None
+        if not times.allows(budget_s):
             return None
         arrays = {name: np.ascontiguousarray(array) for name, array in feeds.items()}
         key = _shape_key(arrays)
@@ -270,24 +272,18 @@ class TorchEngine:
         if captured is None:
             return None
         try:
+            started = time.perf_counter()
             with self._torch.inference_mode():
-                return self._replay(captured, io.get().stream, arrays)
+                outputs = captured.run(self._torch, io.get().stream, arrays, self.outputs)
+            times.note(time.perf_counter() - started)
+            return outputs
         finally:
             graphs.give_back(key, captured)
 
-    def _replay(
-        self, captured: torch_gpu.Captured, stream: Any, arrays: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        """One replay, its time folded into :attr:`replay_seconds` (a moving average), so
-        that replays slowed by a busy GPU stop running on the event loop."""
-        started = time.perf_counter()
-        outputs = captured.run(self._torch, stream, arrays, self.outputs)
-        self.note_replay(time.perf_counter() - started)
-        return outputs
-
-    def note_replay(self, seconds: float) -> None:
-        if self.replay_seconds is not None:
-            self.replay_seconds += REPLAY_AVERAGE_WEIGHT * (seconds - self.replay_seconds)
+    @property
+    def replay_seconds(self) -> float | None:
+        """A typical replay's time (None before warm-up, or without graphs)."""
+        return self.replay_times.typical_s if self.replay_times is not None else None
 
     def _stage_inputs(self, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO) -> dict:
         """The inputs, copied into this thread's pinned buffer (as pinned tensors)."""
@@ -360,18 +356,19 @@ class TorchEngine:
                 if captured is None:
                     break
             thread.stream.synchronize()
-        self.replay_seconds = self._time_replays(key, arrays, thread)
+        timed = self._time_replays(key, arrays, thread)
+        self.replay_times = ReplayTimes(timed) if timed else None
 
     def _time_replays(
         self, key: torch_gpu.ShapeKey, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO
-    ) -> float | None:
-        """The median time of a few replays of a captured graph, whole (copies in and out
-        and the wait), or None if none was captured."""
+    ) -> list[float]:
+        """The times of a few replays of a captured graph, whole (copies in and out and
+        the wait); none if none was captured."""
         graphs = self._graphs
         captured = graphs.borrow(key) if graphs is not None else None
         if graphs is None or captured is None:
-            return None
-        times = []
+            return []
+        times: list[float] = []
         try:
             with self._torch.inference_mode():
                 for _ in range(REPLAYS_TIMED):
@@ -380,7 +377,7 @@ class TorchEngine:
                     times.append(time.perf_counter() - started)
         finally:
             graphs.give_back(key, captured)
-        return sorted(times)[len(times) // 2]
+        return times
 
     def close(self) -> None:
         """Drop the weights and graphs: their device memory goes back to torch's
