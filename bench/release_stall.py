@@ -11,8 +11,8 @@ release's own time shows how often it had to ask for the GIL back).
 * ``madvise 2 MiB chunks``: the pages given back 2 MiB at a time with ``MADV_REMOVE``
   (which holds the GIL), then the empty mapping unmapped: the server's way for a day;
 * ``PrivateCopy.close``: what the server does now, on a loader's thread: one
-  ``fallocate`` punching a hole in the memfd, without the GIL, then the empty mapping
-  unmapped.
+  ``madvise(MADV_REMOVE)`` through ctypes punching a hole in the memfd, without the GIL,
+  then the empty mapping unmapped.
 
     python bench/release_stall.py --mib 400 --repeat 3
     python bench/release_stall.py --mib 400 --repeat 3 --busy-threads 1

@@ -232,7 +232,7 @@ def test_a_kernel_refusing_the_hole_neither_fails_the_load_nor_keeps_the_bytes(
     made (a 500, the version left loading, its memory reserved for ever)."""
     repository, _ = repo
 
-    def refuse(fd: int, size: int) -> None:
+    def refuse(mapping: mmap.mmap) -> None:
         raise OSError(errno.EOPNOTSUPP, "not on this file system")
 
     monkeypatch.setattr(private_copy, "punch_hole", refuse)
@@ -256,9 +256,9 @@ def test_pages_go_back_in_one_call_that_lets_the_gil_go(
 ) -> None:
     """The defect, on the H200 host: pages went back 2 MiB at a time through
     ``mmap.madvise``, which holds the GIL, so a 400 MiB release asked for the GIL back
-    200 times while the serving threads held it, and p99 while loading went from 1.5x
-    to 4.5x steady. Now one ``fallocate`` through ctypes (a foreign call without the
-    GIL) empties the memfd before its mapping is unmapped."""
+    200 times while the serving threads held it, and p99 while loading went to 4.5x
+    steady. Now one ``madvise`` through ctypes (a foreign call without the GIL) empties
+    the memfd, the last partial page too, before its mapping is unmapped."""
     path = tmp_path / "model.onnx"
     path.write_bytes(os.urandom(8 * 2**20 + 123))
     fd = os.open(path, os.O_RDONLY)
@@ -266,21 +266,54 @@ def test_pages_go_back_in_one_call_that_lets_the_gil_go(
         copy = read_into_private_copy(fd, path.stat().st_size, "model", str(path))
     finally:
         os.close(fd)
-    holes: list[tuple[int, int]] = []  # (size asked, blocks the memfd holds after)
+    memfd = copy.path
+    assert memfd is not None and os.stat(memfd).st_blocks > 0
+    holes: list[int] = []  # blocks the memfd holds after each hole
     real_punch_hole = private_copy.punch_hole
 
-    def punch_hole(memfd: int, size: int) -> None:
-        assert os.fstat(memfd).st_blocks > 0
-        real_punch_hole(memfd, size)
-        holes.append((size, os.fstat(memfd).st_blocks))
+    def punch_hole(mapping: mmap.mmap) -> None:
+        real_punch_hole(mapping)
+        holes.append(os.stat(memfd).st_blocks)
 
     monkeypatch.setattr(private_copy, "punch_hole", punch_hole)
     copy.close()
-    assert holes == [(8 * 2**20 + mmap.PAGESIZE, 0)]  # whole pages, the last one too
+    assert holes == [0]
     assert copy.mapping is not None and copy.mapping.closed
-    fallocate = private_copy._FALLOCATE
-    assert fallocate is not None
-    assert not type(fallocate)._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+    madvise = private_copy._MADVISE
+    assert madvise is not None
+    assert not type(madvise)._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+
+
+def test_the_hole_is_punched_by_address_not_by_a_descriptor_number(tmp_path: Path) -> None:
+    """A review found the hole punched through the memfd's number: a number closed (the
+    finalizer at exit, a second close) and reused by another file would have had that
+    file's bytes zeroed. Now the mapping's own address is advised, so a file that got
+    the number keeps every byte, and the copy's pages still go."""
+    source = tmp_path / "model.onnx"
+    source.write_bytes(os.urandom(3 * mmap.PAGESIZE))
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        copy = read_into_private_copy(fd, source.stat().st_size, "model", str(source))
+    finally:
+        os.close(fd)
+    assert copy.path is not None
+    number = int(copy.path.rsplit("/", 1)[1])
+    kept = os.stat(copy.path)
+    assert copy._memfd_closer is not None
+    copy._memfd_closer()  # the memfd closed (as at exit) while the mapping stays
+    other = tmp_path / "audit.log"
+    other.write_bytes(b"x" * 8192)
+    opened: list[int] = []
+    try:
+        while not opened or opened[-1] < number:  # the lowest free number is taken first
+            opened.append(os.open(other, os.O_RDWR))
+        assert opened[-1] == number
+        copy.close()
+        assert other.read_bytes() == b"x" * 8192
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
+    assert kept.st_blocks > 0 and copy.mapping is not None and copy.mapping.closed
 
 
 @pytest.mark.parametrize("refusal", ["digest", "manifest"])

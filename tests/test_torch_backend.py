@@ -278,3 +278,68 @@ def test_the_graph_pool_lends_each_graph_to_one_request_at_a_time() -> None:
     pool.close()
     pool.give_back(one, second)  # a request finishing after close: dropped
     assert pool.count() == 0 and pool.borrow(one) is None
+
+
+def test_a_replay_is_timed_by_events_around_its_copies_and_graph() -> None:
+    """How a replay is timed, step by step, with stand-ins for torch's graph, stream and
+    events (the real ones run in test_torch_backend_gpu on a GPU): the first event goes
+    before the copy in, the second after the copy out, both on the request's stream, and
+    the time is read once the stream is synchronized."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from model_server.backends.torch_gpu import Captured
+
+    steps: list[str] = []
+
+    class Event:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self, stream: object) -> None:
+            steps.append(f"{self.name} on {stream}")
+
+        def elapsed_time(self, other: Event) -> float:
+            steps.append(f"elapsed {self.name}..{other.name}")
+            return 0.25  # ms
+
+    class Tensor:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def copy_(self, source: Tensor, non_blocking: bool) -> None:
+            steps.append(f"copy {source.name} to {self.name}")
+
+    class Stream:
+        def __str__(self) -> str:
+            return "stream"
+
+        def synchronize(self) -> None:
+            steps.append("synchronize")
+
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(stream=lambda s: nullcontext()))
+    graph = SimpleNamespace(replay=lambda: steps.append("replay"))
+    host_in, host_out = np.zeros(2, np.float32), np.ones(2, np.float32)
+    captured = Captured(
+        graph,
+        {"x": Tensor("device x")},
+        [Tensor("device y")],
+        {"x": (Tensor("pinned x"), host_in)},
+        [(Tensor("pinned y"), host_out)],
+        Event("started"),
+        Event("finished"),
+    )
+    spec = SimpleNamespace(name="y")
+    out = captured.run(fake_torch, Stream(), {"x": np.full(2, 3, np.float32)}, [spec])
+    assert steps == [
+        "started on stream",
+        "copy pinned x to device x",
+        "replay",
+        "copy device y to pinned y",
+        "finished on stream",
+        "synchronize",
+        "elapsed started..finished",
+    ]
+    assert captured.gpu_seconds == 0.00025
+    np.testing.assert_array_equal(host_in, [3, 3])
+    np.testing.assert_array_equal(out["y"], [1, 1])

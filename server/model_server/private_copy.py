@@ -19,39 +19,43 @@ import fcntl
 import logging
 import mmap
 import os
+import threading
 import weakref
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-FALLOC_FL_KEEP_SIZE = 0x01  # <linux/falloc.h>
-FALLOC_FL_PUNCH_HOLE = 0x02
 
-
-def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
-    """libc's ``fallocate`` through ctypes, which lets the GIL go for the call (Python's
-    ``os`` has only ``posix_fallocate``, which cannot punch holes); None without it."""
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` through ctypes, which lets the GIL go for the call (Python's
+    ``mmap.madvise`` holds it); None without it."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        name = "fallocate" if ctypes.sizeof(ctypes.c_long) == 8 else "fallocate64"
-        function = getattr(libc, name)
+        function = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     function.restype = ctypes.c_int
     return function  # type: ignore[no-any-return]
 
 
-_FALLOCATE = _libc_fallocate()
+_MADVISE = _libc_madvise()
 
 
-def punch_hole(fd: int, size: int) -> None:
-    """Free the first ``size`` bytes' pages of the memfd ``fd``, in one call made with
-    the GIL released. The kernel takes the pages out of every mapping of the file under
-    the file's own locks, not the process's memory-map lock. ``OSError`` if refused."""
-    if _FALLOCATE is None:
-        raise OSError(errno.ENOSYS, "this libc has no fallocate")
-    if _FALLOCATE(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, size) != 0:
+def punch_hole(mapping: mmap.mmap) -> None:
+    """Free every page of ``mapping`` (a shared, writable mapping of a memfd) in one call
+    made with the GIL released: ``MADV_REMOVE`` punches a hole in the file behind it,
+    under the file's own locks once the range is found (the process's memory-map lock
+    is held only for reading, and let go before the pages are freed). By address, never
+    by file descriptor: a number closed and reused elsewhere could name a file that is
+    not ours. ``OSError`` if refused; ``BufferError`` if a view still holds it."""
+    if _MADVISE is None or not hasattr(mmap, "MADV_REMOVE"):
+        raise OSError(errno.ENOSYS, "no madvise(MADV_REMOVE) here")
+    anchor = ctypes.c_char.from_buffer(mapping)  # an export, for the address only
+    try:
+        address = ctypes.addressof(anchor)
+    finally:
+        del anchor
+    if _MADVISE(address, len(mapping), mmap.MADV_REMOVE) != 0:  # the kernel rounds it up
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
@@ -65,14 +69,13 @@ class PrivateCopy:
         view: memoryview,
         path: str | None = None,
         mapping: mmap.mmap | None = None,
-        memfd: int | None = None,
         memfd_closer: weakref.finalize | None = None,
     ) -> None:
         self.view = view
         self._path = path
         self.mapping = mapping
-        self._memfd = memfd
         self._memfd_closer = memfd_closer
+        self._closing = threading.Lock()  # two closes at once: one punches, one returns
         self.closed = False
 
     @property
@@ -88,33 +91,32 @@ class PrivateCopy:
         the engine is made, rather than leave it to whichever thread drops the last
         reference (the event loop's, at first: every request waited).
 
-        Why a hole is punched in the memfd first: one ``munmap`` of 400 MiB holds the
+        Why a hole is punched first: one ``munmap`` of 400 MiB holds the
         process's memory-map lock for tens of ms, and every thread that maps or faults
         in memory meanwhile (Python's allocator, the CUDA driver) waits: on the H200
         host all four clients of a serving version waited 45 ms at the end of each
-        load. Why in one call: ``mmap.madvise`` holds the GIL, so freeing 2 MiB at a
-        time asked for the GIL back 200 times, each after up to a switch interval of
-        the serving threads, and p99 while loading went from 1.5x to 4.5x steady.
+        load. Why in one call through ctypes: ``mmap.madvise`` holds the GIL, so freeing
+        2 MiB at a time asked for the GIL back 200 times, each after up to a switch
+        interval of the serving threads, and p99 while loading went to 4.5x steady.
         The empty mapping then unmaps at once. A view still exported (a numpy array of
         the bytes) keeps everything until it goes. Never raises: a kernel that refuses
         the hole leaves the pages to the unmapping."""
-        self.closed = True
-        try:
-            self.view.release()
-        except BufferError:
-            return
-        mapping = self.mapping
-        if mapping is None or mapping.closed or _still_viewed(mapping):
-            return
-        if self._memfd is not None:
+        with self._closing:
+            self.closed = True
             try:
-                whole_pages = -(-len(mapping) // mmap.PAGESIZE) * mmap.PAGESIZE
-                punch_hole(self._memfd, whole_pages)  # a part of a page would be zeroed
-            except OSError as exc:
+                self.view.release()
+            except BufferError:
+                return
+            mapping = self.mapping
+            if mapping is None or mapping.closed or _still_viewed(mapping):
+                return
+            try:
+                punch_hole(mapping)
+            except (OSError, BufferError) as exc:
                 log.warning("could not punch a hole in a model's private copy: %s", exc)
-        mapping.close()
-        if self._memfd_closer is not None:
-            self._memfd_closer()  # the memfd too, now (once: the finalizer is spent)
+            mapping.close()
+            if self._memfd_closer is not None:
+                self._memfd_closer()  # the memfd too, now (once: the finalizer is spent)
 
 
 def _still_viewed(mapping: mmap.mmap) -> bool:
@@ -162,4 +164,4 @@ def read_into_private_copy(fd: int, size: int, name: str, shown: str) -> Private
         os.fchmod(memfd, 0o400)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
         readonly = view.toreadonly()
-    return PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, memfd, closer)
+    return PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)

@@ -1,65 +1,55 @@
 """Whether a captured graph's replay is quick enough to run on the event loop, from the
-replays that ran there.
+GPU's own times of the latest replays, wherever they ran.
 
-Why a median over a window, fed by the event loop's replays only, with probes: the
-first rule (a moving average of every replay, inference threads' included) was
-bistable on the H200 host. One slow replay (a garbage collection, a busy GPU) lifted the
-average past the budget; requests then went to the inference threads, whose replays,
-timed with their waits for the GIL at 16 clients, took milliseconds and kept the average
-there. Quick runs stayed off for the rest of the run (server time 11.8 ms instead of
-0.28 ms, from one run to the next). Now one outlier moves nothing (half the window must
-be slow), a thread's time (which measures the GIL, not the GPU) is never counted, and
-while quick runs are off one request in ``probe_interval_s`` runs quick anyway, so a
-GPU that is quick again is seen within a few probes. A GPU that stays slow costs the
-event loop one slow replay per probe interval."""
+Why GPU times, from every replay, and a low quantile: the first rule (a moving average
+of every replay's host time) was bistable on the H200 host. One slow replay (a garbage
+collection) lifted it past the budget; requests then went to the inference threads,
+whose replays, timed by the host with their waits for the GIL at 16 clients, took
+milliseconds and kept it there: quick runs stayed off for the rest of the run (server
+time 11.8 ms instead of 0.28 ms, from one run to the next). A rule fed by the event
+loop's replays alone, with probes while off, failed the same way: a probe's host time
+includes its waits for the GIL behind those threads. Now each replay is timed by two
+CUDA events around its copies and graph (``torch_gpu.Captured``), so a thread's replay
+counts as much as the loop's and the window never goes stale. A replay's events can
+still be stretched by a late launch (its thread waiting for the GIL between the graph
+and the copy out), which only ever adds time: the lower quartile of the window ignores
+that while a quarter of the replays are clean, and rises when the GPU itself is slow."""
 
 from __future__ import annotations
 
-import statistics
-import time
+import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-REPLAY_WINDOW = 15  # replays whose median decides: 8 slow ones in a row turn quick runs off
-PROBE_INTERVAL_S = 0.2  # while off, one replay this often runs on the loop to look again
+REPLAY_WINDOW = 16  # the latest replays' GPU times that decide
 
 
 class ReplayTimes:
-    """The latest replay times of one engine's graphs, whole (copies in and out and the
-    wait). Used from one thread, the event loop's, once the warm-up has seeded it."""
+    """The GPU times of one engine's latest graph replays (copies in and out included),
+    noted by whichever thread replayed; read by the event loop."""
 
-    def __init__(
-        self,
-        warm_up: Iterable[float],
-        window: int = REPLAY_WINDOW,
-        probe_interval_s: float = PROBE_INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, warm_up: Iterable[float], window: int = REPLAY_WINDOW) -> None:
+        self._lock = threading.Lock()
         self._times: deque[float] = deque(warm_up, maxlen=window)
         if not self._times:
             raise ValueError("a replay time is needed to start from")
-        self._typical = statistics.median(self._times)
-        self.probe_interval_s = probe_interval_s
-        self._clock = clock
-        self._last_probe = clock()
+        self._typical = self._quartile()
+
+    def _quartile(self) -> float:
+        ordered = sorted(self._times)
+        return ordered[len(ordered) // 4]
 
     @property
     def typical_s(self) -> float:
-        """The median of the window."""
+        """The lower quartile of the window."""
         return self._typical
 
     def allows(self, budget_s: float) -> bool:
-        """Whether the next replay may run on the event loop: a typical one fits
-        ``budget_s``, or it is time for a probe."""
-        if self._typical <= budget_s:
-            return True
-        now = self._clock()
-        if now - self._last_probe < self.probe_interval_s:
-            return False
-        self._last_probe = now
-        return True
+        """Whether the next replay may run on the event loop: a typical one fits."""
+        return self._typical <= budget_s
 
     def note(self, seconds: float) -> None:
-        """A replay that ran on the event loop took ``seconds``."""
-        self._times.append(seconds)
-        self._typical = statistics.median(self._times)
+        """A replay took ``seconds`` of GPU time (from any thread)."""
+        with self._lock:
+            self._times.append(seconds)
+            self._typical = self._quartile()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -244,8 +243,10 @@ class TorchEngine:
         graphs = self._graphs
         captured = graphs.borrow(key) if graphs is not None else None
         if graphs is not None and captured is not None:
-            try:  # not timed: on a thread, that would time its waits for the GIL
-                return captured.run(self._torch, io.stream, arrays, self.outputs)
+            try:
+                outputs = captured.run(self._torch, io.stream, arrays, self.outputs)
+                self._note_replay(captured)
+                return outputs
             finally:
                 graphs.give_back(key, captured)
         with self._torch.cuda.stream(io.stream):
@@ -258,9 +259,9 @@ class TorchEngine:
     def infer_if_quick(
         self, feeds: Mapping[str, np.ndarray], budget_s: float
     ) -> dict[str, np.ndarray] | None:
-        """Replay a free captured graph for these shapes on this thread, if replays here
-        typically take at most ``budget_s`` (or it is time to look again); else None (no
-        graph, none free, too slow)."""
+        """Replay a free captured graph for these shapes on this thread, if replays
+        typically take at most ``budget_s`` of GPU time; else None (no graph, none free,
+        too slow)."""
         steps, graphs, io, times = self._steps, self._graphs, self._io, self.replay_times
         if steps is None or graphs is None or io is None or times is None:
             return None
@@ -272,13 +273,17 @@ class TorchEngine:
         if captured is None:
             return None
         try:
-            started = time.perf_counter()
             with self._torch.inference_mode():
                 outputs = captured.run(self._torch, io.get().stream, arrays, self.outputs)
-            times.note(time.perf_counter() - started)
+            self._note_replay(captured)
             return outputs
         finally:
             graphs.give_back(key, captured)
+
+    def _note_replay(self, captured: torch_gpu.Captured) -> None:
+        times, seconds = self.replay_times, captured.gpu_seconds
+        if times is not None and seconds is not None:
+            times.note(seconds)
 
     @property
     def replay_seconds(self) -> float | None:
@@ -362,8 +367,8 @@ class TorchEngine:
     def _time_replays(
         self, key: torch_gpu.ShapeKey, arrays: dict[str, np.ndarray], io: torch_gpu.ThreadIO
     ) -> list[float]:
-        """The times of a few replays of a captured graph, whole (copies in and out and
-        the wait); none if none was captured."""
+        """The GPU times of a few replays of a captured graph; none if none was captured
+        (or its replays are not timed)."""
         graphs = self._graphs
         captured = graphs.borrow(key) if graphs is not None else None
         if graphs is None or captured is None:
@@ -372,9 +377,9 @@ class TorchEngine:
         try:
             with self._torch.inference_mode():
                 for _ in range(REPLAYS_TIMED):
-                    started = time.perf_counter()
                     captured.run(self._torch, io.stream, arrays, self.outputs)
-                    times.append(time.perf_counter() - started)
+                    if captured.gpu_seconds is not None:
+                        times.append(captured.gpu_seconds)
         finally:
             graphs.give_back(key, captured)
         return times

@@ -148,13 +148,18 @@ class PerThreadIO:
 class Captured:
     """A request's kernels captured for fixed input shapes, with the tensors the graph
     reads and writes and pinned host tensors (and numpy views of them) to stage through:
-    a replay is a numpy copy in, three torch calls and a numpy copy out."""
+    a replay is a numpy copy in, three torch calls and a numpy copy out. Two CUDA events
+    time each replay on the GPU (:attr:`gpu_seconds`): a host clock around it would also
+    time the thread's waits for the GIL, which say nothing of the GPU."""
 
     graph: Any
     inputs: dict[str, Any]  # device tensors the graph reads
     outputs: list[Any]  # device tensors the graph writes
     host_inputs: dict[str, tuple[Any, np.ndarray]]  # pinned tensor and its numpy view
     host_outputs: list[tuple[Any, np.ndarray]]
+    started: Any = None  # timing events (None: replays are not timed)
+    finished: Any = None
+    gpu_seconds: float | None = None  # the last replay's, copies in and out included
 
     def run(
         self, torch: Any, stream: Any, arrays: Mapping[str, np.ndarray], specs: Sequence[Any]
@@ -162,13 +167,20 @@ class Captured:
         """One request on ``stream``: valid for the shapes this graph was captured for."""
         for name, array in arrays.items():
             np.copyto(self.host_inputs[name][1], array)
+        timed = self.started is not None and self.finished is not None
         with torch.cuda.stream(stream):
+            if timed:
+                self.started.record(stream)
             for name, (pinned, _) in self.host_inputs.items():
                 self.inputs[name].copy_(pinned, non_blocking=True)
             self.graph.replay()
             for (pinned, _), output in zip(self.host_outputs, self.outputs, strict=True):
                 pinned.copy_(output, non_blocking=True)
+            if timed:
+                self.finished.record(stream)
             stream.synchronize()  # the one wait of a request, on this thread's stream
+        if timed:
+            self.gpu_seconds = self.started.elapsed_time(self.finished) / 1000  # ms
         return {
             spec.name: view.copy() for spec, (_, view) in zip(specs, self.host_outputs, strict=True)
         }
@@ -264,4 +276,5 @@ def capture(
             outputs = run(inputs)
         finally:
             graph.capture_end()
-    return Captured(graph, inputs, outputs, host_inputs, host_outputs)
+    timing = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    return Captured(graph, inputs, outputs, host_inputs, host_outputs, *timing)
