@@ -296,24 +296,21 @@ def test_the_hole_is_punched_by_address_not_by_a_descriptor_number(tmp_path: Pat
         copy = read_into_private_copy(fd, source.stat().st_size, "model", str(source))
     finally:
         os.close(fd)
-    assert copy.path is not None
+    assert copy.path is not None and copy._memfd_closer is not None
     number = int(copy.path.rsplit("/", 1)[1])
-    kept = os.stat(copy.path)
-    assert copy._memfd_closer is not None
-    copy._memfd_closer()  # the memfd closed (as at exit) while the mapping stays
-    other = tmp_path / "audit.log"
-    other.write_bytes(b"x" * 8192)
-    opened: list[int] = []
+    ours = os.open(copy.path, os.O_RDONLY)  # the copy's file, to look at once its number is gone
+    other = os.memfd_create("audit.log")  # a file that can always have holes punched
     try:
-        while not opened or opened[-1] < number:  # the lowest free number is taken first
-            opened.append(os.open(other, os.O_RDWR))
-        assert opened[-1] == number
+        os.write(other, b"x" * 8192)
+        copy._memfd_closer()  # the memfd's number closed (as at exit) while the mapping stays
+        os.dup2(other, number)  # and taken by another file, at once
         copy.close()
-        assert other.read_bytes() == b"x" * 8192
+        assert os.pread(number, 8192, 0) == b"x" * 8192
+        assert os.fstat(ours).st_blocks == 0  # the copy's own pages went
+        assert copy.mapping is not None and copy.mapping.closed
     finally:
-        for descriptor in opened:
+        for descriptor in (ours, other, number):
             os.close(descriptor)
-    assert kept.st_blocks > 0 and copy.mapping is not None and copy.mapping.closed
 
 
 @pytest.mark.parametrize("refusal", ["digest", "manifest"])

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from model_server.backends.replay_times import REPLAY_WINDOW, ReplayTimes
@@ -43,18 +41,6 @@ def test_replays_that_are_slow_on_the_gpu_turn_quick_runs_off_and_quick_ones_bac
     for _ in range(REPLAY_WINDOW - REPLAY_WINDOW // 4):
         times.note(0.0002)
     assert times.allows(0.0003)
-
-
-def test_threads_noting_at_once_leave_a_full_window() -> None:
-    times = ReplayTimes([0.001])
-    threads = [
-        threading.Thread(target=lambda: [times.note(0.0001) for _ in range(2000)]) for _ in range(4)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert times.typical_s == 0.0001
 
 
 def test_no_replay_time_to_start_from_is_refused() -> None:

@@ -343,3 +343,42 @@ def test_a_replay_is_timed_by_events_around_its_copies_and_graph() -> None:
     assert captured.gpu_seconds == 0.00025
     np.testing.assert_array_equal(host_in, [3, 3])
     np.testing.assert_array_equal(out["y"], [1, 1])
+
+
+def test_a_replay_whose_time_cannot_be_read_still_answers() -> None:
+    """Timing must never fail a request whose outputs are ready: a runtime refusing the
+    events' time (an event never recorded, not made for timing) leaves the graph
+    untimed, and quick runs to the other graphs' times."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from model_server.backends.torch_gpu import Captured
+
+    class Refusing:
+        def record(self, stream: object) -> None:
+            pass
+
+        def elapsed_time(self, other: object) -> float:
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+
+    class Tensor:
+        def copy_(self, source: object, non_blocking: bool) -> None:
+            pass
+
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(stream=lambda s: nullcontext()))
+    stream = SimpleNamespace(synchronize=lambda: None)
+    host_out = np.ones(2, np.float32)
+    captured = Captured(
+        SimpleNamespace(replay=lambda: None),
+        {"x": Tensor()},
+        [Tensor()],
+        {"x": (Tensor(), np.zeros(2, np.float32))},
+        [(Tensor(), host_out)],
+        Refusing(),
+        Refusing(),
+    )
+    spec = SimpleNamespace(name="y")
+    for _ in range(2):  # the second replay is not timed at all
+        out = captured.run(fake_torch, stream, {"x": np.zeros(2, np.float32)}, [spec])
+        np.testing.assert_array_equal(out["y"], [1, 1])
+        assert captured.gpu_seconds is None and captured.started is None

@@ -47,10 +47,15 @@ def punch_hole(mapping: mmap.mmap) -> None:
     under the file's own locks once the range is found (the process's memory-map lock
     is held only for reading, and let go before the pages are freed). By address, never
     by file descriptor: a number closed and reused elsewhere could name a file that is
-    not ours. ``OSError`` if refused; ``BufferError`` if a view still holds it."""
+    not ours. Nothing to do for a closed or empty mapping; ``OSError`` if refused."""
     if _MADVISE is None or not hasattr(mmap, "MADV_REMOVE"):
         raise OSError(errno.ENOSYS, "no madvise(MADV_REMOVE) here")
-    anchor = ctypes.c_char.from_buffer(mapping)  # an export, for the address only
+    if mapping.closed or len(mapping) == 0:
+        return
+    try:
+        anchor = ctypes.c_char.from_buffer(mapping)  # an export, for the address only
+    except TypeError as exc:  # a read-only mapping: it cannot be ours
+        raise OSError(errno.EINVAL, f"not a writable mapping: {exc}") from exc
     try:
         address = ctypes.addressof(anchor)
     finally:
@@ -112,7 +117,7 @@ class PrivateCopy:
                 return
             try:
                 punch_hole(mapping)
-            except (OSError, BufferError) as exc:
+            except OSError as exc:
                 log.warning("could not punch a hole in a model's private copy: %s", exc)
             mapping.close()
             if self._memfd_closer is not None:

@@ -10,10 +10,15 @@ time 11.8 ms instead of 0.28 ms, from one run to the next). A rule fed by the ev
 loop's replays alone, with probes while off, failed the same way: a probe's host time
 includes its waits for the GIL behind those threads. Now each replay is timed by two
 CUDA events around its copies and graph (``torch_gpu.Captured``), so a thread's replay
-counts as much as the loop's and the window never goes stale. A replay's events can
-still be stretched by a late launch (its thread waiting for the GIL between the graph
-and the copy out), which only ever adds time: the lower quartile of the window ignores
-that while a quarter of the replays are clean, and rises when the GPU itself is slow."""
+counts as much as the loop's and the window never goes stale. The events leave out the
+host's waits before the first and after the last, but not those between: the thread
+takes the GIL back after each torch call it makes between the two records (each copy,
+the graph's launch), and a wait there longer than the GPU's work stretches the span. That
+only ever adds time, so the lower quartile decides: quick runs stop once three quarters
+of the window is slow and come back once a quarter is quick. The price of that choice:
+a GPU slow for up to three replays in four keeps them on, and each slow one holds the
+event loop for its length. Recording the events inside the graph would leave no host
+step in the span; not done yet (it needs measuring on a GPU)."""
 
 from __future__ import annotations
 

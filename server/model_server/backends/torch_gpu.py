@@ -14,12 +14,15 @@ captured CUDA graphs.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 LOAD_PRIORITY = 0  # torch's default priority: the low one
 INFERENCE_PRIORITY = -1  # higher; the GPU runs these kernels first
@@ -180,10 +183,20 @@ class Captured:
                 self.finished.record(stream)
             stream.synchronize()  # the one wait of a request, on this thread's stream
         if timed:
-            self.gpu_seconds = self.started.elapsed_time(self.finished) / 1000  # ms
+            self._read_time()
         return {
             spec.name: view.copy() for spec, (_, view) in zip(specs, self.host_outputs, strict=True)
         }
+
+    def _read_time(self) -> None:
+        """The replay's GPU time, once its stream is synchronized. Timing must never fail
+        a request whose outputs are ready: a runtime that refuses the events' time
+        leaves this graph untimed (and quick runs to the times of the others)."""
+        try:
+            self.gpu_seconds = self.started.elapsed_time(self.finished) / 1000  # ms
+        except (RuntimeError, ValueError) as exc:
+            log.warning("a graph's replays are no longer timed: %s", exc)
+            self.started = self.finished = self.gpu_seconds = None
 
 
 ShapeKey = tuple[tuple[str, tuple[int, ...], str], ...]
