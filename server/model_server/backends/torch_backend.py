@@ -150,7 +150,7 @@ class TorchEngine:
         else:
             self._io = None
         self._graphs = graphs if self._gpu else None
-        # the batch-1 graphs' replay times: at warm-up, then those run on the event loop
+        # the batch-1 graphs' GPU times per replay: at warm-up, then every replay, on any thread
         self.replay_times: ReplayTimes | None = None
 
     def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
