@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench_output import write_json
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.onnx_models import write_mlp
@@ -151,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{pt['throughput_rps']:>8} {pt['p50_ms'] or '-':>8} {pt['p99_ms'] or '-':>8} "
                 f"{pt['rows_per_run'] or '-':>8}"
             )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "backend": args.backend,
         "model": {
@@ -168,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "modes": results,
     }
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

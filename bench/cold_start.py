@@ -11,7 +11,6 @@ grow accordingly.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -19,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_output import write_json
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
@@ -92,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'mode':<22} {'builds':>6} {'wall s':>8} {'slowest pod s':>14}")
     for label, row in together.items():
         print(f"  {label:<22} {row['builds']:>6} {row['wall_s']:>8} {row['slowest_pod_s']:>14}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

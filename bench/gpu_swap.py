@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_output import write_json
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.audit import AuditLog
 from model_server.backends.torch_backend import TorchBackend
@@ -218,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
     print(json.dumps(report, indent=2))
     print(table(report))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bench_output import write_json
 from gpu_swap import write_versions
 from model_server import load_pipeline
 from model_server.audit import AuditLog
@@ -178,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'slow request from ms':<21} {'took ms':>8}")
     for start, took in report["slowest"]:
         print(f"{start:<21} {took:>8}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

@@ -21,7 +21,6 @@ release's own time shows how often it had to ask for the GIL back).
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import platform
@@ -32,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_output import write_json
 from model_server.private_copy import PrivateCopy, read_into_private_copy
 
 
@@ -169,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['way']:<22} {r['release_ms']:>11} {r['worst_gil_wait_ms']:>18} "
             f"{r['worst_map_call_ms']:>18}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "mib": args.mib,
         "busy_threads": args.busy_threads,
@@ -178,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": platform.node(),
         "rows": rows,
     }
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench_output import write_json
 from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.report import SidecarReport
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
@@ -166,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in planner:
         label = f"planner, {row['replicas']} pods staged"
         print(f"{label:<28} {row['total_s']:>8}  (peak loads {row['peak_concurrent_loads']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

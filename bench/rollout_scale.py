@@ -10,11 +10,10 @@ and total time to the new version.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
-from pathlib import Path
 
+from bench_output import write_json
 from model_operator.spec import parse_spec
 from model_rollout_e2e.simulation import SimCluster
 
@@ -81,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['replicas']:>5} {row['strategy']:<12} {row['peak_concurrent_loads']:>10} "
             f"{row['batches']:>8} {row['total_s']:>8}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"strategies": STRATEGIES, "rows": rows}, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, {"strategies": STRATEGIES, "rows": rows})
     return 0
 
 

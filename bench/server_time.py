@@ -38,6 +38,7 @@ import aiohttp
 import numpy as np
 
 from batching import batch_histogram
+from bench_output import write_json
 from model_rollout_e2e.processes import ServerProcess, wait_until
 from model_server.config import QUICK_RUN_US
 from swap_under_load import DEPTH, SIZES, publish, server_seconds
@@ -302,8 +303,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['batching']:<10} {r['protocol']:<8} {r['clients']:>7} {r['per_second']:>7} "
             f"{r['errors']:>7} {p50:>8} {p99:>8} {server_ms:>10} {r['rows_per_run'] or '-':>8}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "backend": args.backend,
         "size": args.size,
@@ -317,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
     }
-    out.write_text(json.dumps(report, indent=2))
-    print(f"json: {out}")
+    write_json(args.out, report)
     return 0
 
 

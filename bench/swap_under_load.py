@@ -25,6 +25,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench_output import write_json
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.onnx_models import write_mlp
@@ -317,8 +318,6 @@ def main(argv: list[str] | None = None) -> int:
             phases[f"{sizes[0]}: restart"] = asyncio.run(phase_restart(work, args, sizes[0]))
             cold = phase_cold_start(work, args, sizes[0])
     print_table(args, phases, sizes_mib, cold)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "backend": args.backend,
         "model_mib": {name: round(mib, 2) for name, mib in sizes_mib.items()},
@@ -334,11 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cold_start": cold,
     }
-    out.write_text(json.dumps(report, indent=2))
+    out = write_json(args.out, report)
     png = out.with_suffix(".png")
     if plot(png, phases):
         print(f"plot: {png}")
-    print(f"json: {out}")
     return 0
 
 

@@ -18,6 +18,11 @@ from model_rollout_e2e.processes import free_port
 
 BIN = Path(sys.executable).parent  # the venv's scripts: kubectl-model, model-rollout
 TOOL_TIMEOUT_S = 600.0  # a hang guard only
+# two tenants' models of one deployment, as `spec.tenants.models` lists them
+TENANT_MODELS = [
+    {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a2"},
+    {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
+]
 
 
 def write_kubeconfig(path: Path, server: str, namespace: str | None) -> Path:

@@ -14,7 +14,14 @@ from typing import Any
 import kmock
 import pytest
 
-from cli_helpers import BIN, TOOL_TIMEOUT_S, flaky_proxy, run_tool, write_kubeconfig
+from cli_helpers import (
+    BIN,
+    TENANT_MODELS,
+    TOOL_TIMEOUT_S,
+    flaky_proxy,
+    run_tool,
+    write_kubeconfig,
+)
 from model_rollout_contract.annotations import (
     ABORT,
     CHANGE_CAUSE,
@@ -411,10 +418,6 @@ async def test_release_json_reports_what_was_done_whatever_ends_it(tmp_path: Pat
     assert report["published"].startswith("published mlp:v4")
 
 
-TENANT_MODELS = [
-    {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a2"},
-    {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
-]
 ACME_CANARY = {
     "phase": "Canary",
     "message": "canary: 1/2 pods serve a2",

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cli_helpers import TENANT_MODELS
 from model_rollout_cli import errors, plugin, release
 from model_rollout_cli.cause import change_cause, ci_job
 from model_rollout_cli.errors import OK, ROLLOUT_FAILED, USAGE, api_error
@@ -310,10 +311,6 @@ def tenant_pod(name: str, tracks: dict[str, str | None]) -> dict[str, Any]:
     return raw
 
 
-TENANT_MODELS = [
-    {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a2"},
-    {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
-]
 ACME_CANARY = {
     "phase": "Canary",
     "message": "canary healthy; promote with annotation",

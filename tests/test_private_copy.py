@@ -60,6 +60,26 @@ def unmapped_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
+def load_through_a_pipeline(repository: ModelRepository) -> PrivateCopy:
+    """Read and load v1 through a load pipeline (ONNX Runtime), then close its engine:
+    the private copy it was read into, as the load left it."""
+    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
+
+    async def load() -> PrivateCopy:
+        checked = await pipeline.read("mlp", "v1", None, None)
+        private = checked.model.private
+        assert private is not None and private.mapping is not None
+        assert not private.mapping.closed
+        loaded = await pipeline.load("mlp", "v1", checked, 0)
+        loaded.engine.close()
+        return private
+
+    try:
+        return asyncio.run(load())
+    finally:
+        pipeline.close()
+
+
 def test_model_bytes_are_a_read_only_mapping_with_the_files_bytes(
     repo: tuple[ModelRepository, Path],
 ) -> None:
@@ -132,21 +152,8 @@ def test_a_load_unmaps_the_bytes_on_the_loaders_thread(
     """The defect: the event loop dropped the last reference, so it unmapped 400 MiB
     (40 to 50 ms on the H200 host) while every request waited. Now the loader's thread
     unmaps them once the engine is made, whether the load succeeds or not."""
-    repository, _ = repo
-    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
-
-    async def load() -> None:
-        checked = await pipeline.read("mlp", "v1", None, None)
-        private = checked.model.private
-        assert private is not None and private.mapping is not None
-        loaded = await pipeline.load("mlp", "v1", checked, 0)
-        assert private.mapping.closed and unmapped_on == ["load"]
-        loaded.engine.close()
-
-    try:
-        asyncio.run(load())
-    finally:
-        pipeline.close()
+    private = load_through_a_pipeline(repo[0])
+    assert private.mapping is not None and private.mapping.closed and unmapped_on == ["load"]
 
 
 def test_releasing_bytes_a_view_still_holds_keeps_them_for_the_view(
@@ -236,19 +243,8 @@ def test_a_kernel_refusing_the_hole_neither_fails_the_load_nor_keeps_the_bytes(
         raise OSError(errno.EOPNOTSUPP, "not on this file system")
 
     monkeypatch.setattr(private_copy, "punch_hole", refuse)
-    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
-
-    async def load() -> None:
-        checked = await pipeline.read("mlp", "v1", None, None)
-        private = checked.model.private
-        loaded = await pipeline.load("mlp", "v1", checked, 0)
-        assert private is not None and private.mapping is not None and private.mapping.closed
-        loaded.engine.close()
-
-    try:
-        asyncio.run(load())
-    finally:
-        pipeline.close()
+    private = load_through_a_pipeline(repository)
+    assert private.mapping is not None and private.mapping.closed
 
 
 def test_pages_go_back_in_one_call_that_lets_the_gil_go(

@@ -56,10 +56,8 @@ def punch_hole(mapping: mmap.mmap) -> None:
         anchor = ctypes.c_char.from_buffer(mapping)  # an export, for the address only
     except TypeError as exc:  # a read-only mapping: it cannot be ours
         raise OSError(errno.EINVAL, f"not a writable mapping: {exc}") from exc
-    try:
-        address = ctypes.addressof(anchor)
-    finally:
-        del anchor
+    address = ctypes.addressof(anchor)
+    del anchor  # the export ends here: the mapping can close later
     if _MADVISE(address, len(mapping), mmap.MADV_REMOVE) != 0:  # the kernel rounds it up
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
