@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -280,7 +281,7 @@ def test_the_graph_pool_lends_each_graph_to_one_request_at_a_time() -> None:
     assert pool.count() == 0 and pool.borrow(one) is None
 
 
-def test_a_replay_is_timed_by_events_around_its_copies_and_graph() -> None:
+def test_a_replay_of_kernels_alone_is_timed_by_events_around_its_copies_and_graph() -> None:
     """How a replay is timed, step by step, with stand-ins for torch's graph, stream and
     events (the real ones run in test_torch_backend_gpu on a GPU): the first event goes
     before the copy in, the second after the copy out, both on the request's stream, and
@@ -343,6 +344,168 @@ def test_a_replay_is_timed_by_events_around_its_copies_and_graph() -> None:
     assert captured.gpu_seconds == 0.00025
     np.testing.assert_array_equal(host_in, [3, 3])
     np.testing.assert_array_equal(out["y"], [1, 1])
+
+
+class _RecordingTorch:
+    """Stand-ins for the torch calls a capture makes, each noted in ``steps`` (for the
+    capture tests without a GPU); ``refuse`` names what the runtime refuses. A replay
+    writes each pinned input plus one into the pinned output, so tests see the bytes a
+    replay read and what the caller got back."""
+
+    float32 = "float32"
+
+    def __init__(self, refuse: str = "") -> None:
+        from contextlib import nullcontext
+        from types import SimpleNamespace
+
+        steps: list[str] = []
+        self.steps = steps
+        pinned: list[np.ndarray] = []
+        self.pinned = pinned
+
+        class Tensor:
+            def __init__(self, name: str, host: np.ndarray | None = None) -> None:
+                self.name = name
+                self._host = host
+
+            def copy_(self, source: Tensor, non_blocking: bool) -> None:
+                steps.append(f"copy {source.name} to {self.name}")
+
+            def numpy(self) -> np.ndarray:
+                assert self._host is not None
+                return self._host
+
+        class Event:
+            def __init__(self, enable_timing: bool, external: bool = False) -> None:
+                if external and refuse == "external events":
+                    raise TypeError("__new__() got an unexpected keyword argument 'external'")
+                self.name = "external event" if external else "event"
+
+            def record(self, stream: object) -> None:
+                steps.append(f"record {self.name}")
+
+            def elapsed_time(self, other: Event) -> float:
+                if refuse == "elapsed time":
+                    raise RuntimeError("CUDA error: invalid resource handle")
+                steps.append("elapsed")
+                return 0.0 if refuse == "zero time" else 0.01
+
+        class Graph:
+            def capture_begin(self, capture_error_mode: str) -> None:
+                steps.append(f"begin {capture_error_mode}")
+
+            def capture_end(self) -> None:
+                steps.append("end")
+
+            def replay(self) -> None:
+                steps.append(f"replay of {pinned[0].tolist()}")
+                np.copyto(pinned[1], pinned[0] + 1)
+
+        self._tensor = Tensor
+        self.stream = SimpleNamespace(synchronize=lambda: steps.append("synchronize"))
+        self.cuda = SimpleNamespace(stream=lambda s: nullcontext(), CUDAGraph=Graph, Event=Event)
+        self.made = 0
+        self.fail_in_capture = False
+
+    def empty(self, shape: tuple[int, ...], dtype: object, **where: object) -> object:
+        self.made += 1
+        if not where.get("pin_memory"):
+            return self._tensor(f"device {self.made}")
+        self.pinned.append(np.zeros(shape, np.float32))
+        return self._tensor(f"pinned {self.made}", self.pinned[-1])
+
+    def kernels(self, inputs: dict[str, object]) -> list[object]:
+        self.steps.append("kernels")
+        if self.fail_in_capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return [self._tensor("device out")]
+
+
+def _capture(fake: _RecordingTorch) -> Any:
+    from types import SimpleNamespace
+
+    from model_server.backends.torch_gpu import capture
+
+    x = np.full(2, 7, np.float32)  # the warm-up's example input
+    result = SimpleNamespace(shape=(2,), dtype="float32")
+    return capture(fake, fake.stream, fake.kernels, {"x": x}, [result], "cuda")
+
+
+WHOLE_CAPTURE = [
+    "begin thread_local",
+    "record external event",
+    "copy pinned 2 to device 1",
+    "kernels",
+    "copy device out to pinned 3",
+    "record external event",
+    "end",
+    "replay of [7.0, 7.0]",  # the check reads the example, not recycled pinned bytes
+    "synchronize",
+    "elapsed",
+]
+KERNELS_ALONE = ["begin thread_local", "kernels", "end"]
+
+
+def test_a_whole_request_is_captured_in_one_graph_with_its_timing_events() -> None:
+    """The copies in and out and both timing events are nodes of the graph: a replay is
+    one launch, and no host step (where a thread waits for the GIL) falls between the
+    events. One replay at capture checks that the events' time can be read."""
+    from types import SimpleNamespace
+
+    fake = _RecordingTorch()
+    captured = _capture(fake)
+    assert fake.steps == WHOLE_CAPTURE
+    assert captured.whole
+    fake.steps.clear()
+    spec = SimpleNamespace(name="y")
+    out = captured.run(fake, fake.stream, {"x": np.full(2, 3, np.float32)}, [spec])
+    assert fake.steps == ["replay of [3.0, 3.0]", "synchronize", "elapsed"]
+    assert captured.gpu_seconds == 0.00001
+    np.testing.assert_array_equal(out["y"], [4, 4])
+    fake.pinned[1][...] = 0  # the answer is a copy: the next request may reuse the buffer
+    np.testing.assert_array_equal(out["y"], [4, 4])
+
+
+@pytest.mark.parametrize(
+    ("refuse", "steps"),
+    [
+        ("external events", KERNELS_ALONE),
+        ("elapsed time", WHOLE_CAPTURE[:-1] + KERNELS_ALONE),
+        ("zero time", WHOLE_CAPTURE + KERNELS_ALONE),
+    ],
+)
+def test_a_runtime_refusing_a_whole_capture_gets_the_kernels_alone(
+    refuse: str, steps: list[str]
+) -> None:
+    """A torch without ``external`` events, or a runtime that cannot time events recorded
+    by a graph (an error, or a time of 0 that would hold quick runs on for good), gets a
+    graph of the kernels alone, with its copies and events queued around the launch.
+    Each refusal comes outside a capture: the first capture has ended before the next
+    begins."""
+    from types import SimpleNamespace
+
+    fake = _RecordingTorch(refuse)
+    captured = _capture(fake)
+    assert fake.steps == steps
+    assert not captured.whole and captured.started is not None
+    fake.steps.clear()
+    out = captured.run(
+        fake, fake.stream, {"x": np.full(2, 3, np.float32)}, [SimpleNamespace(name="y")]
+    )
+    assert fake.steps[0] == "record event" and fake.steps[2] == "replay of [3.0, 3.0]"
+    np.testing.assert_array_equal(out["y"], [4, 4])
+
+
+def test_a_failure_inside_a_whole_capture_is_not_retried_as_kernels_alone() -> None:
+    """torch's ``capture_end`` raising leaves its allocators' capture state behind (a
+    review read it in ``CUDAGraph::capture_end``): a second capture on top of it would
+    run on a broken allocator. The failure goes to the caller, which leaves the shape
+    without a graph."""
+    fake = _RecordingTorch()
+    fake.fail_in_capture = True
+    with pytest.raises(RuntimeError, match="capturing"):
+        _capture(fake)
+    assert fake.steps == [*WHOLE_CAPTURE[:4], "end"]
 
 
 def test_a_replay_whose_time_cannot_be_read_still_answers() -> None:

@@ -326,5 +326,39 @@ def test_every_replay_is_timed_by_the_gpu_wherever_it_runs(
     assert graphs is not None
     captured = graphs.borrow(torch_backend._shape_key({"input": x}))
     assert captured is not None and captured.gpu_seconds in noted  # the events' time
+    assert captured.whole  # copies and events inside the graph: no host step timed
     graphs.give_back(torch_backend._shape_key({"input": x}), captured)
+    engine.close()
+
+
+def test_a_torch_without_external_events_captures_kernels_alone_and_answers(
+    torch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback on a real GPU: with ``external`` events refused, graphs hold their
+    kernels alone, their copies and events queued around the launch, and still answer
+    as the model does and time their replays."""
+    from model_server.backends import torch_backend
+
+    real_event = torch.cuda.Event
+
+    def event(*args: Any, external: bool = False, **kwargs: Any) -> Any:
+        if external:
+            raise TypeError("__new__() got an unexpected keyword argument 'external'")
+        return real_event(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Event", event)
+    version, model = _mlp(tmp_path, 6)
+    engine = torch_backend.TorchBackend("cuda").load(model)
+    engine.warm_up()
+    x = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(
+            engine.infer({"input": x})["output"], version.expected(x), atol=1e-4
+        )
+    graphs = engine._graphs
+    assert graphs is not None and engine.replay_seconds is not None
+    key = torch_backend._shape_key({"input": x})
+    captured = graphs.borrow(key)
+    assert captured is not None and not captured.whole and captured.gpu_seconds is not None
+    graphs.give_back(key, captured)
     engine.close()

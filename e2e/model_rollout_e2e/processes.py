@@ -14,9 +14,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from model_operator.cli import run as run_operator
-from model_operator.config import OperatorConfig
+if TYPE_CHECKING:  # the operator is imported where it runs: the server's benches
+    # use this module on machines without the operator's dependencies (the GPU host)
+    from model_operator.config import OperatorConfig
 
 
 def free_port() -> int:
@@ -170,6 +172,8 @@ class OperatorThread:
 
     def _main(self) -> None:
         try:
+            from model_operator.cli import run as run_operator
+
             asyncio.run(run_operator(self.config, None, self._stop))
         except BaseException as exc:  # reported to the test by stop()
             self.error = exc

@@ -9,16 +9,17 @@ milliseconds and kept it there: quick runs stayed off for the rest of the run (s
 time 11.8 ms instead of 0.28 ms, from one run to the next). A rule fed by the event
 loop's replays alone, with probes while off, failed the same way: a probe's host time
 includes its waits for the GIL behind those threads. Now each replay is timed by two
-CUDA events around its copies and graph (``torch_gpu.Captured``), so a thread's replay
-counts as much as the loop's and the window never goes stale. The events leave out the
-host's waits before the first and after the last, but not those between: the thread
-takes the GIL back after each torch call it makes between the two records (each copy,
-the graph's launch), and a wait there longer than the GPU's work stretches the span. That
-only ever adds time, so the lower quartile decides: quick runs stop once three quarters
-of the window is slow and come back once a quarter is quick. The price of that choice:
-a GPU slow for up to three replays in four keeps them on, and each slow one holds the
-event loop for its length. Recording the events inside the graph would leave no host
-step in the span; not done yet (it needs measuring on a GPU)."""
+CUDA events (``torch_gpu.Captured``), so a thread's replay counts as much as the loop's
+and the window never goes stale. Where the runtime allows it (torch 2.11 on the H200
+does), the events and the copies in and out are nodes of the captured graph itself, so
+their span holds no host step at all: under 16 replaying threads and 2 busy ones its
+lower quartile was 160 us, the GPU's own time, where events queued around the copies
+and the launch measured 23.6 ms (``bench/replay_timing.py``; figures in the README).
+Elsewhere the events are queued around the launch, and the thread's waits for the GIL
+between them (after each torch call) stretch the span. That only ever adds time, so the
+lower quartile decides: quick runs stop once three quarters of the window is slow and
+come back once a quarter is quick. The price of that choice: a GPU slow for up to three
+replays in four keeps them on, and each slow one holds the event loop for its length."""
 
 from __future__ import annotations
 

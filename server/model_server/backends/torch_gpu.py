@@ -150,10 +150,13 @@ class PerThreadIO:
 @dataclass
 class Captured:
     """A request's kernels captured for fixed input shapes, with the tensors the graph
-    reads and writes and pinned host tensors (and numpy views of them) to stage through:
-    a replay is a numpy copy in, three torch calls and a numpy copy out. Two CUDA events
-    time each replay on the GPU (:attr:`gpu_seconds`): a host clock around it would also
-    time the thread's waits for the GIL, which say nothing of the GPU."""
+    reads and writes and pinned host tensors (and numpy views of them) to stage through.
+    Two CUDA events time each replay on the GPU (:attr:`gpu_seconds`): a host clock
+    around it would also time the thread's waits for the GIL, which say nothing of the
+    GPU. ``whole``: the copies in and out and both events are inside the graph, so a
+    replay is a numpy copy in, one torch call and a numpy copy out, and no host step
+    falls between the events; otherwise (a runtime that refused such a capture) the
+    copies and the events are queued around the graph's launch, four more torch calls."""
 
     graph: Any
     inputs: dict[str, Any]  # device tensors the graph reads
@@ -163,6 +166,7 @@ class Captured:
     started: Any = None  # timing events (None: replays are not timed)
     finished: Any = None
     gpu_seconds: float | None = None  # the last replay's, copies in and out included
+    whole: bool = False  # copies and events captured in the graph
 
     def run(
         self, torch: Any, stream: Any, arrays: Mapping[str, np.ndarray], specs: Sequence[Any]
@@ -172,15 +176,18 @@ class Captured:
             np.copyto(self.host_inputs[name][1], array)
         timed = self.started is not None and self.finished is not None
         with torch.cuda.stream(stream):
-            if timed:
-                self.started.record(stream)
-            for name, (pinned, _) in self.host_inputs.items():
-                self.inputs[name].copy_(pinned, non_blocking=True)
-            self.graph.replay()
-            for (pinned, _), output in zip(self.host_outputs, self.outputs, strict=True):
-                pinned.copy_(output, non_blocking=True)
-            if timed:
-                self.finished.record(stream)
+            if self.whole:
+                self.graph.replay()
+            else:
+                if timed:
+                    self.started.record(stream)
+                for name, (pinned, _) in self.host_inputs.items():
+                    self.inputs[name].copy_(pinned, non_blocking=True)
+                self.graph.replay()
+                for (pinned, _), output in zip(self.host_outputs, self.outputs, strict=True):
+                    pinned.copy_(output, non_blocking=True)
+                if timed:
+                    self.finished.record(stream)
             stream.synchronize()  # the one wait of a request, on this thread's stream
         if timed:
             self._read_time()
@@ -274,14 +281,37 @@ def capture(
 ) -> Captured:
     """Capture ``run`` (the graph's kernels, from input tensors to output tensors) for the
     shapes of ``arrays`` on ``stream``, which has just run them (``results``: what they
-    gave, for the shapes of the output buffers). ``torch.cuda.graph`` is not used: it
-    synchronizes the whole device, runs the garbage collector and empties the allocator's
-    cache before every capture. The capture is thread-local, so other threads keep
-    launching and synchronizing meanwhile; every buffer is allocated before it begins."""
+    gave, for the shapes of the output buffers). The whole request is captured
+    (:func:`_capture_whole`) unless this torch has no ``external`` events or the
+    runtime cannot time events a graph records; then its kernels alone. A failure inside
+    a capture is not retried the other way: torch's ``capture_end`` raising leaves the
+    allocator's capture state behind, so the caller goes without a graph for the shape.
+    ``torch.cuda.graph`` is not used: it synchronizes the whole device, runs the garbage
+    collector and empties the allocator's cache before every capture. The capture is
+    thread-local, so other threads keep launching and synchronizing meanwhile; every
+    buffer is allocated before it begins. The pinned buffers are known to torch's host
+    allocator on the capture's stream only: safe because every replay synchronizes its
+    stream before its graph goes back to the pool."""
     dtypes = {name: getattr(torch, str(a.dtype)) for name, a in arrays.items()}
     inputs = {n: torch.empty(a.shape, dtype=dtypes[n], device=device) for n, a in arrays.items()}
     host_inputs = {n: _pinned(torch, a.shape, dtypes[n]) for n, a in arrays.items()}
     host_outputs = [_pinned(torch, tuple(r.shape), r.dtype) for r in results]
+    try:
+        events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(2)]
+    except TypeError as exc:  # a torch older than external events
+        _kernels_alone(f"this torch has no external events ({exc})")
+    else:
+        for name, array in arrays.items():
+            np.copyto(host_inputs[name][1], array)  # the checking replay reads real inputs
+        whole = _capture_whole(torch, stream, run, inputs, host_inputs, host_outputs, events)
+        try:
+            took = whole.started.elapsed_time(whole.finished)
+        except (RuntimeError, ValueError) as exc:
+            _kernels_alone(f"events recorded by a graph cannot be timed ({exc})")
+        else:
+            if took > 0:
+                return whole
+            _kernels_alone(f"events recorded by a graph timed {took} ms")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         graph.capture_begin(capture_error_mode="thread_local")
@@ -291,3 +321,49 @@ def capture(
             graph.capture_end()
     timing = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     return Captured(graph, inputs, outputs, host_inputs, host_outputs, *timing)
+
+
+_told: set[str] = set()
+
+
+def _kernels_alone(why: str) -> None:
+    """Say once per process why graphs hold their kernels alone: their replays' times
+    then include the host's waits between the events (see ``replay_times``)."""
+    if why not in _told:
+        _told.add(why)
+        log.warning("CUDA graphs capture their kernels alone: %s", why)
+
+
+def _capture_whole(
+    torch: Any,
+    stream: Any,
+    run: Callable[[dict[str, Any]], list[Any]],
+    inputs: dict[str, Any],
+    host_inputs: dict[str, tuple[Any, np.ndarray]],
+    host_outputs: list[tuple[Any, np.ndarray]],
+    events: list[Any],
+) -> Captured:
+    """The copies from the pinned inputs, the kernels, the copies to the pinned outputs
+    and, around them, two timing events recorded as the graph's own nodes (``external``):
+    a replay is then one launch, and the events' span holds no host step, so the GIL
+    waits of a thread at 16 clients no longer count. One replay runs at once, so that
+    the caller can check the events' time before the graph is used."""
+    started, finished = events
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            started.record(stream)
+            for name, (pinned, _) in host_inputs.items():
+                inputs[name].copy_(pinned, non_blocking=True)
+            outputs = run(inputs)
+            for (pinned, _), output in zip(host_outputs, outputs, strict=True):
+                pinned.copy_(output, non_blocking=True)
+            finished.record(stream)
+        finally:
+            graph.capture_end()
+        graph.replay()
+        stream.synchronize()
+    return Captured(
+        graph, inputs, outputs, host_inputs, host_outputs, started, finished, whole=True
+    )
