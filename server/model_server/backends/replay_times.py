@@ -12,9 +12,10 @@ includes its waits for the GIL behind those threads. Now each replay is timed by
 CUDA events (``torch_gpu.Captured``), so a thread's replay counts as much as the loop's
 and the window never goes stale. Where the runtime allows it (torch 2.11 on the H200
 does), the events and the copies in and out are nodes of the captured graph itself, so
-their span holds no host step at all: under 16 replaying threads and 2 busy ones its
-lower quartile was 160 us, the GPU's own time, where events queued around the copies
-and the launch measured 23.6 ms (``bench/replay_timing.py``; figures in the README).
+their span holds no host step at all: under 16 replaying threads and 2 busy ones it
+reads what it reads idle, where events queued around the copies and the launch read
+milliseconds (``bench/replay_timing.py``; figures in the README). The span is the GPU's
+time from the graph's start to its end, other streams' work in between included.
 Elsewhere the events are queued around the launch, and the thread's waits for the GIL
 between them (after each torch call) stretch the span. That only ever adds time, so the
 lower quartile decides: quick runs stop once three quarters of the window is slow and
