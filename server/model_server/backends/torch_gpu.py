@@ -181,11 +181,9 @@ class Captured:
             else:
                 if timed:
                     self.started.record(stream)
-                for name, (pinned, _) in self.host_inputs.items():
-                    self.inputs[name].copy_(pinned, non_blocking=True)
+                _copy_in(self.inputs, self.host_inputs)
                 self.graph.replay()
-                for (pinned, _), output in zip(self.host_outputs, self.outputs, strict=True):
-                    pinned.copy_(output, non_blocking=True)
+                _copy_out(self.outputs, self.host_outputs)
                 if timed:
                     self.finished.record(stream)
             stream.synchronize()  # the one wait of a request, on this thread's stream
@@ -312,13 +310,7 @@ def capture(
             if took > 0:
                 return whole
             _kernels_alone(f"events recorded by a graph timed {took} ms")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            outputs = run(inputs)
-        finally:
-            graph.capture_end()
+    graph, outputs = _record(torch, stream, lambda: run(inputs))
     timing = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     return Captured(graph, inputs, outputs, host_inputs, host_outputs, *timing)
 
@@ -349,21 +341,44 @@ def _capture_whole(
     waits of a thread at 16 clients no longer count. One replay runs at once, so that
     the caller can check the events' time before the graph is used."""
     started, finished = events
-    graph = torch.cuda.CUDAGraph()
+
+    def request() -> list[Any]:
+        started.record(stream)
+        _copy_in(inputs, host_inputs)
+        outputs = run(inputs)
+        _copy_out(outputs, host_outputs)
+        finished.record(stream)
+        return outputs
+
+    graph, outputs = _record(torch, stream, request)
     with torch.cuda.stream(stream):
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            started.record(stream)
-            for name, (pinned, _) in host_inputs.items():
-                inputs[name].copy_(pinned, non_blocking=True)
-            outputs = run(inputs)
-            for (pinned, _), output in zip(host_outputs, outputs, strict=True):
-                pinned.copy_(output, non_blocking=True)
-            finished.record(stream)
-        finally:
-            graph.capture_end()
         graph.replay()
         stream.synchronize()
     return Captured(
         graph, inputs, outputs, host_inputs, host_outputs, started, finished, whole=True
     )
+
+
+def _record(torch: Any, stream: Any, body: Callable[[], list[Any]]) -> tuple[Any, list[Any]]:
+    """A graph of what ``body`` queues on ``stream`` (thread-local capture), and the
+    output tensors it gave."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            outputs = body()
+        finally:
+            graph.capture_end()
+    return graph, outputs
+
+
+def _copy_in(inputs: dict[str, Any], host_inputs: dict[str, tuple[Any, np.ndarray]]) -> None:
+    """Queue the pinned inputs' copies to the device tensors the graph reads."""
+    for name, (pinned, _) in host_inputs.items():
+        inputs[name].copy_(pinned, non_blocking=True)
+
+
+def _copy_out(outputs: list[Any], host_outputs: list[tuple[Any, np.ndarray]]) -> None:
+    """Queue the graph's output tensors' copies to the pinned outputs."""
+    for (pinned, _), output in zip(host_outputs, outputs, strict=True):
+        pinned.copy_(output, non_blocking=True)
