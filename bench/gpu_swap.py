@@ -7,8 +7,15 @@ the old version is released when its last request finishes. The figure that matt
 p99 while v2 loads against the steady p99 (their ratio is printed): a load copies on its
 own stream, through pinned chunks, so it should not show in the serving version's tail.
 
+One load gives a p99 from its window's slowest few dozen requests, so one stall moves it:
+``--loads N`` loads N new versions in turn (v2, v3, ...; each beside the serving one, the
+oldest released once it drains, as a rollout forward does), each after a steady window of
+its own, and pools the windows (each load's own ratio is kept too). The half second after
+each swap, while the version it pushed out is released, is its own window.
+
     python bench/gpu_swap.py                          # 400 MiB MLP, 4 clients, batch 32
     python bench/gpu_swap.py --clients 16 --batch 1   # needs torch with CUDA
+    python bench/gpu_swap.py --clients 16 --batch 1 --loads 5
 """
 
 from __future__ import annotations
@@ -35,17 +42,42 @@ from model_server.metrics import ServerMetrics
 from model_server.repository import ModelRepository
 
 
-def write_versions(root: Path, args: argparse.Namespace) -> None:
-    """v1 and v2 of the MLP ``args`` describe (``--in-dim``, ``--hidden``, ``--depth``)."""
-    for version, seed in (("v1", 1), ("v2", 2)):
+def write_versions(root: Path, args: argparse.Namespace, count: int = 2) -> None:
+    """v1 to v``count`` of the MLP ``args`` describe (``--in-dim``, ``--hidden``,
+    ``--depth``), each with its own weights."""
+    for seed in range(1, count + 1):
         write_mlp(
-            root / "mlp" / version / "model.onnx",
+            root / "mlp" / f"v{seed}" / "model.onnx",
             seed,
             in_dim=args.in_dim,
             hidden=args.hidden,
             out_dim=16,
             depth=args.depth,
         )
+
+
+def p50(latencies_s: list[float]) -> float | None:
+    return _percentile_ms(latencies_s, 50)
+
+
+def p99(latencies_s: list[float]) -> float | None:
+    return _percentile_ms(latencies_s, 99)
+
+
+def peak_ms(latencies_s: list[float]) -> float | None:
+    return round(max(latencies_s) * 1000, 3) if latencies_s else None
+
+
+def ratio(window_s: list[float], steady_s: list[float]) -> float | None:
+    """p99 of ``window_s`` over that of ``steady_s``; None where either is empty."""
+    top, bottom = p99(window_s), p99(steady_s)
+    return round(top / bottom, 2) if top is not None and bottom else None
+
+
+def _percentile_ms(latencies_s: list[float], q: float) -> float | None:
+    if not latencies_s:
+        return None
+    return round(float(np.percentile(np.array(latencies_s) * 1000, q)), 3)
 
 
 async def measure(args: argparse.Namespace, root: Path) -> dict:
@@ -78,6 +110,9 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         "gil_switch_interval_us": args.gil_switch_interval_us,
         "quick_run_us": args.quick_run_us,
         "sample_memory_ms": args.sample_memory_ms,
+        "steady_s": args.steady_s,
+        "after_s": args.after_s,
+        "load_count": args.loads,
         "memory_mib": {"empty": mib()},
         "weights_mib": {},
     }
@@ -104,9 +139,6 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
 
     stop = asyncio.Event()
     clients = [asyncio.create_task(client(stop)) for _ in range(args.clients)]
-    await asyncio.sleep(args.steady_s)
-    steady = list(latencies)
-    torch.cuda.reset_peak_memory_stats()  # the peak of both copies, without polling
     samples = 0
 
     async def sample_memory(every_s: float) -> None:
@@ -124,39 +156,70 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         if args.sample_memory_ms > 0
         else None
     )
-    before = len(latencies)
-    swap = await manager.load("mlp", "v2")
-    during = latencies[before:]
-    report["swap_load_warmup_ms"] = round(swap.duration_s * 1000, 2)
-    await asyncio.sleep(0.5)
-    peak = torch.cuda.max_memory_allocated() / 2**20
+    steady: list[float] = []
+    during: list[float] = []
+    after: list[float] = []
+    loads: list[dict] = []
+    for n in range(2, args.loads + 2):
+        mark = len(latencies)
+        await asyncio.sleep(args.steady_s)
+        steady_n = latencies[mark:]
+        torch.cuda.reset_peak_memory_stats()  # the peak of this load's copies, unpolled
+        mark = len(latencies)
+        swap = await manager.load("mlp", f"v{n}")
+        during_n = latencies[mark:]
+        mark = len(latencies)
+        await asyncio.sleep(args.after_s)  # the pushed-out version is released meanwhile
+        after_n = latencies[mark:]
+        steady += steady_n
+        during += during_n
+        after += after_n
+        loads.append(
+            {
+                "version": f"v{n}",
+                "load_warmup_ms": round(swap.duration_s * 1000, 2),
+                "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                "steady_p99": p99(steady_n),
+                "during_p99": p99(during_n),
+                "after_p99": p99(after_n),
+                "p99_during_over_steady": ratio(during_n, steady_n),
+                "requests": {"steady": len(steady_n), "during": len(during_n)},
+            }
+        )
+    report["loads"] = loads
+    report["swap_load_warmup_ms"] = loads[0]["load_warmup_ms"]
     report["memory_polls"] = samples
-    report["memory_mib"]["both_loaded_peak"] = round(peak, 1)
+    report["memory_mib"]["both_loaded_peak"] = loads[0]["peak_mib"]
     report["weights_mib"]["after_v2"] = weights()
     back = await manager.rollback("mlp")
     report["rollback_ms"] = round(back.duration_s * 1000, 3)
     stop.set()
     await asyncio.gather(*clients, *([sampler] if sampler is not None else []))
+    last = f"v{args.loads + 1}"
     manager.slot("mlp").retain = 1
-    await manager.load("mlp", "v2")  # retain 1: v1 is released once drained
+    await manager.load("mlp", last)  # retain 1: the rolled-back-to one goes once drained
     torch.cuda.synchronize()
     report["memory_mib"]["after_release"] = mib()
     report["memory_mib"]["reserved_after_release"] = round(torch.cuda.memory_reserved() / 2**20, 1)
     report["weights_mib"]["after_release"] = weights()
     report["closed_versions"] = list(manager.slot("mlp").closed_versions)
-    ms = lambda v: round(float(np.percentile(np.array(v) * 1000, 50)), 3)  # noqa: E731
-    p99 = lambda v: round(float(np.percentile(np.array(v) * 1000, 99)), 3)  # noqa: E731
     report["latency_ms"] = {
-        "steady_p50": ms(steady),
+        "steady_p50": p50(steady),
         "steady_p99": p99(steady),
-        "steady_max": round(max(steady) * 1000, 3),
-        "during_swap_p50": ms(during) if during else None,
-        "during_swap_p99": p99(during) if during else None,
-        "during_swap_max": round(max(during) * 1000, 3) if during else None,
+        "steady_max": peak_ms(steady),
+        "during_swap_p50": p50(during),
+        "during_swap_p99": p99(during),
+        "during_swap_max": peak_ms(during),
+        "after_swap_p99": p99(after),
     }
-    if during:
-        report["p99_during_over_steady"] = round(p99(during) / p99(steady), 2)
-    report["requests"] = {"steady": len(steady), "during_swap": len(during), "all": len(latencies)}
+    report["p99_during_over_steady"] = ratio(during, steady)
+    report["p99_after_over_steady"] = ratio(after, steady)
+    report["requests"] = {
+        "steady": len(steady),
+        "during_swap": len(during),
+        "after_swap": len(after),
+        "all": len(latencies),
+    }
     manager.close()
     threads.shutdown()
     return report
@@ -167,11 +230,14 @@ def table(report: dict) -> str:
     rows = [
         ("model", f"{report['model_mib']} MiB, batch {report['batch']}, "
          f"{report['clients']} clients, {report['workers']} threads"),
-        ("load + warm-up of v2 beside v1", f"{report['swap_load_warmup_ms']} ms"),
-        ("rollback to the retained v1", f"{report['rollback_ms']} ms"),
+        ("first load + warm-up beside v1", f"{report['swap_load_warmup_ms']} ms"),
+        ("rollback to the retained version", f"{report['rollback_ms']} ms"),
         ("p50 / p99 steady", f"{lat['steady_p50']} / {lat['steady_p99']} ms"),
         ("p50 / p99 while v2 loads", f"{lat['during_swap_p50']} / {lat['during_swap_p99']} ms"),
-        ("p99 while loading / steady", f"{report.get('p99_during_over_steady')}x"),
+        ("p99 while loading / steady", f"{report['p99_during_over_steady']}x"),
+        ("p99 after the swap / steady", f"{report['p99_after_over_steady']}x"),
+        ("each load's p99 ratio", ", ".join(
+            f"{load['p99_during_over_steady']}x" for load in report["loads"])),
         ("requests steady / while loading", f"{report['requests']['steady']} / "
          f"{report['requests']['during_swap']}"),
     ]  # fmt: skip
@@ -209,13 +275,28 @@ def main(argv: list[str] | None = None) -> int:
         help="poll torch.cuda.memory_allocated on the event loop while v2 loads (the "
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
     )
-    p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before the load")
+    p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before each load")
+    p.add_argument(
+        "--after-s",
+        type=float,
+        default=0.5,
+        help="the window after each swap, while the version it pushed out is released",
+    )
+    p.add_argument(
+        "--loads",
+        type=int,
+        default=1,
+        help="versions loaded in turn, their windows pooled (one load's p99 rests on its "
+        "slowest few dozen requests)",
+    )
     p.add_argument("--out", default="bench/results/gpu_swap.json")
     args = p.parse_args(argv)
+    if args.loads < 1:
+        p.error("--loads must be at least 1")
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
-        write_versions(root, args)
+        write_versions(root, args, count=args.loads + 1)
         size = (root / "mlp" / "v1" / "model.onnx").stat().st_size / 2**20
         report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
     print(json.dumps(report, indent=2))

@@ -7,8 +7,14 @@ while the new version loads is compared with the steady p99, and the server's ow
 time per request (its ``inference_request_duration_seconds``) is given beside the
 clients' latency.
 
+One swap's window holds a thousand or so requests, so its p99 rests on a dozen of them:
+``--swaps N`` swaps to N new versions in turn (v2, v3, ...), each after a steady window of
+its own and followed by half a second left out of both (the pushed-out version released),
+and pools the windows; each swap's own ratio is kept too.
+
     python bench/swap_under_load.py --backend onnxruntime --seconds 4
     python bench/swap_under_load.py --backend torch --concurrency 16   # 25 and 400 MiB
+    python bench/swap_under_load.py --backend torch --concurrency 16 --no-restart --swaps 5
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,6 +43,19 @@ ADMIN_TOKEN = "bench-token"
 # 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
 SIZES = {"small": (256, 1024), "large": (1024, 4096)}
 DEPTH = 8
+SETTLE_S = 0.5  # after a switch completes: still its window, then left out of the next
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One switch to ``version`` in a load generator's clock: its steady window runs from
+    ``steady_from`` to ``at``; its own from ``at`` to ``SETTLE_S`` after ``done``."""
+
+    version: str
+    steady_from: float
+    at: float
+    done: float
+    call_ms: float  # hot swap: the server's load+swap; restart: stop to ready
 
 
 def publish(root: Path, model: str, version: str, seed: int, size: str) -> Path:
@@ -87,26 +107,48 @@ def first_version_time(result: LoadResult, version: str, after: float) -> float 
     return min(times) - after if times else None
 
 
-def phase_report(
-    result: LoadResult, switch_at: float, switched_at: float, switch_ms: float, model: str
-) -> dict:
-    """Windows before, during (until 0.5 s after the switch completed) and after; steady
-    starts after a warm-up second."""
-    steady = LoadResult.summary(result.window(min(1.0, switch_at / 2), switch_at))
-    during = LoadResult.summary(result.window(switch_at, switched_at + 0.5))
-    ratio = None
-    if steady["p99_ms"] and during["p99_ms"]:
-        ratio = round(float(during["p99_ms"]) / float(steady["p99_ms"]), 2)
+def ratio(window: dict, steady: dict) -> float | None:
+    if steady["p99_ms"] and window["p99_ms"]:
+        return round(float(window["p99_ms"]) / float(steady["p99_ms"]), 2)
+    return None
+
+
+def phase_report(result: LoadResult, switches: list[Switch], model: str) -> dict:
+    """Each switch's steady window and its own, pooled over the switches and one by one;
+    "after" runs from the last switch's window to the end."""
+    steady_samples = [sample for sw in switches for sample in result.window(sw.steady_from, sw.at)]
+    during_samples = [
+        sample for sw in switches for sample in result.window(sw.at, sw.done + SETTLE_S)
+    ]
+    steady = LoadResult.summary(steady_samples)
+    during = LoadResult.summary(during_samples)
+    first = switches[0]
+    each = []
+    for sw in switches:
+        own_steady = LoadResult.summary(result.window(sw.steady_from, sw.at))
+        own = LoadResult.summary(result.window(sw.at, sw.done + SETTLE_S))
+        each.append(
+            {
+                "version": sw.version,
+                "at": round(sw.at, 4),  # the load generator's clock, as the samples'
+                "done": round(sw.done, 4),
+                "swap_call_ms": sw.call_ms,
+                "steady_p99_ms": own_steady["p99_ms"],
+                "during_swap_p99_ms": own["p99_ms"],
+                "p99_during_over_steady": ratio(own, own_steady),
+            }
+        )
     return {
         "model": model,
         "steady": steady,
         "during_swap": during,
-        "after": LoadResult.summary(result.window(switched_at + 0.5, 1e9)),
-        "p99_during_over_steady": ratio,
-        "swap_call_ms": switch_ms,  # hot swap: the server's load+swap; restart: stop to ready
-        "time_to_new_version_s": first_version_time(result, "v2", switch_at),
+        "after": LoadResult.summary(result.window(switches[-1].done + SETTLE_S, 1e9)),
+        "p99_during_over_steady": ratio(during, steady),
+        "swap_call_ms": first.call_ms,
+        "time_to_new_version_s": first_version_time(result, first.version, first.at),
+        "switches": each,
         "samples": result.samples,
-        "switch_at": switch_at,
+        "switch_at": first.at,
     }
 
 
@@ -144,30 +186,43 @@ def server(
 async def phase_hot_swap(work: Path, args: argparse.Namespace, model: str) -> dict:
     srv = server(work, args, f"hot-swap-{model}", model, "v1", work / "cache").start()
     in_dim = SIZES[model][0]
+    switches: list[Switch] = []
+    steady_time = [0.0, 0.0]  # the server's (seconds, requests) in the steady windows
+    during_time = [0.0, 0.0]  # and in the switches' own
+
+    async def add(into: list[float], since: tuple[float, float]) -> tuple[float, float]:
+        now = await asyncio.to_thread(server_seconds, srv.url, model)
+        into[0] += now[0] - since[0]
+        into[1] += now[1] - since[1]
+        return now
+
     try:
         srv.wait_ready(args.ready_timeout)
         gen = LoadGenerator([srv.url], model, in_dim, concurrency=args.concurrency)
         gen.start_clock()
         task = asyncio.create_task(gen.run())
-        await asyncio.sleep(min(1.0, args.seconds / 2))
-        steady_from = await asyncio.to_thread(server_seconds, srv.url, model)
-        await asyncio.sleep(args.seconds - min(1.0, args.seconds / 2))
-        swap_at = gen.now()
-        steady_to = await asyncio.to_thread(server_seconds, srv.url, model)
-        answer = await asyncio.to_thread(post, f"{srv.url}/v1/reload?target_version=v2")
-        swap_done = gen.now()
-        await asyncio.sleep(0.5)
-        during_to = await asyncio.to_thread(server_seconds, srv.url, model)
-        await asyncio.sleep(args.seconds - 0.5)
+        warm_up = min(1.0, args.seconds / 2)
+        await asyncio.sleep(warm_up)
+        for n in range(2, args.swaps + 2):
+            steady_from = gen.now()
+            mark = await asyncio.to_thread(server_seconds, srv.url, model)
+            await asyncio.sleep(args.seconds - warm_up if n == 2 else args.seconds)
+            at = gen.now()
+            mark = await add(steady_time, mark)
+            answer = await asyncio.to_thread(post, f"{srv.url}/v1/reload?target_version=v{n}")
+            done = gen.now()
+            await asyncio.sleep(SETTLE_S)
+            await add(during_time, mark)
+            switches.append(Switch(f"v{n}", steady_from, at, done, answer["duration_ms"]))
+            await asyncio.sleep(SETTLE_S)  # left out: the pushed-out version's release
+        await asyncio.sleep(max(0.0, args.seconds - 2 * SETTLE_S))
         gen.stop()
         result = await task
     finally:
         srv.stop()
-    report = phase_report(result, swap_at, swap_done, answer["duration_ms"], model)
-    report["server_mean_ms"] = {
-        "steady": mean_ms(steady_from, steady_to),
-        "during_swap": mean_ms(steady_to, during_to),
-    }
+    report = phase_report(result, switches, model)
+    mean = lambda t: round(t[0] / t[1] * 1000, 3) if t[1] else None  # noqa: E731
+    report["server_mean_ms"] = {"steady": mean(steady_time), "during_swap": mean(during_time)}
     return report
 
 
@@ -190,7 +245,10 @@ async def phase_restart(work: Path, args: argparse.Namespace, model: str) -> dic
         result = await task
     finally:
         new.stop()
-    return phase_report(result, switch_at, back_at, round((back_at - switch_at) * 1000, 3), model)
+    switch = Switch(
+        "v2", min(1.0, switch_at / 2), switch_at, back_at, round((back_at - switch_at) * 1000, 3)
+    )
+    return phase_report(result, [switch], model)
 
 
 def phase_cold_start(work: Path, args: argparse.Namespace, model: str) -> dict:
@@ -263,6 +321,11 @@ def print_table(args: argparse.Namespace, phases: dict, sizes_mib: dict, cold: d
             f"{phase['time_to_new_version_s']:.3f} s after the switch began; p99 during / "
             f"steady {phase['p99_during_over_steady']}x"
         )
+        if len(phase["switches"]) > 1:
+            print(
+                f"{name:<18} each switch's p99 during / steady: "
+                + ", ".join(f"{sw['p99_during_over_steady']}x" for sw in phase["switches"])
+            )
         if "server_mean_ms" in phase:
             server = phase["server_mean_ms"]
             print(
@@ -296,9 +359,17 @@ def main(argv: list[str] | None = None) -> int:
         default=QUICK_RUN_US,
         help="the server's --quick-run-us: graph replays this quick run on the event loop",
     )
+    p.add_argument(
+        "--swaps",
+        type=int,
+        default=1,
+        help="hot swaps to new versions in turn, their windows pooled",
+    )
     p.add_argument("--ready-timeout", type=float, default=120)
     p.add_argument("--out", default="bench/results/swap_under_load.json")
     args = p.parse_args(argv)
+    if args.swaps < 1:
+        p.error("--swaps must be at least 1")
     gpu = args.backend in ("torch", "tensorrt")
     sizes = (args.sizes or ("small,large" if gpu else "small")).split(",")
     if unknown := set(sizes) - set(SIZES):
@@ -310,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes_mib = {}
         for size in sizes:
             model = publish(work / "repo", size, "v1", 1, size)
-            publish(work / "repo", size, "v2", 2, size)
+            for seed in range(2, args.swaps + 2):
+                publish(work / "repo", size, f"v{seed}", seed, size)
             sizes_mib[size] = model.stat().st_size / 2**20
         for size in sizes:
             phases[f"{size}: hot swap"] = asyncio.run(phase_hot_swap(work, args, size))
@@ -324,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "workers": args.workers,
         "quick_run_us": args.quick_run_us,
+        "swaps": args.swaps,
         "host": platform.node(),
         "python": sys.version.split()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

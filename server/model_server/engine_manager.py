@@ -145,7 +145,7 @@ class EngineManager:
         request's time in the server."""
         if self.batchers.batches(version):
             return await self.batchers.run(version, feeds)
-        if self.quick_run_s > 0:  # off (the default): not even asked, on every request
+        if self.quick_run_s > 0:  # 0 (--quick-run-us 0): not even asked
             quick = version.infer_if_quick(feeds, self.quick_run_s)
             if quick is not None:
                 return quick

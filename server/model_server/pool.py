@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from .config import ServerConfig
+from .gpu_sharing import pool_without_mps_warning
 from .pool_relay import ControlRelay, RelaySocketServer, WorkerLink, manifest_digests
 from .pool_replay import ReplayFailed, fetch_state, replay
 from .pool_worker import control_socket, private_socket
@@ -176,6 +177,8 @@ class Pool:
 
 def run_pool(config: ServerConfig, argv: list[str]) -> int:
     """Supervise ``config.processes`` workers of ``argv`` until signalled; the exit status."""
+    if warning := pool_without_mps_warning(config.backend, config.processes):
+        log.warning("pool: %s", warning)
     directory = Path(tempfile.mkdtemp(prefix="model-server-pool."))  # $TMPDIR, mode 0700
     try:
         return asyncio.run(Pool(config, argv, directory).run())
