@@ -8,8 +8,9 @@ p99 while v2 loads against the steady p99 (their ratio is printed): a load copie
 own stream, through pinned chunks, so it should not show in the serving version's tail.
 
 One load gives a p99 from its window's slowest few dozen requests, so one stall moves it:
-``--loads N`` loads N new versions in turn (v2, v3, ...; each beside the serving one, the
-oldest released once it drains, as a rollout forward does), each after a steady window of
+``--loads N`` loads N new versions in turn (v2, v3, ...; each beside the serving one and,
+from the second on, the retained one, the oldest released once it drains, as a rollout
+forward does), each after a steady window of
 its own, and pools the windows (each load's own ratio is kept too). The half second after
 each swap, while the version it pushed out is released, is its own window.
 
@@ -141,21 +142,17 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     clients = [asyncio.create_task(client(stop)) for _ in range(args.clients)]
     samples = 0
 
-    async def sample_memory(every_s: float) -> None:
+    async def sample_memory(until: asyncio.Event, every_s: float) -> None:
         """The old way of finding the peak, kept to show what it cost: each call takes
         the caching allocator's lock with the GIL held, so a poll that lands while the
-        load's thread allocates weights stalls the event loop, and every client."""
+        load's thread allocates weights stalls the event loop, and every client. Polls
+        only while a version loads, so the steady windows stay free of them."""
         nonlocal samples
-        while not stop.is_set():
+        while not until.is_set():
             torch.cuda.memory_allocated()
             samples += 1
             await asyncio.sleep(every_s)
 
-    sampler = (
-        asyncio.create_task(sample_memory(args.sample_memory_ms / 1000))
-        if args.sample_memory_ms > 0
-        else None
-    )
     steady: list[float] = []
     during: list[float] = []
     after: list[float] = []
@@ -166,8 +163,17 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         steady_n = latencies[mark:]
         torch.cuda.reset_peak_memory_stats()  # the peak of this load's copies, unpolled
         mark = len(latencies)
+        loaded = asyncio.Event()
+        sampler = (
+            asyncio.create_task(sample_memory(loaded, args.sample_memory_ms / 1000))
+            if args.sample_memory_ms > 0
+            else None
+        )
         swap = await manager.load("mlp", f"v{n}")
+        loaded.set()
         during_n = latencies[mark:]
+        if sampler is not None:
+            await sampler
         mark = len(latencies)
         await asyncio.sleep(args.after_s)  # the pushed-out version is released meanwhile
         after_n = latencies[mark:]
@@ -190,11 +196,11 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     report["swap_load_warmup_ms"] = loads[0]["load_warmup_ms"]
     report["memory_polls"] = samples
     report["memory_mib"]["both_loaded_peak"] = loads[0]["peak_mib"]
-    report["weights_mib"]["after_v2"] = weights()
+    report["weights_mib"]["after_loads"] = weights()
     back = await manager.rollback("mlp")
     report["rollback_ms"] = round(back.duration_s * 1000, 3)
     stop.set()
-    await asyncio.gather(*clients, *([sampler] if sampler is not None else []))
+    await asyncio.gather(*clients)
     last = f"v{args.loads + 1}"
     manager.slot("mlp").retain = 1
     await manager.load("mlp", last)  # retain 1: the rolled-back-to one goes once drained
@@ -233,7 +239,7 @@ def table(report: dict) -> str:
         ("first load + warm-up beside v1", f"{report['swap_load_warmup_ms']} ms"),
         ("rollback to the retained version", f"{report['rollback_ms']} ms"),
         ("p50 / p99 steady", f"{lat['steady_p50']} / {lat['steady_p99']} ms"),
-        ("p50 / p99 while v2 loads", f"{lat['during_swap_p50']} / {lat['during_swap_p99']} ms"),
+        ("p50 / p99 while loading", f"{lat['during_swap_p50']} / {lat['during_swap_p99']} ms"),
         ("p99 while loading / steady", f"{report['p99_during_over_steady']}x"),
         ("p99 after the swap / steady", f"{report['p99_after_over_steady']}x"),
         ("each load's p99 ratio", ", ".join(
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sample-memory-ms",
         type=float,
         default=0.0,
-        help="poll torch.cuda.memory_allocated on the event loop while v2 loads (the "
+        help="poll torch.cuda.memory_allocated on the event loop while each version loads (the "
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
     )
     p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before each load")

@@ -317,7 +317,8 @@ def print_table(args: argparse.Namespace, phases: dict, sizes_mib: dict, cold: d
                 f"{s['p50_ms'] or '-':>8} {s['p99_ms'] or '-':>8} {s['max_ms'] or '-':>8}"
             )
         print(
-            f"{name:<18} switch took {phase['swap_call_ms']:.1f} ms; first v2 answer "
+            f"{name:<18} first switch took {phase['swap_call_ms']:.1f} ms; first "
+            f"{phase['switches'][0]['version']} answer "
             f"{phase['time_to_new_version_s']:.3f} s after the switch began; p99 during / "
             f"steady {phase['p99_during_over_steady']}x"
         )

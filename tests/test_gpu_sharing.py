@@ -15,7 +15,11 @@ import pytest
 
 from model_server import pool
 from model_server.config import parse_args
-from model_server.gpu_sharing import mps_daemon_answers, pool_without_mps_warning
+from model_server.gpu_sharing import (
+    mps_control_pipe,
+    mps_daemon_answers,
+    pool_without_mps_warning,
+)
 
 
 @pytest.fixture
@@ -34,10 +38,10 @@ def dev(tmp_path: Path) -> Path:
     return tmp_path / "dev"
 
 
-def listening(pipe_dir: Path) -> socket.socket:
+def listening(pipe_dir: Path, backlog: int = 8) -> socket.socket:
     daemon = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     daemon.bind(str(pipe_dir / "control"))
-    daemon.listen()
+    daemon.listen(backlog)
     return daemon
 
 
@@ -65,9 +69,10 @@ def test_the_socket_a_quit_daemon_leaves_behind_does_not(pipe_dir: Path, dev: Pa
     assert pool_without_mps_warning("torch", 2, env, dev) is not None
 
 
-def test_cuda_default_pipe_directory_is_used_when_none_is_set(dev: Path) -> None:
-    warning = pool_without_mps_warning("torch", 2, {}, dev)
-    assert warning is not None and "/tmp/nvidia-mps/control" in warning
+def test_cuda_default_pipe_directory_is_used_when_none_is_set() -> None:
+    """(Not probed: a GPU host may run a daemon there.)"""
+    assert mps_control_pipe({}) == Path("/tmp/nvidia-mps/control")
+    assert mps_control_pipe({"CUDA_MPS_PIPE_DIRECTORY": ""}) == Path("/tmp/nvidia-mps/control")
 
 
 @pytest.mark.parametrize(
@@ -106,3 +111,25 @@ def test_the_pool_logs_it_at_start(
         assert pool.run_pool(config, argv) == 0
     assert said == [("torch", 3)]
     assert "pool: no MPS here" in caplog.text
+
+
+def test_a_daemon_whose_queue_is_full_still_answers(pipe_dir: Path) -> None:
+    """A review found it: with a timeout set, a connect to a listener whose backlog is
+    full fails at once with EAGAIN, which read as no daemon at all."""
+    with listening(pipe_dir, backlog=0) as daemon:
+        queued = []
+        for _ in range(4):  # fill the backlog (the kernel's "0" holds one or two)
+            waiting = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            waiting.setblocking(False)
+            try:
+                waiting.connect(str(pipe_dir / "control"))
+            except BlockingIOError:
+                waiting.close()
+                break
+            queued.append(waiting)
+        else:
+            pytest.fail("the backlog never filled")
+        assert mps_daemon_answers(pipe_dir / "control")
+        for waiting in queued:
+            waiting.close()
+        assert daemon.fileno() >= 0

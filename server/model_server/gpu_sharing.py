@@ -9,13 +9,12 @@ or by hand), so the pool says so at start instead."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # CUDA's default, where the device plugin mounts it
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # CUDA's default; CUDA_MPS_PIPE_DIRECTORY names another
 GPU_BACKENDS = frozenset({"torch", "tensorrt"})
 
 
@@ -30,10 +29,13 @@ def mps_daemon_answers(pipe: Path, timeout_s: float = 0.5) -> bool:
     outlives a daemon told to quit, so its presence proves nothing."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
         probe.settimeout(timeout_s)
-        with contextlib.suppress(OSError):
+        try:
             probe.connect(str(pipe))
+        except BlockingIOError:  # EAGAIN: listening, its queue full (busy, not absent)
             return True
-    return False
+        except OSError:  # refused (quit), no such file, not a socket, ...
+            return False
+        return True
 
 
 def has_gpu(dev: Path = Path("/dev")) -> bool:
