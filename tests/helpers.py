@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -146,14 +147,30 @@ async def ask(socket_path: Path, request: dict[str, Any] | bytes) -> dict[str, A
     return answer
 
 
+def child_pids(parent: int) -> list[int]:
+    """Pids of ``parent``'s children now, over all its threads (read from /proc). A
+    thread may end between the listing and the read (CI saw it): its children then show
+    under another thread of the process, so that thread is skipped."""
+    children: list[int] = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            children += [int(p) for p in (task / "children").read_text().split()]
+    return children
+
+
+def command_line(pid: int) -> list[bytes]:
+    """A process's argv from /proc; empty once it has gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return []
+
+
 def worker_processes(parent: int) -> list[int]:
     """Pids of the ``multiprocessing`` spawn workers that ``parent`` started (read from
     /proc): the server's JSON workers."""
-    children: list[int] = []
-    for task in Path(f"/proc/{parent}/task").iterdir():
-        children += [int(p) for p in (task / "children").read_text().split()]
     return sorted(
-        pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        pid for pid in child_pids(parent) if any(b"spawn_main" in a for a in command_line(pid))
     )
 
 

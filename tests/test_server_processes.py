@@ -27,6 +27,8 @@ from helpers import (
     Version,
     add_version,
     ask,
+    child_pids,
+    command_line,
     infer_body,
     keep_sending,
     sample,
@@ -55,12 +57,10 @@ SUCCESS = "inference_requests_total"
 def pool_workers(supervisor: int) -> dict[int, int]:
     """{worker index: pid} of the workers a supervisor runs now (read from /proc)."""
     found: dict[int, int] = {}
-    for task in Path(f"/proc/{supervisor}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            with contextlib.suppress(FileNotFoundError):
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if b"--worker-index" in argv:
-                    found[int(argv[argv.index(b"--worker-index") + 1])] = int(pid)
+    for pid in child_pids(supervisor):
+        argv = command_line(pid)
+        if b"--worker-index" in argv:
+            found[int(argv[argv.index(b"--worker-index") + 1])] = pid
     return found
 
 
