@@ -211,9 +211,10 @@ def test_the_change_cause_names_the_ci_job_or_the_user() -> None:
         "GITHUB_RUN_ID": "42",
         "GITHUB_ACTOR": "bob",
     }
-    cause = change_cause("rollback", "v1", github)
-    assert cause == "v1: rollback by GitHub Actions org/models run 42 (bob)"
-    assert change_cause_for(cause, "v1") == "rollback by GitHub Actions org/models run 42 (bob)"
+    cause = change_cause("rollback", "v1", github, now=1796412001.25)
+    why = "rollback by GitHub Actions org/models run 42 (bob) at 2026-12-04T19:20:01.250Z"
+    assert cause == f"v1: {why}"
+    assert change_cause_for(cause, "v1") == why
     assert change_cause_for(cause, "v2") is None  # another version's: stale for v2
     assert change_cause_for("release of v2 by x", "v2") is None  # names no version
     assert change_cause_for(None, "v2") is None
@@ -223,6 +224,11 @@ def test_the_change_cause_names_the_ci_job_or_the_user() -> None:
     assert ci_job({"CI": "true"}) is None
     mine = change_cause("release", "v2", {})
     assert mine.startswith("v2: release by ") and "@" in mine
+    # two uses by one user differ (the operator takes a cause already in the history for
+    # a stale one), down to the millisecond
+    assert change_cause("rollback", "v1", {}, now=10.0) != change_cause(
+        "rollback", "v1", {}, now=10.001
+    )
 
 
 def test_arguments_parse_as_kubectl_passes_them() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from crd_validation import ResourceSchema
-from model_operator.history import SPEC_EDIT, record, started
+from model_operator.history import RETRY_ANNOTATION, SPEC_EDIT, record, started
 from model_operator.planner import BATCHES, CANARY, COMPLETE, FAILED, Event, Plan, RolloutState
 from model_operator.status import build_status, iso
 from model_rollout_contract.annotations import ABORT, RETRY, change_cause_value
@@ -197,6 +197,54 @@ def test_triggered_by_is_the_change_cause_only_when_it_names_the_new_version() -
         ("v3", SPEC_EDIT),
         ("v2", "release by GitHub Actions org/models run 42 (bob)"),
     ]
+
+
+def test_a_hand_edit_back_to_a_version_the_tools_once_set_is_not_theirs() -> None:
+    """A rollback to v1 by the tools, a hand edit to v2, one back to v1: the annotation,
+    left alone by both edits, still names v1, and the second v1 rollout was recorded as
+    the tools' rollback (a leftover of an earlier review). A cause already carried by an
+    earlier rollout of the version is stale; the tools' next one has its own time."""
+    alice = change_cause_value("v1", "rollback by alice@laptop at 2026-12-04T10:00:00.000Z")
+    history: list[dict[str, Any]] = []
+    for version, start, cause in (
+        ("v1", 100.0, alice),
+        ("v2", 200.0, alice),  # names v1: not this rollout's
+        ("v1", 300.0, alice),  # names v1, but the rollout at 100 already carries it
+        ("v2", 400.0, alice),
+        (
+            "v1",
+            500.0,
+            change_cause_value("v1", "rollback by alice@laptop at 2026-12-04T11:00:00.000Z"),
+        ),
+    ):
+        state = RolloutState(version, None, BATCHES, started_at=start)
+        history = record(history, _plan(state, "RolloutStarted"), start + 1, cause)
+        history = record(history, _plan(state), start + 2, cause)  # later passes: kept
+    assert [(e["version"], e["triggeredBy"]) for e in reversed(history)] == [
+        ("v1", "rollback by alice@laptop at 2026-12-04T10:00:00.000Z"),
+        ("v2", SPEC_EDIT),
+        ("v1", SPEC_EDIT),
+        ("v2", SPEC_EDIT),
+        ("v1", "rollback by alice@laptop at 2026-12-04T11:00:00.000Z"),
+    ]
+
+
+def test_a_retry_set_by_hand_is_recorded_as_one() -> None:
+    """The retry annotation set by hand restarts a failed rollout with the release's
+    change-cause still in place, which that rollout's entry already carries."""
+    release = change_cause_value("v2", "release by ci at 2026-12-04T10:00:00.000Z")
+    failed = RolloutState("v2", "v1", FAILED, started_at=100.0, failure="refused")
+    history = record([], _plan(failed, "RolloutStarted"), 101.0, release)
+    again = RolloutState("v2", "v1", BATCHES, started_at=200.0)
+    history = record(history, _plan(again, "RolloutRetried", "RolloutStarted"), 201.0, release)
+    assert [e["triggeredBy"] for e in history] == [
+        RETRY_ANNOTATION,
+        "release by ci at 2026-12-04T10:00:00.000Z",
+    ]
+    retry = change_cause_value("v2", "retry by bob@laptop at 2026-12-04T10:05:00.000Z")
+    third = RolloutState("v2", "v1", BATCHES, started_at=300.0)
+    history = record(history, _plan(third, "RolloutRetried", "RolloutStarted"), 301.0, retry)
+    assert history[0]["triggeredBy"] == "retry by bob@laptop at 2026-12-04T10:05:00.000Z"
 
 
 def test_every_history_the_operator_writes_is_valid_under_the_crd() -> None:

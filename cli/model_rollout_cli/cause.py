@@ -1,13 +1,18 @@
 """What the tools write in the change-cause annotation, which the operator copies into
-the rollout history's ``triggeredBy`` for a rollout of the version it names: the action
-and the CI job when run in one, else user@host (``v3: rollback by alice@laptop``)."""
+the rollout history's ``triggeredBy`` for a rollout of the version it names: the action,
+the CI job when run in one, else user@host, and the time (``v3: rollback by
+alice@laptop at 2026-12-04T19:20:01.250Z``). The time makes each use its own: the operator
+takes a cause that an earlier rollout in the history already carries for a stale one
+(the annotation stays until changed), so two rollbacks to v3 by one user must differ."""
 
 from __future__ import annotations
 
 import getpass
 import os
 import socket
+import time
 from collections.abc import Mapping
+from datetime import datetime, timezone
 
 from model_rollout_contract.annotations import change_cause_value
 
@@ -34,8 +39,13 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def change_cause(action: str, version: str, env: Mapping[str, str] | None = None) -> str:
-    """``v2: release by alice@laptop``, ``v1: rollback by GitHub Actions org/repo run 42
-    (bob)``: the annotation's value when setting (or retrying) ``version``."""
+def change_cause(
+    action: str, version: str, env: Mapping[str, str] | None = None, now: float | None = None
+) -> str:
+    """``v2: release by alice@laptop at 2026-12-04T19:20:01.250Z``, ``v1: rollback by GitHub
+    Actions org/repo run 42 (bob) at …``: the annotation's value when setting (or
+    retrying) ``version``."""
     who_did = ci_job(os.environ if env is None else env) or who()
-    return change_cause_value(version, f"{action} by {who_did}")
+    at = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
+    when = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return change_cause_value(version, f"{action} by {who_did} at {when}")

@@ -18,6 +18,7 @@ from .planner import START_EVENTS, Plan
 from .status import iso
 
 SPEC_EDIT = "spec.version edit"  # triggeredBy without a change-cause naming the version
+RETRY_ANNOTATION = "retry annotation"  # a retry without one (the annotation set by hand)
 MAX_REASON = 300  # characters of a reason (and of a triggeredBy) kept in an entry
 
 
@@ -51,6 +52,15 @@ def _finished(entry: dict[str, Any]) -> bool:
     return entry.get("result") not in (None, str(RolloutResult.PROGRESSING))
 
 
+def _already_recorded(entries: list[dict[str, Any]], version: str, cause: str) -> bool:
+    """Whether an earlier rollout of ``version`` carries ``cause``: the annotation stays
+    until changed, so a hand edit back to a version the tools once set finds their old
+    cause naming it (the tools write a time into each, so no two of their uses match)."""
+    return any(
+        e.get("version") == version and e.get("triggeredBy") == _short(cause) for e in entries
+    )
+
+
 def record(
     history: Any,
     plan: Plan,
@@ -61,7 +71,8 @@ def record(
     """The history after ``plan``: a new entry when the plan started a rollout (the one
     it replaces, if still running, is Superseded), the running entry's result updated.
     ``triggered_by``: the change-cause annotation, if any; used only when it names the
-    version of the rollout that starts (a stale one from the last release is not)."""
+    version of the rollout that starts and no earlier rollout in the history carries it
+    (a stale one, from the last release or an older rollout of this version, is not)."""
     entries = [dict(e) for e in history if isinstance(e, dict)] if isinstance(history, list) else []
     state = plan.state
     key = (state.to_version, started(state.started_at))
@@ -78,6 +89,10 @@ def record(
         if not any(e.reason in START_EVENTS for e in plan.events):
             return entries[:limit]  # steady state, or a rollout from before history was kept
         cause = change_cause_for(triggered_by, state.to_version)
+        if cause is not None and _already_recorded(entries, state.to_version, cause):
+            cause = None  # the annotation left from an earlier rollout of this version
+        if cause is None and any(e.reason == "RolloutRetried" for e in plan.events):
+            cause = RETRY_ANNOTATION  # not an edit of spec.version: it did not change
         for entry in entries:
             if not _finished(entry):
                 entry.update(
