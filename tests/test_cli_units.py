@@ -22,7 +22,7 @@ from model_rollout_cli.history import history_table, keys, previous_success
 from model_rollout_cli.table import age
 from model_rollout_cli.track import checked_keys, track_view
 from model_rollout_cli.view import Progress, progress_line, render
-from model_rollout_contract.annotations import change_cause_for
+from model_rollout_contract.annotations import change_cause_for, is_timed_cause
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import RolloutResult, SidecarState
@@ -229,6 +229,12 @@ def test_the_change_cause_names_the_ci_job_or_the_user() -> None:
     assert change_cause("rollback", "v1", {}, now=10.0) != change_cause(
         "rollback", "v1", {}, now=10.001
     )
+    # a long CI job is cut, the time kept (the operator keeps 300 characters of a cause)
+    long = change_cause("release", "v2", {"BUILD_URL": "https://ci/" + "x" * 500}, now=10.0)
+    why = change_cause_for(long, "v2")
+    assert why is not None and len(why) <= 300 and is_timed_cause(why)
+    assert why.endswith("… at 1970-01-01T00:00:10.000Z")
+    assert not is_timed_cause("rollback by alice@laptop")  # an older CLI's: untimed
 
 
 def test_arguments_parse_as_kubectl_passes_them() -> None:

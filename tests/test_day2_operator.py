@@ -13,6 +13,7 @@ from crd_validation import ResourceSchema
 from model_operator.history import RETRY_ANNOTATION, SPEC_EDIT, record, started
 from model_operator.planner import BATCHES, CANARY, COMPLETE, FAILED, Event, Plan, RolloutState
 from model_operator.status import build_status, iso
+from model_rollout_cli.cause import change_cause
 from model_rollout_contract.annotations import ABORT, RETRY, change_cause_value
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult
@@ -227,6 +228,39 @@ def test_a_hand_edit_back_to_a_version_the_tools_once_set_is_not_theirs() -> Non
         ("v2", SPEC_EDIT),
         ("v1", "rollback by alice@laptop at 2026-12-04T11:00:00.000Z"),
     ]
+
+
+def test_causes_of_other_writers_and_long_ones_of_ci_jobs_stay_attributed() -> None:
+    """Found by a review of the rule above: an untimed cause (an older CLI's, a GitOps
+    manifest's) may repeat for each rollout and is taken each time, as before; and a CI
+    job's long URL must not push the time out of the 300 characters kept, or every build
+    of that job would read as one cause."""
+    for first, second in (
+        ("rollback by alice@laptop", "rollback by alice@laptop"),  # an older CLI's
+        (
+            change_cause("release", "v1", {"BUILD_URL": "https://ci/" + "x" * 290 + "/41/"}, 10.0)[
+                4:
+            ],
+            change_cause("release", "v1", {"BUILD_URL": "https://ci/" + "x" * 290 + "/42/"}, 90.0)[
+                4:
+            ],
+        ),
+    ):
+        history: list[dict[str, Any]] = []
+        for version, start, why in (
+            ("v1", 100.0, first),
+            ("v2", 200.0, first),
+            ("v1", 300.0, second),
+        ):
+            state = RolloutState(version, None, BATCHES, started_at=start)
+            cause = change_cause_value("v1", why)
+            history = record(history, _plan(state, "RolloutStarted"), start + 1, cause)
+        assert [e["triggeredBy"] for e in history] == [
+            second[:299] + "…" if len(second) > 300 else second,
+            SPEC_EDIT,
+            first[:299] + "…" if len(first) > 300 else first,
+        ]
+        assert len(history[0]["triggeredBy"]) <= 300
 
 
 def test_a_retry_set_by_hand_is_recorded_as_one() -> None:

@@ -12,9 +12,10 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
 
-from model_rollout_contract.annotations import change_cause_value
+from model_rollout_contract.annotations import change_cause_value, timed_cause
+
+MAX_WHO = 200  # characters of the CI job or user@host (the operator keeps 300 of a cause)
 
 
 def ci_job(env: Mapping[str, str]) -> str | None:
@@ -44,8 +45,10 @@ def change_cause(
 ) -> str:
     """``v2: release by alice@laptop at 2026-12-04T19:20:01.250Z``, ``v1: rollback by GitHub
     Actions org/repo run 42 (bob) at …``: the annotation's value when setting (or
-    retrying) ``version``."""
+    retrying) ``version``. Who did it is cut to ``MAX_WHO`` characters, so that the time
+    survives the operator's cut of a triggeredBy (a CI job's URL can be long)."""
     who_did = ci_job(os.environ if env is None else env) or who()
-    at = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
-    when = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return change_cause_value(version, f"{action} by {who_did} at {when}")
+    if len(who_did) > MAX_WHO:
+        who_did = who_did[: MAX_WHO - 1] + "…"
+    why = timed_cause(f"{action} by {who_did}", time.time() if now is None else now)
+    return change_cause_value(version, why)

@@ -4,6 +4,8 @@ format in which the kubelet projects a pod's annotations (Downward API)."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timezone
 
 DOMAIN = "serving.model-rollout.io"
 
@@ -19,10 +21,12 @@ PROMOTE = f"{DOMAIN}/promote"
 ABORT = f"{DOMAIN}/abort"  # =<version>: the rollout to that version goes back to stable now
 RETRY = f"{DOMAIN}/retry"  # =<version>: a failed rollout of spec.version runs again
 # why spec.version changed, as kubectl's kubernetes.io/change-cause, in the form
-# "<version>: <why>" ("v3: rollback by alice@laptop"; the release, rollback and retry
-# commands write it). The operator copies <why> into the history's triggeredBy only for a
-# rollout of <version>: the annotation stays until changed, so a later edit by hand (or a
-# GitOps sync) of spec.version is recorded as "spec.version edit", not as the last release.
+# "<version>: <why>" ("v3: rollback by alice@laptop at 2026-12-04T19:20:01.250Z"; the
+# release, rollback and retry commands write it, each use with its own time). The operator
+# copies <why> into the history's triggeredBy only for a rollout of <version>, and a timed
+# <why> only once: the annotation stays until changed, so a later edit by hand (or a
+# GitOps sync) of spec.version is recorded as "spec.version edit", not as the last
+# release, also one back to a version the tools once set.
 CHANGE_CAUSE = f"{DOMAIN}/change-cause"
 
 # labels the operator puts on what it creates
@@ -40,6 +44,21 @@ def promotion_id(version: str, started_at: float) -> str:
 def change_cause_value(version: str, why: str) -> str:
     """The change-cause annotation's value for setting ``spec.version`` to ``version``."""
     return f"{version}: {why}"
+
+
+def timed_cause(why: str, at: float) -> str:
+    """``<why> at <UTC time to the millisecond>``: how the tools word a cause, so that no
+    two of their uses are alike and one already in the history is known for stale."""
+    moment = datetime.fromtimestamp(at, tz=timezone.utc)
+    return f"{why} at {moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+
+
+def is_timed_cause(why: str) -> bool:
+    """Whether ``why`` ends as :func:`timed_cause` ends it (another writer's need not)."""
+    return _TIMED.search(why) is not None
+
+
+_TIMED = re.compile(r" at \d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
 
 def change_cause_for(value: str | None, version: str) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_contract.annotations import change_cause_for
+from model_rollout_contract.annotations import change_cause_for, is_timed_cause
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 
@@ -18,7 +18,8 @@ from .planner import START_EVENTS, Plan
 from .status import iso
 
 SPEC_EDIT = "spec.version edit"  # triggeredBy without a change-cause naming the version
-RETRY_ANNOTATION = "retry annotation"  # a retry without one (the annotation set by hand)
+# a retry without a change-cause naming the version (a tenant track's, or one set by hand)
+RETRY_ANNOTATION = "retry annotation"
 MAX_REASON = 300  # characters of a reason (and of a triggeredBy) kept in an entry
 
 
@@ -52,11 +53,13 @@ def _finished(entry: dict[str, Any]) -> bool:
     return entry.get("result") not in (None, str(RolloutResult.PROGRESSING))
 
 
-def _already_recorded(entries: list[dict[str, Any]], version: str, cause: str) -> bool:
-    """Whether an earlier rollout of ``version`` carries ``cause``: the annotation stays
-    until changed, so a hand edit back to a version the tools once set finds their old
-    cause naming it (the tools write a time into each, so no two of their uses match)."""
-    return any(
+def _stale(entries: list[dict[str, Any]], version: str, cause: str) -> bool:
+    """Whether ``cause`` is the tools' (timed, so each of their uses is its own) and an
+    earlier rollout of ``version`` carries it: the annotation stays until changed, so a
+    hand edit back to a version the tools once set finds their old cause naming it.
+    Another writer's cause (untimed: an older CLI's, a GitOps manifest's) may repeat and
+    is taken as before."""
+    return is_timed_cause(cause) and any(
         e.get("version") == version and e.get("triggeredBy") == _short(cause) for e in entries
     )
 
@@ -89,7 +92,7 @@ def record(
         if not any(e.reason in START_EVENTS for e in plan.events):
             return entries[:limit]  # steady state, or a rollout from before history was kept
         cause = change_cause_for(triggered_by, state.to_version)
-        if cause is not None and _already_recorded(entries, state.to_version, cause):
+        if cause is not None and _stale(entries, state.to_version, cause):
             cause = None  # the annotation left from an earlier rollout of this version
         if cause is None and any(e.reason == "RolloutRetried" for e in plan.events):
             cause = RETRY_ANNOTATION  # not an edit of spec.version: it did not change
