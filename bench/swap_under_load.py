@@ -93,9 +93,10 @@ def server_seconds(url: str, model: str) -> tuple[float, float]:
     return total, count
 
 
-def mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    count = after[1] - before[1]
-    return round((after[0] - before[0]) / count * 1000, 3) if count else None
+def mean_ms(seconds_requests: list[float]) -> float | None:
+    """The server's mean time per request, from its summed (seconds, requests)."""
+    seconds, count = seconds_requests
+    return round(seconds / count * 1000, 3) if count else None
 
 
 def first_version_time(result: LoadResult, version: str, after: float) -> float | None:
@@ -221,8 +222,10 @@ async def phase_hot_swap(work: Path, args: argparse.Namespace, model: str) -> di
     finally:
         srv.stop()
     report = phase_report(result, switches, model)
-    mean = lambda t: round(t[0] / t[1] * 1000, 3) if t[1] else None  # noqa: E731
-    report["server_mean_ms"] = {"steady": mean(steady_time), "during_swap": mean(during_time)}
+    report["server_mean_ms"] = {
+        "steady": mean_ms(steady_time),
+        "during_swap": mean_ms(during_time),
+    }
     return report
 
 

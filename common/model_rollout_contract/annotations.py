@@ -46,11 +46,17 @@ def change_cause_value(version: str, why: str) -> str:
     return f"{version}: {why}"
 
 
+def utc_millis(at: float) -> str:
+    """``2026-12-04T19:20:01.250Z``: the time of a tools' cause and of a history entry's
+    ``startedAt`` (to the millisecond, so that two in one second differ)."""
+    moment = datetime.fromtimestamp(at, tz=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def timed_cause(why: str, at: float) -> str:
     """``<why> at <UTC time to the millisecond>``: how the tools word a cause, so that no
     two of their uses are alike and one already in the history is known for stale."""
-    moment = datetime.fromtimestamp(at, tz=timezone.utc)
-    return f"{why} at {moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+    return f"{why} at {utc_millis(at)}"
 
 
 def is_timed_cause(why: str) -> bool:

@@ -7,14 +7,13 @@ a crash before its status write produces the same entries again, never a second 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_contract.annotations import change_cause_for, is_timed_cause
+from model_rollout_contract.annotations import change_cause_for, is_timed_cause, utc_millis
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 
-from .planner import START_EVENTS, Plan
+from .planner import RETRIED_EVENT, START_EVENTS, Plan
 from .status import iso
 
 SPEC_EDIT = "spec.version edit"  # triggeredBy without a change-cause naming the version
@@ -41,8 +40,7 @@ def started(ts: float) -> str:
     """An entry's ``startedAt``, to the millisecond: it tells one rollout from another (here
     and in the tools), so two rollouts of a version in one second (a retry of a version
     refused at once) must not share it."""
-    moment = datetime.fromtimestamp(ts, tz=timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_millis(ts)
 
 
 def _short(text: str) -> str:
@@ -94,7 +92,7 @@ def record(
         cause = change_cause_for(triggered_by, state.to_version)
         if cause is not None and _stale(entries, state.to_version, cause):
             cause = None  # the annotation left from an earlier rollout of this version
-        if cause is None and any(e.reason == "RolloutRetried" for e in plan.events):
+        if cause is None and any(e.reason == RETRIED_EVENT for e in plan.events):
             cause = RETRY_ANNOTATION  # not an edit of spec.version: it did not change
         for entry in entries:
             if not _finished(entry):

@@ -126,6 +126,7 @@ class Plan:
 
 # the events of a rollout's start: each begins one entry of the rollout history
 START_EVENTS = ("RolloutStarted", "RollbackStarted")
+RETRIED_EVENT = "RolloutRetried"  # a failed rollout of spec.version run again
 
 
 def _readiness_order(pod: PodView) -> tuple[bool, str]:
@@ -272,7 +273,7 @@ def _retry(
         why = f"it names {version}, not spec.version {spec.version}"
     elif state is not None and state.to_version == version and state.stage == FAILED:
         events.append(
-            Event("RolloutRetried", f"retrying {spec.model}:{version} (was: {state.failure})")
+            Event(RETRIED_EVENT, f"retrying {spec.model}:{version} (was: {state.failure})")
         )
         return True
     elif state is not None and state.to_version == version and state.stage == COMPLETE:
