@@ -444,3 +444,28 @@ async def test_a_large_json_header_goes_to_a_worker_and_its_binary_part_stays(
     result = parsed(raw, response.headers)
     np.testing.assert_array_equal(result.as_numpy("y"), np.where(inputs["mask"], inputs["x"], 0))
     np.testing.assert_array_equal(result.as_numpy("flipped"), ~inputs["mask"])
+
+
+@pytest.mark.parametrize("byte", [2, 255])
+async def test_bool_bytes_other_than_0_and_1_are_400(gate_client: TestClient, byte: int) -> None:
+    """BOOL is one byte, 0 or 1 (extension_binary_data.md): ONNX Runtime would read 2 or
+    255 as false, answering something the client did not ask."""
+    inputs = gate_inputs()
+    body, length = binary_body(inputs)
+    mask_at = length  # the mask's bytes come first after the JSON
+    raw = bytearray(body)
+    raw[mask_at + 1] = byte
+    response = await gate_client.post(GATE, data=bytes(raw), headers={HEADER: str(length)})
+    answer = await response.json()
+    assert response.status == 400, answer
+    assert answer["code"] == "bad_request" and "'mask'" in answer["error"], answer
+    fine, length = binary_body(inputs)
+    assert (await gate_client.post(GATE, data=fine, headers={HEADER: str(length)})).status == 200
+
+
+def test_raw_bool_bytes_are_0_or_1() -> None:
+    """The check is in the reader gRPC's raw_input_contents share with HTTP."""
+    ok = tensor_from_bytes("m", np.dtype(np.bool_), (3,), memoryview(bytes([0, 1, 1])))
+    assert ok.tolist() == [False, True, True]
+    with pytest.raises(BadRequest, match="0 or 1"):
+        tensor_from_bytes("m", np.dtype(np.bool_), (3,), memoryview(bytes([0, 1, 2])))

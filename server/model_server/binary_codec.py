@@ -111,7 +111,8 @@ def tensor_from_bytes(
     name: str, dtype: np.dtype, shape: tuple[int, ...], data: memoryview
 ) -> np.ndarray:
     """An input tensor from its raw little-endian bytes: a view of ``data`` when the bytes
-    are aligned for the datatype (else one copy), the size checked."""
+    are aligned for the datatype (else one copy), the size checked, and BOOL bytes 0 or 1
+    (a runtime reads other bytes as it likes: ONNX Runtime reads 2 and 255 as false)."""
     count = math.prod(shape)
     if dtype.kind == "O":
         return _bytes_elements(data, count, name).reshape(shape)
@@ -121,6 +122,8 @@ def tensor_from_bytes(
             f"input {name!r}: {len(data)} bytes of binary data for a shape {list(shape)} of "
             f"{v2_datatype(dtype)} ({expected} bytes)"
         )
+    if dtype.kind == "b" and count and np.frombuffer(data, np.uint8).max() > 1:
+        raise BadRequest(f"input {name!r}: BOOL binary data must be bytes of 0 or 1")
     array = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=count)
     if not array.flags.aligned:
         array = array.copy()  # engines may read unaligned data slowly, or not at all
