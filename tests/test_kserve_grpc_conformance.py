@@ -428,6 +428,25 @@ async def test_grpc_inferences_are_in_the_same_metrics_as_http_ones(served: Serv
     assert stats.model_stats[0].inference_stats.success.count == 3
 
 
+async def test_a_bad_model_version_is_counted_as_http_counts_it(served: Served) -> None:
+    """A malformed ``model_version`` is the client's mistake: INVALID_ARGUMENT, counted
+    as 400 (as the HTTP API counts ``/versions/bad name!/infer``); one not loaded is
+    NOT_FOUND, counted as 404. Neither is a 500 in the metrics."""
+    x, client = batch(6), served.client
+    malformed = await refusal(client.infer("mlp", [triton_input(x)], model_version="bad name!"))
+    assert malformed.status() == "StatusCode.INVALID_ARGUMENT", malformed
+    missing = await refusal(client.infer("mlp", [triton_input(x)], model_version="v9"))
+    assert missing.status() == "StatusCode.NOT_FOUND", missing
+    http = await served.http.post(
+        "/v2/models/mlp/versions/bad%20name!/infer", json={"inputs": []}
+    )
+    assert http.status == 400
+    found = samples(await (await served.http.get("/metrics")).text())
+    assert sample(found, "inference_requests_total", model="mlp", code="400") == 2
+    assert sample(found, "inference_requests_total", model="mlp", code="404") == 1
+    assert sample(found, "inference_requests_total", model="mlp", code="500") == 0
+
+
 async def test_an_engine_raising_is_internal_with_its_message(
     server_config: ServerConfig, repo
 ) -> None:

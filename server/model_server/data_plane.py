@@ -549,15 +549,19 @@ class DataPlane:
 
 
 def _named_version(route_version: str | None, pin: str | None) -> str | None:
-    """The version a request names (its route's, or its pin header's), checked like any
-    version name; a route and a header naming two versions contradict each other."""
+    """The version a request names (its route's or gRPC's ``model_version``, or its pin
+    header's), checked like any version name: a bad one is the client's 400, counted so;
+    a route and a header naming two versions contradict each other."""
     if pin is not None:
         try:
             pin = check_name("version", pin)
         except InvalidName as exc:
             raise BadRequest(f"{PIN_HEADER}: {exc}") from None
     if route_version is not None:
-        route_version = check_name("version", route_version)
+        try:
+            route_version = check_name("version", route_version)
+        except InvalidName as exc:
+            raise BadRequest(str(exc)) from None
         if pin is not None and pin != route_version:
             raise BadRequest(f"the route names version {route_version!r} and {PIN_HEADER} {pin!r}")
     return route_version or pin
