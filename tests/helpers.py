@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import onnx
 import yaml
+from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_rollout_contract.canary import GOLDEN_FILE
@@ -264,3 +266,33 @@ def write_tenants(
             tenants[tenant]["rate_limit"] = dict(rate_limits[tenant])
     path.write_text(yaml.safe_dump({"tenants": tenants}))
     return path
+
+
+def write_gate(path: Path) -> None:
+    """Three inputs of three sizes (BOOL: 1 byte, FP16: 2, FP32: 4) and three outputs:
+    ``y = where(mask, x, 0)``, ``flipped = not mask``, ``doubled = half + half``."""
+    batch = ["batch", 3]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Where", ["mask", "x", "zero"], ["y"]),
+            helper.make_node("Not", ["mask"], ["flipped"]),
+            helper.make_node("Add", ["half", "half"], ["doubled"]),
+        ],
+        "gate",
+        [
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, batch),
+            helper.make_tensor_value_info("half", TensorProto.FLOAT16, batch),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, batch),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, batch),
+            helper.make_tensor_value_info("flipped", TensorProto.BOOL, batch),
+            helper.make_tensor_value_info("doubled", TensorProto.FLOAT16, batch),
+        ],
+        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))

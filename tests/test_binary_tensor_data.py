@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from onnx import TensorProto, helper
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from helpers import worker_processes
+from helpers import sample, samples, worker_processes, write_gate
+from model_rollout_contract.canary import PIN_HEADER, REQUESTS
 from model_server.app import ModelServer
 from model_server.backends.base import ModelFile, TensorSpec
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
@@ -35,36 +34,6 @@ INFER = "/v2/models/mlp/infer"
 GATE = "/v2/models/gate/infer"
 HEADER = "Inference-Header-Content-Length"
 X = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
-
-
-def write_gate(path: Path) -> None:
-    """Three inputs of three sizes (BOOL: 1 byte, FP16: 2, FP32: 4) and three outputs:
-    ``y = where(mask, x, 0)``, ``flipped = not mask``, ``doubled = half + half``."""
-    batch = ["batch", 3]
-    graph = helper.make_graph(
-        [
-            helper.make_node("Where", ["mask", "x", "zero"], ["y"]),
-            helper.make_node("Not", ["mask"], ["flipped"]),
-            helper.make_node("Add", ["half", "half"], ["doubled"]),
-        ],
-        "gate",
-        [
-            helper.make_tensor_value_info("mask", TensorProto.BOOL, batch),
-            helper.make_tensor_value_info("half", TensorProto.FLOAT16, batch),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, batch),
-        ],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, batch),
-            helper.make_tensor_value_info("flipped", TensorProto.BOOL, batch),
-            helper.make_tensor_value_info("doubled", TensorProto.FLOAT16, batch),
-        ],
-        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
 
 
 def binary_body(
@@ -469,3 +438,47 @@ def test_raw_bool_bytes_are_0_or_1() -> None:
     assert ok.tolist() == [False, True, True]
     with pytest.raises(BadRequest, match="0 or 1"):
         tensor_from_bytes("m", np.dtype(np.bool_), (3,), memoryview(bytes([0, 1, 2])))
+
+
+async def test_inputs_that_disagree_on_a_shared_dim_are_400_and_not_the_versions_error(
+    gate_client: TestClient,
+) -> None:
+    """``mask``, ``half`` and ``x`` share the symbolic first dim ``batch``: a request
+    giving them 2, 2 and 3 rows is the client's mistake, refused before any run, as JSON
+    or as binary data; pinned to a version (as a canary's candidate), it is the
+    server's 400 and no error of that version's (canary analysis reads the version's
+    5xx: before, each was a 500 there and failed the candidate)."""
+    inputs = gate_inputs(2)
+    inputs["x"] = gate_inputs(3)["x"]  # where(mask, x, 0) cannot broadcast them
+    json_body = {
+        "inputs": [
+            {"name": name, "datatype": {"b": "BOOL", "f": f"FP{a.itemsize * 8}"}[a.dtype.kind],
+             "shape": list(a.shape), "data": a.ravel().tolist()}
+            for name, a in inputs.items()
+        ]
+    }  # fmt: skip
+    binary, length = binary_body(inputs)
+    for _ in range(3):
+        for response in (
+            await gate_client.post(GATE, json=json_body, headers={PIN_HEADER: "v1"}),
+            await gate_client.post(GATE, data=binary, headers={HEADER: str(length)}),
+        ):
+            answer = await response.json()
+            assert response.status == 400, answer
+            assert answer["code"] == "bad_request" and "'batch'" in answer["error"], answer
+    found = samples(await (await gate_client.get("/metrics")).text())
+    assert sample(found, "inference_requests_total", model="gate", code="400") == 6
+    assert sample(found, REQUESTS, model="gate", version="v1", code="500") == 0
+    fine, length = binary_body(gate_inputs(2))
+    assert (await gate_client.post(GATE, data=fine, headers={HEADER: str(length)})).status == 200
+
+
+def test_the_runtimes_argument_errors_are_400(tmp_path: Path) -> None:
+    """What ONNX Runtime refuses as an invalid argument (a rank or a fixed dim the
+    checks before it would have caught) is the client's 400, never a 500."""
+    write_gate(tmp_path / "model.onnx")
+    engine = OnnxRuntimeBackend().load(ModelFile.read(tmp_path / "model.onnx"))
+    feeds = gate_inputs(2)
+    feeds["x"] = np.ones((2, 4), np.float32)  # its second dim is 3
+    with pytest.raises(BadRequest, match="x"):
+        engine.infer(feeds)

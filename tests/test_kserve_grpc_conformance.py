@@ -35,14 +35,14 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from conftest import ADMIN, ADMIN_TOKEN
-from helpers import GatedBackend, RaisingBackend, add_version, ask, sample, samples
+from helpers import GatedBackend, RaisingBackend, add_version, ask, sample, samples, write_gate
 from model_rollout_contract import argv, defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_rollout_e2e.processes import ServerProcess, free_port
 from model_server import errors
 from model_server.app import SERVER, ModelServer
 from model_server.backends.base import TensorSpec
-from model_server.config import MAX_REQUEST_BYTES, ServerConfig, parse_args
+from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, parse_args
 from model_server.errors import BadRequest
 from model_server.grpc_api import STATUS_CODES, UNIMPLEMENTED, InferenceService
 from model_server.grpc_codec import decode_request, encode_response
@@ -437,14 +437,37 @@ async def test_a_bad_model_version_is_counted_as_http_counts_it(served: Served) 
     assert malformed.status() == "StatusCode.INVALID_ARGUMENT", malformed
     missing = await refusal(client.infer("mlp", [triton_input(x)], model_version="v9"))
     assert missing.status() == "StatusCode.NOT_FOUND", missing
-    http = await served.http.post(
-        "/v2/models/mlp/versions/bad%20name!/infer", json={"inputs": []}
-    )
+    http = await served.http.post("/v2/models/mlp/versions/bad%20name!/infer", json={"inputs": []})
     assert http.status == 400
     found = samples(await (await served.http.get("/metrics")).text())
     assert sample(found, "inference_requests_total", model="mlp", code="400") == 2
     assert sample(found, "inference_requests_total", model="mlp", code="404") == 1
     assert sample(found, "inference_requests_total", model="mlp", code="500") == 0
+
+
+async def test_inputs_that_disagree_on_a_shared_dim_are_invalid_argument(
+    server_config: ServerConfig, repo
+) -> None:
+    """As over HTTP: inputs giving the model's named axis ``batch`` two sizes are the
+    client's INVALID_ARGUMENT (counted 400), never INTERNAL on the version's series."""
+    write_gate(repo[0] / "gate" / "v1" / "model.onnx")
+    config = dataclasses.replace(
+        server_config, grpc_port=0, models=[ModelSpec("mlp", "v1"), ModelSpec("gate", "v1")]
+    )
+    async with serving(config, repo[1]) as s:
+        request = triton_pb.ModelInferRequest(model_name="gate")
+        rows = {"mask": 2, "half": 2, "x": 3}
+        for name, datatype, dtype in (
+            ("mask", "BOOL", np.bool_), ("half", "FP16", np.float16), ("x", "FP32", np.float32)
+        ):  # fmt: skip
+            request.inputs.add(name=name, datatype=datatype, shape=[rows[name], 3])
+            request.raw_input_contents.append(np.zeros((rows[name], 3), dtype).tobytes())
+        error = await rpc_error(s.stub.ModelInfer(request, metadata=(("x-model-version", "v1"),)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "'batch'" in error.details()
+        found = samples(await (await s.http.get("/metrics")).text())
+        assert sample(found, "inference_requests_total", model="gate", code="400") == 1
+        assert sample(found, "inference_requests_total", model="gate", code="500") == 0
 
 
 async def test_an_engine_raising_is_internal_with_its_message(

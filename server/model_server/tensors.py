@@ -73,11 +73,14 @@ def parse_shape(raw: Any, name: str) -> tuple[int, ...]:
 
 class InputChecker:
     """The checks every input gets, whatever form its values come in: a known name, given
-    once, the model's datatype, a shape that fits; and that none is missing at the end."""
+    once, the model's datatype, a shape that fits; and at the end, that none is missing
+    and that inputs sharing a named dynamic axis (``TensorSpec.symbols``) agree on its
+    size (else the runtime fails mid-graph, a 500 that was the client's mistake)."""
 
     def __init__(self, specs: tuple[TensorSpec, ...]) -> None:
         self.by_name = {spec.name: spec for spec in specs}
         self.seen: set[str] = set()
+        self.sizes: dict[str, tuple[int, str]] = {}  # a named axis: its size, and whose
 
     def check(self, name: Any, datatype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...]]:
         """The dtype and shape of input ``name``, checked against the model's spec."""
@@ -101,7 +104,19 @@ class InputChecker:
             raise BadRequest(
                 f"input {name!r}: shape {list(checked)} does not fit model shape {list(spec.shape)}"
             )
+        self._check_symbols(spec, checked)
         return dtype, checked
+
+    def _check_symbols(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+        for symbol, size in zip(spec.symbols, shape, strict=False):
+            if symbol is None:
+                continue
+            first = self.sizes.setdefault(symbol, (size, spec.name))
+            if first[0] != size:
+                raise BadRequest(
+                    f"inputs {first[1]!r} and {spec.name!r} share the model's axis "
+                    f"{symbol!r} but give it sizes {first[0]} and {size}"
+                )
 
     def finish(self) -> None:
         missing = sorted(set(self.by_name) - self.seen)

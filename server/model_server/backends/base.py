@@ -57,11 +57,15 @@ class ModelFile:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, numpy dtype and shape of an input or output; ``-1`` marks a dynamic axis."""
+    """Name, numpy dtype and shape of an input or output; ``-1`` marks a dynamic axis.
+    ``symbols`` names the dynamic axes the model names (ONNX's ``dim_param``, None for the
+    others; empty when the backend does not say): inputs whose axes share a name must
+    agree on their size, as the model's graph assumes."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    symbols: tuple[str | None, ...] = field(default=(), kw_only=True)
 
     def accepts_shape(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == len(self.shape) and all(

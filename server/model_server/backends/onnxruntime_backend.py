@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from ..device_info import cpu_name
 from ..engine_cache import CacheKey, EngineCache
+from ..errors import BadRequest
 from .base import ModelFile, TensorSpec
 
 _ORT_TYPES = {
@@ -35,7 +37,8 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
     if dtype is None:
         raise ValueError(f"tensor {arg.name!r} has unsupported type {arg.type}")
     shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-    return TensorSpec(arg.name, np.dtype(dtype), shape)
+    symbols = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
+    return TensorSpec(arg.name, np.dtype(dtype), shape, symbols=symbols)
 
 
 CPU = ["CPUExecutionProvider"]
@@ -57,7 +60,11 @@ class OnnxRuntimeEngine:
         if session is None:
             raise RuntimeError("engine is closed")
         names = [o.name for o in self.outputs]
-        return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+        try:
+            results = session.run(names, dict(feeds))
+        except InvalidArgument as exc:  # a shape or type it refuses: the client's inputs
+            raise BadRequest(str(exc)) from None
+        return dict(zip(names, results, strict=True))
 
     def close(self) -> None:
         self._session = None  # the session frees its memory when the last reference goes
