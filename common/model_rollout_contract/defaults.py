@@ -65,6 +65,10 @@ INFERENCE_WORKERS = 4  # inference threads
 # version has a free inference thread: busy, requests keep queueing
 MAX_BATCH_SIZE = 0
 MAX_QUEUE_DELAY_MICROSECONDS = 0
+# the memory one request may take while it runs (the server's --request-memory-mb): a
+# model's most rows per request, unless configured (--max-rows, the CRD's
+# spec.server.maxRowsPerRequest), is this over the model's estimated memory per row
+REQUEST_MEMORY_MB = 1024
 # SIGTERM: readiness turns 503 at once, then the server keeps serving this long (so that
 # endpoints and load balancers stop sending), waits for in-flight requests, then exits
 DRAIN_SECONDS = 5.0

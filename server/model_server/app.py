@@ -25,6 +25,7 @@ from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
 from .pool_worker import POOL, PoolPeers, tag_responses, worker_rate_limits
 from .repository import ModelRepository
+from .request_limits import RowLimits
 from .shadow import ShadowRunner
 from .startup import load_at_start, resumed_policy
 from .traffic import TrafficRouter
@@ -78,8 +79,9 @@ class ModelServer:
         if seed is not None and config.worker_index is not None:
             seed += config.worker_index  # the same seed would split alike in every worker
         self.plane = DataPlane(
-            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows
-        )
+            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows,
+            RowLimits(config.request_memory_mb * 2**20, config.max_rows),
+        )  # fmt: skip
         self.peers: PoolPeers | None = None
         if config.worker_index is not None and config.pool_dir is not None:
             self.peers = PoolPeers(config.pool_dir, config.worker_index, config.pool_size)

@@ -73,6 +73,15 @@ class TensorRTConfig:
         }
 
 
+def _model_rows(text: str) -> tuple[str, int]:
+    """``[tenant/]name=ROWS``: a model's key and a positive number of rows (``ValueError``,
+    ``InvalidName`` being one, if not)."""
+    key, sep, rows = text.partition("=")
+    if not sep or not rows.isdigit() or int(rows) < 1:
+        raise ValueError(f"want [TENANT/]NAME=ROWS with ROWS at least 1, not {text!r}")
+    return check_model_key(key), int(rows)
+
+
 def _bounds(text: str) -> Bounds:
     try:
         lo, opt, hi = (int(part) for part in text.split(","))
@@ -111,6 +120,10 @@ class ServerConfig:
     # configuration's max_batch_size); how long a request may wait for others
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+    # rows per request (model_server.request_limits): a model's configured bound, by its
+    # key, else what ``request_memory_mb`` over its memory per row allows
+    max_rows: dict[str, int] = field(default_factory=dict)
+    request_memory_mb: int = defaults.REQUEST_MEMORY_MB
     # how long a thread may hold the GIL while another waits (sys.setswitchinterval): a
     # load's Python steps then delay a request by at most this (Python's default: 5 ms)
     gil_switch_interval_us: int = GIL_SWITCH_INTERVAL_US
@@ -275,6 +288,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(Triton's max_queue_delay_microseconds); while every inference thread is busy, "
         "requests queue regardless",
     )
+    limits = p.add_argument_group("request limits")
+    limits.add_argument(
+        "--max-rows",
+        action="append",
+        default=[],
+        metavar="[TENANT/]NAME=ROWS",
+        help="the most rows (the first axis) one request may give this model (repeatable); "
+        "more are refused with 400 before any run. Default: --request-memory-mb over the "
+        "model's estimated memory per row (ONNX Runtime's, from its graph)",
+    )
+    limits.add_argument(
+        "--request-memory-mb",
+        type=int,
+        default=ServerConfig.request_memory_mb,
+        help="the memory one request may take while it runs: a model's most rows per request "
+        "unless --max-rows names it (each inference thread may run such a request)",
+    )
     p.add_argument(
         "--gil-switch-interval-us",
         type=int,
@@ -381,6 +411,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         models = [ModelSpec.parse(m) for m in a.model]
     except InvalidName as exc:
         p.error(f"--model: {exc}")
+    if a.request_memory_mb < 1:
+        p.error("--request-memory-mb must be at least 1")
+    try:
+        max_rows = dict(_model_rows(text) for text in a.max_rows)
+    except ValueError as exc:
+        p.error(f"--max-rows: {exc}")
     jwt: JwtConfig | None = None
     if a.jwks_file or a.jwks_url:
         if not a.tenants_file:
@@ -425,6 +461,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         shadow_max_in_flight=a.shadow_max_in_flight,
         max_batch_size=a.max_batch_size,
         max_queue_delay_us=a.max_queue_delay_us,
+        max_rows=max_rows,
+        request_memory_mb=a.request_memory_mb,
         gil_switch_interval_us=a.gil_switch_interval_us,
         quick_run_us=a.quick_run_us,
         processes=a.processes,

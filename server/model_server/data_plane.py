@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from model_rollout_contract import defaults
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.control import StatusReply, SwapReply
 from model_rollout_contract.names import InvalidName, check_name
@@ -47,6 +48,7 @@ from .inference_stats import RequestTiming, StatisticsBook
 from .metrics import ServerMetrics
 from .model_slot import LoadedVersion, ModelSlot, VersionState
 from .protocol_metadata import model_config, server_metadata
+from .request_limits import RowLimits
 from .shadow import ShadowJob, ShadowRunner
 from .startup import load_resumed, resumed_policy
 from .tensors import select_outputs, spec_to_json
@@ -140,8 +142,10 @@ class DataPlane:
         codec: JsonCodec | None = None,
         router: TrafficRouter | None = None,
         shadows: ShadowRunner | None = None,
+        limits: RowLimits | None = None,
     ) -> None:
         self.manager = manager
+        self.limits = limits or RowLimits(defaults.REQUEST_MEMORY_MB * 2**20)
         self.metrics = metrics
         self.codec = codec or JsonCodec()
         self.router = router or TrafficRouter()
@@ -331,6 +335,9 @@ class DataPlane:
             served.decode_ns = time.perf_counter_ns() - decoding
             with slot.pin(route.version, or_serving=lenient) as pinned:
                 if pinned.engine.inputs == specs:
+                    # the rows' bound is of the version pinned, before it runs: a refusal
+                    # is the client's 400, not the version's error
+                    self.limits.check(slot.key, pinned.engine, request.feeds)
                     served.version = pinned
                     if self.manager.batchers.batches(pinned):  # counted by rows, as Triton
                         served.rows = request_rows(request.feeds) or 1

@@ -86,7 +86,11 @@ class Engine(Protocol):
     on the calling thread (the event loop's), if it knows this run takes at most
     ``budget_s``; else None, and the request goes to an inference thread. The torch
     engine's CUDA graph replays do (tens of microseconds of GPU work, less than the
-    hop to a thread and back costs)."""
+    hop to a thread and back costs).
+
+    An engine may also have ``bytes_per_row``: what one row of a request (the first
+    axis) takes while it runs, which bounds the rows of a request
+    (:mod:`model_server.request_limits`); ONNX Runtime's estimates it from the graph."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

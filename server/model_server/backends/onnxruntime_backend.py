@@ -18,6 +18,7 @@ from ..device_info import cpu_name
 from ..engine_cache import CacheKey, EngineCache
 from ..errors import BadRequest
 from .base import ModelFile, TensorSpec
+from .onnx_rows import bytes_per_row
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -49,8 +50,10 @@ ORT_FORMAT_IDENTIFIER = b"ORTM"
 class OnnxRuntimeEngine:
     platform = "onnxruntime_onnx"
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(self, session: ort.InferenceSession, bytes_per_row: int | None = None) -> None:
         self._session: ort.InferenceSession | None = session
+        # what one row of a request takes while it runs (onnx_rows; None: not known)
+        self.bytes_per_row = bytes_per_row
         self._closed = threading.Event()
         self.inputs = tuple(_spec(a) for a in session.get_inputs())
         self.outputs = tuple(_spec(a) for a in session.get_outputs())
@@ -125,7 +128,7 @@ class OnnxRuntimeBackend:
             options = self._options()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             session = ort.InferenceSession(self._source(model, options), options, providers=CPU)
-            return OnnxRuntimeEngine(session)
+            return OnnxRuntimeEngine(session, self._bytes_per_row(model))
         key = self.cache_key(model)
         with self.cache.open(key, lambda tmp: self._optimize(model, tmp)) as hit:
             self.last_cache_hit = hit.hit
@@ -133,4 +136,11 @@ class OnnxRuntimeBackend:
             # already optimised for this CPU: skip the expensive passes on every load
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             session = ort.InferenceSession(hit.data, options, providers=["CPUExecutionProvider"])
-        return OnnxRuntimeEngine(session)
+        return OnnxRuntimeEngine(session, self._bytes_per_row(model))
+
+    @staticmethod
+    def _bytes_per_row(model: ModelFile) -> int | None:
+        """The model's memory per row (an ORT-format file has no ONNX graph to read)."""
+        if bytes(model.data[4:8]) == ORT_FORMAT_IDENTIFIER:
+            return None
+        return bytes_per_row(model.data)

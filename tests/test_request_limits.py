@@ -1,0 +1,129 @@
+"""Rows per request are bounded per model (issue 27): a request's memory grows with its
+rows in every activation of the graph, far past its body's size, so a small body could
+take gigabytes and take the pod from everyone. Refused with 400 before any run, over
+HTTP JSON, HTTP binary data and gRPC alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from helpers import add_version, infer_body, sample, samples
+from model_rollout_contract import defaults
+from model_rollout_e2e.onnx_models import INPUT_NAME
+from model_server.app import SERVER, ModelServer
+from model_server.backends.base import ModelFile
+from model_server.backends.onnx_rows import bytes_per_row
+from model_server.config import ModelSpec, ServerConfig, parse_args
+from model_server.grpc_protocol import grpc_service_pb2 as pb
+from model_server.grpc_protocol import grpc_service_pb2_grpc as pb_grpc
+
+WIDE = "/v2/models/wide/infer"
+HIDDEN = 16384  # one hidden layer: 128 KiB a row, a few hundred KiB of weights
+PER_ROW = 2 * HIDDEN * 4 + 8 * 4 + 4 * 4  # twice the widest tensor, plus input and output
+
+
+@pytest.fixture
+def wide_config(server_config: ServerConfig, repo) -> ServerConfig:
+    add_version(repo[0], "wide", "v1", seed=4, hidden=HIDDEN, depth=2)
+    return dataclasses.replace(
+        server_config, models=[ModelSpec("mlp", "v1"), ModelSpec("wide", "v1")]
+    )
+
+
+@pytest.fixture
+async def wide_client(wide_config: ServerConfig) -> AsyncIterator[TestClient]:
+    async with TestClient(TestServer(ModelServer(wide_config).make_app())) as client:
+        yield client
+
+
+def rows(n: int) -> np.ndarray:
+    return np.ones((n, 8), np.float32)
+
+
+def test_memory_per_row_is_estimated_from_the_graph(repo) -> None:
+    version = add_version(repo[0], "wide", "v1", seed=4, hidden=HIDDEN, depth=2)
+    assert bytes_per_row(ModelFile.read(version.path).data) == PER_ROW
+
+
+async def test_a_request_of_more_rows_than_the_default_allows_is_400_before_it_runs(
+    wide_client: TestClient,
+) -> None:
+    """The default: --request-memory-mb (1 GiB) over the model's memory per row. One row
+    more than that (a 256 KiB body, which ran and took about a gigabyte) is refused."""
+    limit = defaults.REQUEST_MEMORY_MB * 2**20 // PER_ROW
+    x = rows(limit + 1)
+    header = json.dumps(
+        {"inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": list(x.shape),
+                     "parameters": {"binary_data_size": x.nbytes}}]}
+    ).encode()  # fmt: skip
+    response = await wide_client.post(
+        WIDE,
+        data=header + x.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    answer = await response.json()
+    assert response.status == 400, answer
+    assert answer["code"] == "bad_request" and f"at most {limit} rows" in answer["error"]
+    found = samples(await (await wide_client.get("/metrics")).text())
+    assert sample(found, "model_version_requests_total", model="wide", version="v1") == 0
+
+
+async def test_the_bound_holds_over_json_binary_and_grpc(wide_config: ServerConfig) -> None:
+    config = dataclasses.replace(wide_config, request_memory_mb=4, grpc_port=0)
+    limit = 4 * 2**20 // PER_ROW
+    app = ModelServer(config).make_app()
+    async with TestClient(TestServer(app)) as client:
+        for n, status in ((limit + 1, 400), (limit, 200)):
+            response = await client.post(WIDE, json=infer_body(rows(n)))
+            assert response.status == status, (n, await response.text())
+            x = rows(n)
+            header = json.dumps(
+                {"inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": [n, 8],
+                             "parameters": {"binary_data_size": x.nbytes}}]}
+            ).encode()  # fmt: skip
+            response = await client.post(
+                WIDE,
+                data=header + x.tobytes(),
+                headers={"Inference-Header-Content-Length": str(len(header))},
+            )
+            assert response.status == status, (n, await response.text())
+        grpc_port = app[SERVER].grpc.port  # type: ignore[union-attr]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = pb.ModelInferRequest(model_name="wide")
+            request.inputs.add(name=INPUT_NAME, datatype="FP32", shape=[limit + 1, 8])
+            request.raw_input_contents.append(rows(limit + 1).tobytes())
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ModelInfer(request)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"at most {limit} rows" in (caught.value.details() or "")
+
+
+async def test_a_models_configured_bound_wins(wide_config: ServerConfig) -> None:
+    config = dataclasses.replace(wide_config, max_rows={"mlp": 3})
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        refused = await client.post("/v2/models/mlp/infer", json=infer_body(rows(4)))
+        assert refused.status == 400 and "at most 3 rows" in (await refused.json())["error"]
+        fine = await client.post("/v2/models/mlp/infer", json=infer_body(rows(3)))
+        assert fine.status == 200
+
+
+def test_the_flags(tmp_path: Path) -> None:
+    config = parse_args(
+        ["--repository", str(tmp_path), "--max-rows", "mlp=64", "--max-rows", "acme/m=8",
+         "--request-memory-mb", "256"]
+    )  # fmt: skip
+    assert config.max_rows == {"mlp": 64, "acme/m": 8} and config.request_memory_mb == 256
+    assert parse_args(["--repository", str(tmp_path)]).max_rows == {}
+    for bad in (["--max-rows", "mlp"], ["--max-rows", "mlp=0"], ["--max-rows", "a b=3"],
+                ["--request-memory-mb", "0"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse_args(["--repository", str(tmp_path), *bad])
