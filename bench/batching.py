@@ -126,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     modes += [
         (
             f"batch {args.max_batch_size}, delay {delay} us",
-            ["--max-batch-size", str(args.max_batch_size), "--max-queue-delay-us", str(delay)],
+            [
+                "--max-batch-size",
+                str(args.max_batch_size),
+                "--max-queue-delay-us",
+                str(delay),
+                "--batch-model",
+                "mlp",
+            ],
         )
         for delay in args.delays_us
     ]

@@ -53,7 +53,7 @@ def batching_flags(mode: str) -> list[str]:
     rows, sep, delay = mode.partition(":")
     if not (sep and rows.isdigit() and delay.isdigit() and int(rows) > 0):
         raise argparse.ArgumentTypeError(f"batching mode {mode!r}: expected off or ROWS:DELAY_US")
-    return ["--max-batch-size", rows, "--max-queue-delay-us", delay]
+    return ["--max-batch-size", rows, "--max-queue-delay-us", delay, "--batch-model", MODEL]
 
 
 def batching_modes(text: str) -> list[str]:

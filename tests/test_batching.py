@@ -98,6 +98,10 @@ class Recording(OnnxRuntimeBackend):
 async def serving(
     config: ServerConfig, backend: Recording, **changes: Any
 ) -> AsyncIterator[tuple[TestClient, ModelServer]]:
+    """A server of ``config`` with ``changes``, its models opted in to batching unless
+    the changes say which are."""
+    models = changes.get("models", config.models)
+    changes.setdefault("batch_models", tuple(m.key for m in models))
     app = ModelServer(dataclasses.replace(config, **changes), backend).make_app()
     async with TestClient(TestServer(app)) as client:
         yield client, client.app[SERVER]
@@ -386,7 +390,7 @@ async def test_a_cancelled_request_keeps_its_version_open_until_its_run_ends(
     keeps its pin until that run ends: a version dropped meanwhile is not closed under
     the run. (Unbatched, the pin used to go with the cancellation.)"""
     backend = Recording()
-    policy = BatchPolicy(2 if batching else 0, 30.0, 4)
+    policy = BatchPolicy(2 if batching else 0, 30.0, 4, frozenset({"mlp"}))
     manager = EngineManager(
         backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(), retain=1,
         batching=policy,
@@ -418,7 +422,7 @@ async def test_closing_fails_queued_requests_with_503(repo) -> None:
     backend = Recording()
     manager = EngineManager(
         backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(),
-        batching=BatchPolicy(64, 60.0, 4),
+        batching=BatchPolicy(64, 60.0, 4, frozenset({"mlp"})),
     )  # fmt: skip
     manager.register("mlp")
     await manager.load("mlp", "v1")
@@ -481,6 +485,44 @@ async def test_a_model_whose_outputs_do_not_follow_the_rows_runs_unbatched_from_
         assert sorted(backend.rows()[3:]) == [2, 3]
 
 
+def centring() -> onnx.GraphProto:
+    """output = input - the mean of its rows: each row depends on every other, while the
+    output's rows follow the input's (nothing the batcher can see)."""
+    return helper.make_graph(
+        [
+            helper.make_node("ReduceMean", [INPUT_NAME], ["mean"], axes=[0], keepdims=1),
+            helper.make_node("Sub", [INPUT_NAME, "mean"], [OUTPUT_NAME]),
+        ],
+        "centring",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", 8])],
+    )
+
+
+async def test_a_model_not_opted_in_is_never_batched(repo, server_config: ServerConfig) -> None:
+    """Batching is a model's choice (its rows must be independent): with a batch size
+    set, a model not opted in runs every request alone, and each client gets the answer
+    to its own rows only; the model opted in beside it batches."""
+    add_graph(repo[0], "centring", "v1", centring())
+    rng = np.random.default_rng(11)
+    xs = [rows_of(rng, n) for n in (2, 3)]
+    backend = Recording()
+    async with serving(
+        server_config, backend, models=[ModelSpec("mlp", "v1"), ModelSpec("centring", "v1")],
+        max_batch_size=8, max_queue_delay_us=50_000, batch_models=("mlp",),
+    ) as (client, _):  # fmt: skip
+        answers = await asyncio.gather(*(infer(client, x, "centring") for x in xs))
+        for x, (status, answer) in zip(xs, answers, strict=True):
+            assert status == 200, answer
+            np.testing.assert_allclose(output_of(answer), x - x.mean(0), atol=1e-5)
+        assert sorted(backend.rows()) == [2, 3]
+        config = await (await client.get("/v2/models/centring/config")).json()
+        assert config["max_batch_size"] == 0
+        answers = await asyncio.gather(*(infer(client, x) for x in xs))
+        assert [status for status, _ in answers] == [200, 200]
+        assert sorted(backend.rows()[2:]) == [5]
+
+
 def test_unbatchable_reasons_and_profile_limits() -> None:
     from model_server.backends.tensorrt_backend import ProfiledTensorSpec
 
@@ -521,9 +563,15 @@ def test_the_batching_flags_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.max_batch_size, config.max_queue_delay_us) == (32, 500)
     policy = BatchPolicy.from_flags(config.max_batch_size, config.max_queue_delay_us, 4)
     assert policy == BatchPolicy(32, 0.0005, 4) and policy.enabled
+    assert config.batch_models == ()  # opt-in only
+    line = ["--repository", "/m", "--batch-model", "mlp", "--batch-model", "acme/m"]
+    assert parse_args(line).batch_models == ("mlp", "acme/m")
+    policy = BatchPolicy.from_flags(8, 0, 4, ("mlp",))
+    assert policy.models == frozenset({"mlp"})
     monkeypatch.setenv("MODEL_SERVER_MAX_BATCH_SIZE", "16")
     assert parse_args(["--repository", "/m"]).max_batch_size == 16
-    for bad in (["--max-batch-size", "-1"], ["--max-queue-delay-us", "-5"]):
+    for bad in (["--max-batch-size", "-1"], ["--max-queue-delay-us", "-5"],
+                ["--batch-model", "a b"]):  # fmt: skip
         with pytest.raises(SystemExit):
             parse_args(["--repository", "/m", *bad])
 
@@ -574,6 +622,8 @@ def test_the_crd_field_reaches_the_servers_arguments(batching: dict[str, Any] | 
         (32, 750) if batching else (defaults.MAX_BATCH_SIZE, defaults.MAX_QUEUE_DELAY_MICROSECONDS)
     )
     assert (config.max_batch_size, config.max_queue_delay_us) == expected
+    # the deployment's model opts in
+    assert config.batch_models == ((spec.model,) if batching else ())
     line = argv.server_argv(argv.ServerArgs("m", max_batch_size=8, max_queue_delay_us=100))
     assert (parse_args(line[1:]).max_batch_size, parse_args(line[1:]).max_queue_delay_us) == (
         8,
@@ -586,7 +636,7 @@ async def test_the_server_batches_what_its_command_line_asks(
 ) -> None:
     """Flags through the real parser into a real server: two requests run as one."""
     line = ["--repository", str(repo[0]), "--model", "mlp=v1", "--max-batch-size", "2",
-            "--max-queue-delay-us", str(LONG_DELAY_US)]  # fmt: skip
+            "--max-queue-delay-us", str(LONG_DELAY_US), "--batch-model", "mlp"]  # fmt: skip
     config = dataclasses.replace(parse_args(line), cache_dir=server_config.cache_dir)
     backend = Recording()
     rng = np.random.default_rng(8)

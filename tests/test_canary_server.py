@@ -827,7 +827,13 @@ async def test_a_run_of_several_batched_requests_is_not_timed_as_engine_time(
     the runs of one request are observed (here every request is one row: the runs of
     one row in the batch-size histogram)."""
     backend = Rigged()
-    async with serving(server_config, backend, max_batch_size=16, max_queue_delay_us=200_000) as (
+    async with serving(
+        server_config,
+        backend,
+        max_batch_size=16,
+        max_queue_delay_us=200_000,
+        batch_models=("mlp",),
+    ) as (
         client,
         _,
     ):

@@ -141,7 +141,9 @@ async def test_model_configuration(client: Triton) -> None:
 
 
 async def test_model_configuration_with_dynamic_batching(server_config: ServerConfig) -> None:
-    config = replace(server_config, max_batch_size=16, max_queue_delay_us=500)
+    config = replace(
+        server_config, max_batch_size=16, max_queue_delay_us=500, batch_models=("mlp",)
+    )
     async with serving(config) as client:
         answer = await client(lambda c: c.get_model_config("mlp"))
         assert answer["max_batch_size"] == 16

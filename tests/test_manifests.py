@@ -341,6 +341,7 @@ def test_the_crd_limits_and_query_names_are_the_operators() -> None:
         batching["maxQueueDelayMicroseconds"]["maximum"],
     ) == (spec_module.MAX_BATCH_SIZE, spec_module.MAX_QUEUE_DELAY_MICROSECONDS)
     assert server["processes"]["maximum"] == spec_module.MAX_SERVER_PROCESSES
+    assert server["maxRowsPerRequest"]["maximum"] == spec_module.MAX_ROWS_PER_REQUEST
 
 
 async def _kubectl(server: str, path: Path) -> tuple[int, str]:
@@ -550,6 +551,7 @@ SPEC_FIELDS: dict[str, Any] = {
     "server": {
         "drainSeconds": _number(0, 300),
         "processes": _integer(1, 16),
+        "maxRowsPerRequest": _integer(1, 1 << 20),
         "batching": {
             "maxBatchSize": _integer(0, 4096),
             "maxQueueDelayMicroseconds": _integer(0, 1_000_000),

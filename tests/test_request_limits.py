@@ -9,13 +9,18 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from crd_validation import ResourceSchema
 from helpers import add_version, infer_body, sample, samples
+from model_operator.manifests import deployment
+from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME
 from model_server.app import SERVER, ModelServer
@@ -25,6 +30,7 @@ from model_server.config import ModelSpec, ServerConfig, parse_args
 from model_server.grpc_protocol import grpc_service_pb2 as pb
 from model_server.grpc_protocol import grpc_service_pb2_grpc as pb_grpc
 
+ROOT = Path(__file__).parent.parent
 WIDE = "/v2/models/wide/infer"
 HIDDEN = 16384  # one hidden layer: 128 KiB a row, a few hundred KiB of weights
 PER_ROW = 2 * HIDDEN * 4 + 8 * 4 + 4 * 4  # twice the widest tensor, plus input and output
@@ -127,3 +133,34 @@ def test_the_flags(tmp_path: Path) -> None:
                 ["--request-memory-mb", "0"]):  # fmt: skip
         with pytest.raises(SystemExit):
             parse_args(["--repository", str(tmp_path), *bad])
+
+
+def _example() -> dict[str, Any]:
+    [doc] = yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text())
+    return dict(doc)
+
+
+@pytest.mark.parametrize(("rows", "accepted"), [(64, True), (0, False), ("8", False)])
+def test_the_crd_field_reaches_the_servers_arguments(rows: Any, accepted: bool) -> None:
+    """spec.server.maxRowsPerRequest is the deployment's model's --max-rows; absent, the
+    server derives the bound."""
+    doc = _example()
+    schema = ResourceSchema.load(ROOT / "deploy" / "crds" / "modeldeployment.yaml")
+    assert not schema.problems(doc)
+    config = parse_args(_server_args(parse_spec(doc["spec"]))[1:])
+    assert config.max_rows == {}
+    doc["spec"]["server"] = {"maxRowsPerRequest": rows}
+    assert (not schema.problems(doc)) == accepted
+    if not accepted:
+        with pytest.raises(SpecError, match=r"spec\.server\.maxRowsPerRequest"):
+            parse_spec(doc["spec"])
+        return
+    spec = parse_spec(doc["spec"])
+    config = parse_args(_server_args(spec)[1:])
+    assert config.max_rows == {spec.model: rows}
+
+
+def _server_args(spec: Any) -> list[str]:
+    pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
+    [server] = [c for c in pod["containers"] if c["name"] == "server"]
+    return list(server["args"])

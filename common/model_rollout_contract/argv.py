@@ -76,6 +76,10 @@ class ServerArgs:
     precision: str = defaults.PRECISION  # what the TensorRT backend builds
     max_batch_size: int = defaults.MAX_BATCH_SIZE  # dynamic batching: rows per run, 0 = off
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+    # the models opted in to dynamic batching (--batch-model): none unless named
+    batch_models: tuple[str, ...] = ()
+    # the models' own bounds on rows per request (--max-rows); the others' are derived
+    max_rows: tuple[tuple[str, int], ...] = ()
     jwt: JwtArgs | None = None  # with tenants only
     processes: int = defaults.SERVER_PROCESSES  # behind the one port (model_server.pool)
 
@@ -100,6 +104,10 @@ def server_argv(a: ServerArgs) -> list[str]:
         "--max-queue-delay-us", str(a.max_queue_delay_us),
         "--processes", str(a.processes),
     ]  # fmt: skip
+    for model in a.batch_models:
+        argv += ["--batch-model", model]
+    for model, rows in a.max_rows:
+        argv += ["--max-rows", f"{model}={rows}"]
     if a.tenants:
         argv += ["--tenants-file", TENANTS_FILE]
     if a.jwt is not None:

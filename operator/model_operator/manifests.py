@@ -307,6 +307,13 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             precision=spec.precision,
             max_batch_size=spec.server.batching.max_batch_size,
             max_queue_delay_us=spec.server.batching.max_queue_delay_us,
+            # spec.server.batching is the deployment's model's: it opts that model in
+            batch_models=(spec.model,) if spec.server.batching.max_batch_size else (),
+            max_rows=(
+                ((spec.model, spec.server.max_rows_per_request),)
+                if spec.server.max_rows_per_request
+                else ()
+            ),
             jwt=_jwt_args(spec),
             processes=spec.server.processes,
         )

@@ -39,6 +39,7 @@ MAX_BACKOFF_SECONDS = 3600
 MAX_CONCURRENT_DOWNLOADS = 16
 MAX_BATCH_SIZE = 4096  # spec.server.batching.maxBatchSize, rows
 MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000  # spec.server.batching: one second
+MAX_ROWS_PER_REQUEST = 1 << 20  # spec.server.maxRowsPerRequest
 NO_SIGNING_KEY = (
     "spec.signingPublicKeySecret is required: a Secret holding public.pem, the Ed25519 key"
     " model versions must be signed with (or spec.allowUnsigned: true, for development only)"
@@ -158,6 +159,8 @@ class ServerSettings:
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve unready this long
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     processes: int = defaults.SERVER_PROCESSES  # behind the pod's one port
+    # the model's bound on rows per request (None: the server derives it from the model)
+    max_rows_per_request: int | None = None
 
 
 @dataclass(frozen=True)
@@ -438,7 +441,12 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         _number(server_raw, "drainSeconds", problems, "spec.server.", defaults.DRAIN_SECONDS),
         _batching(_get(server_raw, "batching", dict, problems, "spec.server.", {}), problems),
         _get(server_raw, "processes", int, problems, "spec.server.", defaults.SERVER_PROCESSES),
+        _get(server_raw, "maxRowsPerRequest", int, problems, "spec.server."),
     )
+    _range(
+        problems, "spec.server.maxRowsPerRequest", server.max_rows_per_request, 1,
+        MAX_ROWS_PER_REQUEST,
+    )  # fmt: skip
     _range(problems, "spec.server.drainSeconds", server.drain_seconds, 0, MAX_DRAIN_SECONDS)
     _range(problems, "spec.server.processes", server.processes, 1, MAX_SERVER_PROCESSES)
 

@@ -64,7 +64,10 @@ class ModelServer:
             memory_budget_bytes=int(budget * 2**20 / share) if budget else None,
             executor=self.executor,
             batching=BatchPolicy.from_flags(
-                config.max_batch_size, config.max_queue_delay_us, config.workers
+                config.max_batch_size,
+                config.max_queue_delay_us,
+                config.workers,
+                config.batch_models,
             ),
             quick_run_s=config.quick_run_us / 1e6,
             tenant_memory_caps={

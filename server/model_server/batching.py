@@ -20,13 +20,15 @@ but the first):
 * its inputs are concatenated along axis 0, run once, and every output is split back by
   each request's rows.
 
-Which models batch: those whose inputs and outputs all have a dynamic first axis, read as
-the batch axis (as Triton's ``max_batch_size > 0``). As with Triton, rows must be
-independent (no output row may depend on another row): turn batching on only for such
-models. A model whose outputs turn out not to follow the batch's rows (an output's first
-dim other than the rows run) is run request by request from then on. Other models, a
-request larger than a batch, one whose inputs differ in their first dim, and one with no
-rows run alone, as without batching.
+Which models batch: those opted in (``BatchPolicy.models``, the server's
+``--batch-model``; none by default) whose inputs and outputs all have a dynamic first
+axis, read as the batch axis (as Triton's ``max_batch_size > 0``). As with Triton, rows
+must be independent (no output row may depend on another row), which nothing here can
+see: a model whose rows depend on each other would answer with other clients' rows, so
+only its operator can say it may batch. A model whose outputs turn out not to follow
+the batch's rows (an output's first dim other than the rows run) is run request by
+request from then on. Other models, a request larger than a batch, one whose inputs
+differ in their first dim, and one with no rows run alone, as without batching.
 
 A batch whose run raises is run again request by request, so that only the request that
 fails gets the error: a model that fails on part of its inputs must not fail its
@@ -48,7 +50,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -68,13 +70,14 @@ Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """``max_batch_size`` rows per engine run (0: batching off); a request waits at most
-    ``max_queue_delay_s`` for others; at most ``max_concurrent_runs`` runs of one version
-    at once (the inference threads)."""
+    """``max_batch_size`` rows per engine run (0: batching off) of the ``models`` opted in
+    (keys); a request waits at most ``max_queue_delay_s`` for others; at most
+    ``max_concurrent_runs`` runs of one version at once (the inference threads)."""
 
     max_batch_size: int = 0
     max_queue_delay_s: float = 0.0
     max_concurrent_runs: int = 1
+    models: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0 or self.max_queue_delay_s < 0:
@@ -87,8 +90,10 @@ class BatchPolicy:
         return self.max_batch_size > 0
 
     @classmethod
-    def from_flags(cls, max_batch_size: int, max_queue_delay_us: int, runs: int) -> BatchPolicy:
-        return cls(max_batch_size, max_queue_delay_us / 1e6, runs)
+    def from_flags(
+        cls, max_batch_size: int, max_queue_delay_us: int, runs: int, models: Iterable[str] = ()
+    ) -> BatchPolicy:
+        return cls(max_batch_size, max_queue_delay_us / 1e6, runs, frozenset(models))
 
 
 def unbatchable_reason(engine: Engine) -> str | None:
@@ -458,6 +463,7 @@ class Batchers:
     def batches(self, version: LoadedVersion) -> bool:
         return (
             self.policy.enabled
+            and version.model in self.policy.models
             and version not in self._refused
             and unbatchable_reason(version.engine) is None
         )

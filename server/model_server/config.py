@@ -120,6 +120,7 @@ class ServerConfig:
     # configuration's max_batch_size); how long a request may wait for others
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
+    batch_models: tuple[str, ...] = ()  # the models that batch (keys): opted in, none else
     # rows per request (model_server.request_limits): a model's configured bound, by its
     # key, else what ``request_memory_mb`` over its memory per row allows
     max_rows: dict[str, int] = field(default_factory=dict)
@@ -277,8 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=ServerConfig.max_batch_size,
         help="run queued requests of one version together, up to this many rows (the first "
-        "axis) per engine run; 0: off. Only models whose inputs and outputs all have a "
-        "dynamic first axis batch, and their rows must be independent",
+        "axis) per engine run; 0: off. Only the models --batch-model names batch",
+    )
+    batching.add_argument(
+        "--batch-model",
+        action="append",
+        default=[],
+        metavar="[TENANT/]NAME",
+        help="a model whose requests may run together (repeatable; none by default): its "
+        "inputs and outputs all have a dynamic first axis, and its rows are independent "
+        "(no output row depends on another row: else clients get answers mixed with "
+        "others' rows)",
     )
     batching.add_argument(
         "--max-queue-delay-us",
@@ -417,6 +427,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_rows = dict(_model_rows(text) for text in a.max_rows)
     except ValueError as exc:
         p.error(f"--max-rows: {exc}")
+    try:
+        batch_models = tuple(dict.fromkeys(check_model_key(m) for m in a.batch_model))
+    except InvalidName as exc:
+        p.error(f"--batch-model: {exc}")
     jwt: JwtConfig | None = None
     if a.jwks_file or a.jwks_url:
         if not a.tenants_file:
@@ -461,6 +475,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         shadow_max_in_flight=a.shadow_max_in_flight,
         max_batch_size=a.max_batch_size,
         max_queue_delay_us=a.max_queue_delay_us,
+        batch_models=batch_models,
         max_rows=max_rows,
         request_memory_mb=a.request_memory_mb,
         gil_switch_interval_us=a.gil_switch_interval_us,
