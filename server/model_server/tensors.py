@@ -73,9 +73,10 @@ def parse_shape(raw: Any, name: str) -> tuple[int, ...]:
 
 class InputChecker:
     """The checks every input gets, whatever form its values come in: a known name, given
-    once, the model's datatype, a shape that fits; and at the end, that none is missing
-    and that inputs sharing a named dynamic axis (``TensorSpec.symbols``) agree on its
-    size (else the runtime fails mid-graph, a 500 that was the client's mistake)."""
+    once, the model's datatype, a shape that fits, the same size as the inputs before it
+    for each named dynamic axis they share (``TensorSpec.symbols``: else the runtime
+    fails mid-graph, a 500 that was the client's mistake); and that none is missing at
+    the end."""
 
     def __init__(self, specs: tuple[TensorSpec, ...]) -> None:
         self.by_name = {spec.name: spec for spec in specs}
