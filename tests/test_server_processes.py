@@ -76,13 +76,13 @@ def versions(tmp_path: Path) -> dict[str, Version]:
     return {v: add_version(root, "mlp", v, seed=i) for i, v in enumerate(("v1", "v2"), 1)}
 
 
-@pytest.fixture
-def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess]:
+@contextlib.contextmanager
+def running_pool(tmp_path: Path, drain_seconds: float = 1) -> Iterator[ServerProcess]:
     """A pool of PROCESSES workers serving mlp v1, with its control socket."""
     server = ServerProcess(
         tmp_path / "models", ["mlp=v1"], tmp_path / "server.log",
         extra=["--processes", str(PROCESSES), "--control-socket", str(tmp_path / "ctl.sock"),
-               "--json-workers", "1", "--drain-seconds", "1",
+               "--json-workers", "1", "--drain-seconds", str(drain_seconds),
                "--grpc-port", str(free_port())],
     ).start()  # fmt: skip
     assert server.proc is not None
@@ -91,10 +91,18 @@ def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess
         yield server
     finally:
         workers = pool_workers(supervisor) if server.running() else {}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGCONT)  # a test may have stopped it
         server.kill()
         for pid in workers.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess]:
+    with running_pool(tmp_path) as server:
+        yield server
 
 
 async def status(socket: Path) -> dict[str, Any]:
@@ -275,6 +283,50 @@ async def test_sigterm_drains_every_worker_and_exits_zero(
     log = (tmp_path / "server.log").read_text()
     assert log.count("model_server.serving: stopped") == PROCESSES
     assert "pool: every worker stopped" in log
+
+
+async def killed_and_restarted(server: ServerProcess, index: int) -> int:
+    """SIGKILL worker ``index`` and wait until its supervisor has started another: its
+    pid (not yet caught up)."""
+    assert server.proc is not None
+    old = pool_workers(server.proc.pid)[index]
+    os.kill(old, signal.SIGKILL)
+    async with asyncio.timeout(60):  # a hang guard
+        while pool_workers(server.proc.pid).get(index) in (None, old):
+            await asyncio.sleep(0.01)
+    return pool_workers(server.proc.pid)[index]
+
+
+async def caught_up(socket: Path) -> dict[str, Any]:
+    """The pool's status once every worker agrees again (busy while one catches up)."""
+    async with asyncio.timeout(60):  # a hang guard
+        while not (held := await status(socket)).get("ok"):
+            await asyncio.sleep(0.1)
+    return held
+
+
+async def test_a_restarted_worker_is_given_a_version_loaded_from_another_path(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """The sidecar may announce a version's file anywhere in the repository, not only in
+    ``<model>/<version>/``: the catch-up loads it from the same path."""
+    socket = tmp_path / "ctl.sock"
+    staged = add_version(tmp_path / "models", "mlp", "staged-v3", seed=3)
+    versions["v3"] = Version("v3", staged.path, staged.weights, staged.sha256)
+    await pool_ready(pool, socket)
+    assert (await load(socket, versions["v3"]))["ok"]
+    assert pool.proc is not None
+    await killed_and_restarted(pool, 1)
+    log = tmp_path / "server.log"
+    async with asyncio.timeout(60):  # a hang guard
+        while not any(
+            line in log.read_text()
+            for line in ("pool: worker 1 given mlp v3", "pool: worker 1 could not catch up")
+        ):
+            await asyncio.sleep(0.05)
+    assert "pool: worker 1 could not catch up" not in log.read_text()
+    held = await caught_up(socket)
+    assert (held["version"], held["sha256"]) == ("v3", staged.sha256)
 
 
 def _state(pid: int) -> bytes:

@@ -3,7 +3,8 @@ healthy worker holds. A restarted worker loads CURRENT and TRAFFIC from the volu
 startup, as a restarted server does; the sidecar may have swapped since without writing
 them yet, so for every model whose serving version or policy differs from the healthy
 worker's, the restarted one is sent the load (with the policy, its stable version first
-when it lacks it) or the traffic op that makes it the same."""
+when it lacks it) or the traffic op that makes it the same. A load names the file the
+healthy worker loaded (the sidecar may announce one outside ``<model>/<version>/``)."""
 
 from __future__ import annotations
 
@@ -67,11 +68,13 @@ async def replay(state: dict[str, Any], link: WorkerLink) -> None:
         assert isinstance(now, StatusReply)
         if (now.version, now.sha256) != (serving["version"], serving["sha256"]):
             if policy is not None and policy.stable not in now.loaded:
-                sha = {v["version"]: v["sha256"] for v in held["retained"]}.get(policy.stable)
-                if sha is not None:
-                    request = LoadRequest(key, policy.stable, None, sha)
+                stable = {v["version"]: v for v in held["retained"]}.get(policy.stable)
+                if stable is not None:
+                    request = LoadRequest(key, policy.stable, stable["path"], stable["sha256"])
                     _checked(await link.ask(request), f"load of {key} {policy.stable}")
-            request = LoadRequest(key, serving["version"], None, serving["sha256"], policy)
+            request = LoadRequest(
+                key, serving["version"], serving["path"], serving["sha256"], policy
+            )
             _checked(await link.ask(request), f"load of {key} {serving['version']}")
             log.info("pool: worker %d given %s %s", link.index, key, serving["version"])
         elif now.policy != policy:

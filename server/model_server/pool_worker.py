@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .data_plane import DataPlane
 from .metrics import ServerMetrics
+from .model_slot import LoadedVersion
 from .pool_metrics import merge_expositions
 from .pool_statistics import merge_statistics
 from .rate_limits import RateLimit, TenantRateLimits
@@ -142,6 +143,12 @@ async def pool_statistics(
     return merge_statistics([own, *(json.loads(o) for o in others)])
 
 
+def _held(version: LoadedVersion) -> dict[str, str]:
+    """A loaded version as a load names it again: the file it was loaded from (the
+    sidecar may announce one outside ``<model>/<version>/``) and its digest."""
+    return {"version": version.version, "sha256": version.sha256, "path": str(version.path)}
+
+
 def loaded_state(plane: DataPlane) -> dict[str, Any]:
     """Every model's serving version, its retained ones (least recently served first)
     and its traffic policy: what the supervisor replays to a restarted worker."""
@@ -150,8 +157,8 @@ def loaded_state(plane: DataPlane) -> dict[str, Any]:
         slot = plane.manager.slot(key)
         current = slot.current
         state[key] = {
-            "serving": {"version": current.version, "sha256": current.sha256} if current else None,
-            "retained": [{"version": v.version, "sha256": v.sha256} for v in slot.retained()],
+            "serving": _held(current) if current else None,
+            "retained": [_held(v) for v in slot.retained()],
             "policy": slot.policy.to_json() if slot.policy else None,
         }
     return state
