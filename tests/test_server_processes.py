@@ -305,6 +305,77 @@ async def caught_up(socket: Path) -> dict[str, Any]:
     return held
 
 
+async def answered(socket: Path) -> dict[str, Any]:
+    """A worker's status of mlp on its own control socket; empty while nobody listens."""
+    try:
+        return await ask(socket, {"op": "status", "model": "mlp"})
+    except OSError:
+        return {}
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (from /proc)."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd))
+    return any(f"socket:[{inode}]" in held for inode in inodes)
+
+
+async def test_a_restarted_worker_takes_no_connection_before_it_has_caught_up(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """Worker 1 restarts on v1 while the pod serves v2; its supervisor is stopped
+    (SIGSTOP) before it can give it v2, so the worker is never caught up: it must not
+    listen on the pod's port meanwhile, nor answer a request."""
+    socket = tmp_path / "ctl.sock"
+    await pool_ready(pool, socket)
+    assert (await load(socket, versions["v2"]))["ok"]
+    assert pool.proc is not None
+    supervisor = pool.proc.pid
+    directory = pool_dir(supervisor)
+    control_file = directory / "worker-1.sock"
+    for _ in range(5):  # until the supervisor is stopped before the catch-up could begin
+        before = control_file.stat().st_ino
+        restarted = await killed_and_restarted(pool, 1)
+        os.kill(restarted, signal.SIGSTOP)
+        if control_file.stat().st_ino == before:  # its control socket is not up: no catch-up
+            break
+        os.kill(restarted, signal.SIGCONT)  # it started too fast to catch: once more
+        await caught_up(socket)
+    else:
+        pytest.fail("the restarted worker always had its control socket before SIGSTOP")
+    os.kill(supervisor, signal.SIGSTOP)
+    os.kill(restarted, signal.SIGCONT)
+    log = tmp_path / "server.log"
+    bound = log.read_text().count("[worker 1] model_server.serving: serving on")
+    async with asyncio.timeout(60):  # a hang guard: its startup loads done, then either
+        while (await answered(control_file)).get("version") != "v1":
+            await asyncio.sleep(0.05)
+        while not (
+            log.read_text().count("[worker 1] model_server.serving: serving on") > bound
+            or "[worker 1] model_server.serving: loaded: listening once" in log.read_text()
+        ):
+            await asyncio.sleep(0.05)
+    assert not listens(restarted, pool.port)
+    infer = f"{pool.url}/v2/models/mlp/infer"
+    answers = [a for _ in range(30) for a in await send(infer, 1)]  # new connections
+    assert {(code, answer["model_version"]) for code, _, answer in answers} == {(200, "v2")}
+    assert "1" not in {worker for _, worker, _ in answers}
+    os.kill(supervisor, signal.SIGCONT)
+    assert (await caught_up(socket))["version"] == "v2"
+    async with asyncio.timeout(60):  # a hang guard
+        while not listens(restarted, pool.port):
+            await asyncio.sleep(0.05)
+
+
 async def test_a_restarted_worker_is_given_a_version_loaded_from_another_path(
     tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
 ) -> None:

@@ -35,20 +35,30 @@ class ReplayFailed(Exception):
     """The restarted worker could not be given the pool's state (it is restarted)."""
 
 
-async def fetch_state(private_socket: Path) -> dict[str, Any]:
-    """A healthy worker's loaded state (``pool_worker.loaded_state``)."""
-    connector = aiohttp.UnixConnector(path=str(private_socket))
+async def _private(socket: Path, method: str, path: str) -> Any:
+    """A worker's private app's JSON answer to ``method path``."""
+    connector = aiohttp.UnixConnector(path=str(socket))
     timeout = aiohttp.ClientTimeout(total=STATE_TIMEOUT_S)
     try:
         async with (
             aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
-            session.get("http://worker/state") as answer,
+            session.request(method, f"http://worker{path}") as answer,
         ):
             answer.raise_for_status()
-            state: dict[str, Any] = await answer.json()
-            return state
+            return await answer.json()
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-        raise ReplayFailed(f"the state of {private_socket.name}: {exc!r}") from exc
+        raise ReplayFailed(f"{method} {path} on {socket.name}: {exc!r}") from exc
+
+
+async def fetch_state(private_socket: Path) -> dict[str, Any]:
+    """A healthy worker's loaded state (``pool_worker.loaded_state``)."""
+    state: dict[str, Any] = await _private(private_socket, "GET", "/state")
+    return state
+
+
+async def open_worker(private_socket: Path) -> None:
+    """Have a worker listen on the public ports (it holds what the pool serves)."""
+    await _private(private_socket, "POST", "/open")
 
 
 def _checked(reply: Reply, what: str) -> Reply:

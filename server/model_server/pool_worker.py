@@ -6,7 +6,12 @@ private app on a Unix socket in the pool's 0700 directory, with its own metrics,
 statistics and loaded state, and the public ``/metrics`` and statistics routes gather
 the other workers' there and merge them (:mod:`.pool_metrics`, :mod:`.pool_statistics`).
 A worker that does not answer within ``PEER_TIMEOUT_S`` (restarting, stopped) is left
-out, counted and logged, so a scrape never hangs on one."""
+out, counted and logged, so a scrape never hangs on one.
+
+A worker listens on the public ports (HTTP and gRPC) only once its supervisor opens it
+(``POST /open`` on the private app): at once after a first start, and after a restart
+only once it has been given what the pool serves (:mod:`.pool_replay`), so that a
+restarted worker never answers with the version it started on."""
 
 from __future__ import annotations
 
@@ -164,8 +169,10 @@ def loaded_state(plane: DataPlane) -> dict[str, Any]:
     return state
 
 
-def private_app(plane: DataPlane, metrics: ServerMetrics) -> web.Application:
-    """This worker's own numbers and state, for the other workers and the supervisor."""
+def private_app(plane: DataPlane, metrics: ServerMetrics, opened: asyncio.Event) -> web.Application:
+    """This worker's own numbers and state, for the other workers and the supervisor;
+    ``POST /open`` (the supervisor's, once the worker holds what the pool serves) sets
+    ``opened``: only then does the worker listen on the public ports."""
 
     async def own_metrics(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -182,12 +189,17 @@ def private_app(plane: DataPlane, metrics: ServerMetrics) -> web.Application:
     async def state(request: web.Request) -> web.Response:
         return web.json_response(loaded_state(plane))
 
+    async def open_ports(request: web.Request) -> web.Response:
+        opened.set()
+        return web.json_response({"ok": True})
+
     app = web.Application()
     app.add_routes(
         [
             web.get("/metrics", own_metrics),
             web.get("/statistics", own_statistics),
             web.get("/state", state),
+            web.post("/open", open_ports),
         ]
     )
     return app
