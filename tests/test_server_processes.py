@@ -400,6 +400,35 @@ async def test_a_restarted_worker_is_given_a_version_loaded_from_another_path(
     assert (held["version"], held["sha256"]) == ("v3", staged.sha256)
 
 
+async def test_a_second_sigterm_does_not_cut_the_pools_drain_short(
+    tmp_path: Path, versions: dict[str, Version]
+) -> None:
+    """SIGTERM to the pool's process group twice (as a runtime forwarding a signal to the
+    group, then once more): every worker drains as for one SIGTERM, accepting new
+    connections for its drain seconds; SIGINT then ends the drains at once."""
+    with running_pool(tmp_path, drain_seconds=300) as server:
+        await pool_ready(server, tmp_path / "ctl.sock")
+        assert server.proc is not None
+        group = os.getpgid(server.proc.pid)
+        log = tmp_path / "server.log"
+        os.killpg(group, signal.SIGTERM)
+        async with asyncio.timeout(60):  # a hang guard
+            while log.read_text().count("model_server.serving: draining") < PROCESSES:
+                await asyncio.sleep(0.05)
+        os.killpg(group, signal.SIGTERM)
+        infer = f"{server.url}/v2/models/mlp/infer"
+        answers = []
+        for _ in range(10 * PROCESSES):  # new connections, as from clients not yet told
+            try:
+                answers += await send(infer, 1)
+            except aiohttp.ClientError as exc:
+                pytest.fail(f"{len(answers)} answers, then {exc!r}")
+        assert {(code, answer["model_version"]) for code, _, answer in answers} == {(200, "v1")}
+        os.kill(server.proc.pid, signal.SIGINT)
+        assert await asyncio.to_thread(server.run_to_end, 60) == 0, server.log_tail()
+        assert log.read_text().count("model_server.serving: stopped") == PROCESSES
+
+
 def _state(pid: int) -> bytes:
     with contextlib.suppress(FileNotFoundError):
         return Path(f"/proc/{pid}/stat").read_bytes().split(b") ", 1)[1][:1]

@@ -13,8 +13,11 @@ A worker that exits unexpectedly is restarted with a backoff; before it listens 
 counts as healthy it is given the state of a healthy one (:mod:`.pool_replay`). A
 worker that exits before its first start completes fails the pool (a bad flag, a
 backend missing: restarting would not help). SIGTERM or SIGINT is forwarded to every
-worker, each drains as one server does (:mod:`.serving`); the supervisor exits 0 once
-all have exited 0."""
+worker (each in a process group of its own, so a signal to the supervisor's group
+reaches it once), each drains as one server does (:mod:`.serving`); the supervisor
+exits 0 once all have exited 0. A second SIGTERM changes nothing; a second SIGINT ends
+the drains at once, as does the kubelet's SIGKILL after the grace period (the workers
+then get SIGTERM from the kernel: ``pool_worker.end_with_supervisor``)."""
 
 from __future__ import annotations
 
@@ -95,7 +98,9 @@ class Worker:
         while True:
             began = time.monotonic()
             argv = worker_argv(self.pool.argv, self.pool.directory, self.index, self.pool.size)
-            self.process = await asyncio.create_subprocess_exec(*argv)
+            # a process group of its own: a signal to the supervisor's group reaches the
+            # worker once, through the supervisor, not a second time from the sender
+            self.process = await asyncio.create_subprocess_exec(*argv, process_group=0)
             log.info("pool: worker %d started (pid %d)", self.index, self.process.pid)
             if await self._started():
                 try:
@@ -149,7 +154,12 @@ class Pool:
         return self.stopped.is_set()
 
     def stop(self, sig: int) -> None:
-        """Forward ``sig`` to every worker (a second one ends their drains at once)."""
+        """Forward ``sig`` to every worker: the first SIGTERM or SIGINT starts their
+        drains; a later SIGTERM changes nothing (a drain is never cut short by one), a
+        later SIGINT ends their drains at once."""
+        if self.stopping and sig == signal.SIGTERM:
+            log.info("pool: SIGTERM again: the workers go on draining (SIGINT ends that)")
+            return
         log.info("pool: signal %d: passing it to the %d workers", sig, self.size)
         self.stopped.set()
         for worker in self.workers:
