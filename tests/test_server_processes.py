@@ -305,6 +305,36 @@ async def caught_up(socket: Path) -> dict[str, Any]:
     return held
 
 
+async def every_worker(directory: Path) -> dict[int, dict[str, Any]]:
+    """Each worker's own status of mlp, asked on its own control socket."""
+    return {
+        i: await ask(directory / f"worker-{i}.sock", {"op": "status", "model": "mlp"})
+        for i in range(PROCESSES)
+    }
+
+
+async def test_a_versionless_rollback_after_a_restart_takes_every_worker_to_one_version(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """v1, v2, v3 through the pool, then worker 2 restarts (on v1, the flag's version) and
+    is given v3: a rollback naming no version takes every worker to v2, the version the
+    pod served before v3."""
+    socket = tmp_path / "ctl.sock"
+    versions["v3"] = add_version(tmp_path / "models", "mlp", "v3", seed=3)
+    await pool_ready(pool, socket)
+    for name in ("v2", "v3"):
+        assert (await load(socket, versions[name]))["ok"]
+    assert pool.proc is not None
+    directory = pool_dir(pool.proc.pid)
+    await killed_and_restarted(pool, 2)
+    assert (await caught_up(socket))["version"] == "v3"
+    reply = await ask(socket, {"op": "rollback", "model": "mlp"})
+    assert reply["ok"] and (reply["from"], reply["to"]) == ("v3", "v2"), reply
+    held = await every_worker(directory)
+    assert {i: h["version"] for i, h in held.items()} == dict.fromkeys(range(PROCESSES), "v2")
+    assert (await status(socket))["version"] == "v2"
+
+
 async def answered(socket: Path) -> dict[str, Any]:
     """A worker's status of mlp on its own control socket; empty while nobody listens."""
     try:
@@ -482,6 +512,35 @@ async def test_a_load_one_worker_refuses_leaves_every_worker_on_the_old_version(
             assert (held.version, held.policy) == ("v1", policy), (link.index, held)
         after = await relay.handle(control.StatusRequest("mlp"))
         assert isinstance(after, control.StatusReply) and after.version == "v1", after
+
+
+async def test_a_versionless_rollback_is_one_version_for_every_worker(tmp_path: Path) -> None:
+    """Two servers behind a relay that hold different versions to roll back to (the
+    first served v1, v2, v3; the second, restarted, v1 then v3): a rollback naming no
+    version is resolved to one version for both, and the second, which does not hold
+    the first's v2, refuses it: nobody moves, the reply is the refusal."""
+    root = tmp_path / "models"
+    found = {v: add_version(root, "mlp", v, seed=i) for i, v in enumerate(("v1", "v2", "v3"))}
+    configs = [
+        ServerConfig(
+            repository=root, models=[ModelSpec("mlp", "v1")], control_socket=tmp_path / f"w{i}.sock"
+        )
+        for i in range(2)
+    ]
+    async with in_process_server(configs[0]), in_process_server(configs[1]):
+        links = [WorkerLink(i, Path(str(c.control_socket))) for i, c in enumerate(configs)]
+        for link, history in zip(links, (("v2", "v3"), ("v3",)), strict=True):
+            for name in history:
+                v = found[name]
+                swap = await link.ask(control.LoadRequest("mlp", name, str(v.path), v.sha256))
+                assert isinstance(swap, control.SwapReply), swap
+            link.healthy.set()
+        relay = ControlRelay(links, manifest_digests(root))
+        reply = await relay.handle(control.RollbackRequest("mlp"))
+        assert isinstance(reply, control.ErrorReply) and reply.code == "conflict", reply
+        for link in links:
+            held = await link.ask(control.StatusRequest("mlp"))
+            assert isinstance(held, control.StatusReply) and held.version == "v3", held
 
 
 def test_status_of_workers_that_disagree_is_busy() -> None:

@@ -90,6 +90,7 @@ class Worker:
     async def _open(self) -> None:
         """Let the worker listen on the public ports; it counts as healthy from then."""
         await open_worker(private_socket(self.pool.directory, self.index))
+        self.link.healthy_since = time.monotonic()
         self.link.healthy.set()
 
     async def run(self) -> int:
