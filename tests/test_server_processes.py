@@ -76,13 +76,13 @@ def versions(tmp_path: Path) -> dict[str, Version]:
     return {v: add_version(root, "mlp", v, seed=i) for i, v in enumerate(("v1", "v2"), 1)}
 
 
-@pytest.fixture
-def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess]:
+@contextlib.contextmanager
+def running_pool(tmp_path: Path, drain_seconds: float = 1) -> Iterator[ServerProcess]:
     """A pool of PROCESSES workers serving mlp v1, with its control socket."""
     server = ServerProcess(
         tmp_path / "models", ["mlp=v1"], tmp_path / "server.log",
         extra=["--processes", str(PROCESSES), "--control-socket", str(tmp_path / "ctl.sock"),
-               "--json-workers", "1", "--drain-seconds", "1",
+               "--json-workers", "1", "--drain-seconds", str(drain_seconds),
                "--grpc-port", str(free_port())],
     ).start()  # fmt: skip
     assert server.proc is not None
@@ -91,10 +91,18 @@ def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess
         yield server
     finally:
         workers = pool_workers(supervisor) if server.running() else {}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGCONT)  # a test may have stopped it
         server.kill()
         for pid in workers.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pool(tmp_path: Path, versions: dict[str, Version]) -> Iterator[ServerProcess]:
+    with running_pool(tmp_path) as server:
+        yield server
 
 
 async def status(socket: Path) -> dict[str, Any]:
@@ -277,6 +285,180 @@ async def test_sigterm_drains_every_worker_and_exits_zero(
     assert "pool: every worker stopped" in log
 
 
+async def killed_and_restarted(server: ServerProcess, index: int) -> int:
+    """SIGKILL worker ``index`` and wait until its supervisor has started another: its
+    pid (not yet caught up)."""
+    assert server.proc is not None
+    old = pool_workers(server.proc.pid)[index]
+    os.kill(old, signal.SIGKILL)
+    async with asyncio.timeout(60):  # a hang guard
+        while pool_workers(server.proc.pid).get(index) in (None, old):
+            await asyncio.sleep(0.01)
+    return pool_workers(server.proc.pid)[index]
+
+
+async def caught_up(socket: Path) -> dict[str, Any]:
+    """The pool's status once every worker agrees again (busy while one catches up)."""
+    async with asyncio.timeout(60):  # a hang guard
+        while not (held := await status(socket)).get("ok"):
+            await asyncio.sleep(0.1)
+    return held
+
+
+async def every_worker(directory: Path) -> dict[int, dict[str, Any]]:
+    """Each worker's own status of mlp, asked on its own control socket."""
+    return {
+        i: await ask(directory / f"worker-{i}.sock", {"op": "status", "model": "mlp"})
+        for i in range(PROCESSES)
+    }
+
+
+async def test_a_versionless_rollback_after_a_restart_takes_every_worker_to_one_version(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """v1, v2, v3 through the pool, then worker 2 restarts (on v1, the flag's version) and
+    is given v3: a rollback naming no version takes every worker to v2, the version the
+    pod served before v3."""
+    socket = tmp_path / "ctl.sock"
+    versions["v3"] = add_version(tmp_path / "models", "mlp", "v3", seed=3)
+    await pool_ready(pool, socket)
+    for name in ("v2", "v3"):
+        assert (await load(socket, versions[name]))["ok"]
+    assert pool.proc is not None
+    directory = pool_dir(pool.proc.pid)
+    await killed_and_restarted(pool, 2)
+    assert (await caught_up(socket))["version"] == "v3"
+    reply = await ask(socket, {"op": "rollback", "model": "mlp"})
+    assert reply["ok"] and (reply["from"], reply["to"]) == ("v3", "v2"), reply
+    held = await every_worker(directory)
+    assert {i: h["version"] for i, h in held.items()} == dict.fromkeys(range(PROCESSES), "v2")
+    assert (await status(socket))["version"] == "v2"
+
+
+async def answered(socket: Path) -> dict[str, Any]:
+    """A worker's status of mlp on its own control socket; empty while nobody listens."""
+    try:
+        return await ask(socket, {"op": "status", "model": "mlp"})
+    except OSError:
+        return {}
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (from /proc)."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd))
+    return any(f"socket:[{inode}]" in held for inode in inodes)
+
+
+async def test_a_restarted_worker_takes_no_connection_before_it_has_caught_up(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """Worker 1 restarts on v1 while the pod serves v2; its supervisor is stopped
+    (SIGSTOP) before it can give it v2, so the worker is never caught up: it must not
+    listen on the pod's port meanwhile, nor answer a request."""
+    socket = tmp_path / "ctl.sock"
+    await pool_ready(pool, socket)
+    assert (await load(socket, versions["v2"]))["ok"]
+    assert pool.proc is not None
+    supervisor = pool.proc.pid
+    directory = pool_dir(supervisor)
+    control_file = directory / "worker-1.sock"
+    for _ in range(5):  # until the supervisor is stopped before the catch-up could begin
+        before = control_file.stat().st_ino
+        restarted = await killed_and_restarted(pool, 1)
+        os.kill(restarted, signal.SIGSTOP)
+        if control_file.stat().st_ino == before:  # its control socket is not up: no catch-up
+            break
+        os.kill(restarted, signal.SIGCONT)  # it started too fast to catch: once more
+        await caught_up(socket)
+    else:
+        pytest.fail("the restarted worker always had its control socket before SIGSTOP")
+    os.kill(supervisor, signal.SIGSTOP)
+    os.kill(restarted, signal.SIGCONT)
+    log = tmp_path / "server.log"
+    bound = log.read_text().count("[worker 1] model_server.serving: serving on")
+    async with asyncio.timeout(60):  # a hang guard: its startup loads done, then either
+        while (await answered(control_file)).get("version") != "v1":
+            await asyncio.sleep(0.05)
+        while not (
+            log.read_text().count("[worker 1] model_server.serving: serving on") > bound
+            or "[worker 1] model_server.serving: loaded: listening once" in log.read_text()
+        ):
+            await asyncio.sleep(0.05)
+    assert not listens(restarted, pool.port)
+    infer = f"{pool.url}/v2/models/mlp/infer"
+    answers = [a for _ in range(30) for a in await send(infer, 1)]  # new connections
+    assert {(code, answer["model_version"]) for code, _, answer in answers} == {(200, "v2")}
+    assert "1" not in {worker for _, worker, _ in answers}
+    os.kill(supervisor, signal.SIGCONT)
+    assert (await caught_up(socket))["version"] == "v2"
+    async with asyncio.timeout(60):  # a hang guard
+        while not listens(restarted, pool.port):
+            await asyncio.sleep(0.05)
+
+
+async def test_a_restarted_worker_is_given_a_version_loaded_from_another_path(
+    tmp_path: Path, pool: ServerProcess, versions: dict[str, Version]
+) -> None:
+    """The sidecar may announce a version's file anywhere in the repository, not only in
+    ``<model>/<version>/``: the catch-up loads it from the same path."""
+    socket = tmp_path / "ctl.sock"
+    staged = add_version(tmp_path / "models", "mlp", "staged-v3", seed=3)
+    versions["v3"] = Version("v3", staged.path, staged.weights, staged.sha256)
+    await pool_ready(pool, socket)
+    assert (await load(socket, versions["v3"]))["ok"]
+    assert pool.proc is not None
+    await killed_and_restarted(pool, 1)
+    log = tmp_path / "server.log"
+    async with asyncio.timeout(60):  # a hang guard
+        while not any(
+            line in log.read_text()
+            for line in ("pool: worker 1 given mlp v3", "pool: worker 1 could not catch up")
+        ):
+            await asyncio.sleep(0.05)
+    assert "pool: worker 1 could not catch up" not in log.read_text()
+    held = await caught_up(socket)
+    assert (held["version"], held["sha256"]) == ("v3", staged.sha256)
+
+
+async def test_a_second_sigterm_does_not_cut_the_pools_drain_short(
+    tmp_path: Path, versions: dict[str, Version]
+) -> None:
+    """SIGTERM to the pool's process group twice (as a runtime forwarding a signal to the
+    group, then once more): every worker drains as for one SIGTERM, accepting new
+    connections for its drain seconds; SIGINT then ends the drains at once."""
+    with running_pool(tmp_path, drain_seconds=300) as server:
+        await pool_ready(server, tmp_path / "ctl.sock")
+        assert server.proc is not None
+        group = os.getpgid(server.proc.pid)
+        log = tmp_path / "server.log"
+        os.killpg(group, signal.SIGTERM)
+        async with asyncio.timeout(60):  # a hang guard
+            while log.read_text().count("model_server.serving: draining") < PROCESSES:
+                await asyncio.sleep(0.05)
+        os.killpg(group, signal.SIGTERM)
+        infer = f"{server.url}/v2/models/mlp/infer"
+        answers = []
+        for _ in range(10 * PROCESSES):  # new connections, as from clients not yet told
+            try:
+                answers += await send(infer, 1)
+            except aiohttp.ClientError as exc:
+                pytest.fail(f"{len(answers)} answers, then {exc!r}")
+        assert {(code, answer["model_version"]) for code, _, answer in answers} == {(200, "v1")}
+        os.kill(server.proc.pid, signal.SIGINT)
+        assert await asyncio.to_thread(server.run_to_end, 60) == 0, server.log_tail()
+        assert log.read_text().count("model_server.serving: stopped") == PROCESSES
+
+
 def _state(pid: int) -> bytes:
     with contextlib.suppress(FileNotFoundError):
         return Path(f"/proc/{pid}/stat").read_bytes().split(b") ", 1)[1][:1]
@@ -330,6 +512,35 @@ async def test_a_load_one_worker_refuses_leaves_every_worker_on_the_old_version(
             assert (held.version, held.policy) == ("v1", policy), (link.index, held)
         after = await relay.handle(control.StatusRequest("mlp"))
         assert isinstance(after, control.StatusReply) and after.version == "v1", after
+
+
+async def test_a_versionless_rollback_is_one_version_for_every_worker(tmp_path: Path) -> None:
+    """Two servers behind a relay that hold different versions to roll back to (the
+    first served v1, v2, v3; the second, restarted, v1 then v3): a rollback naming no
+    version is resolved to one version for both, and the second, which does not hold
+    the first's v2, refuses it: nobody moves, the reply is the refusal."""
+    root = tmp_path / "models"
+    found = {v: add_version(root, "mlp", v, seed=i) for i, v in enumerate(("v1", "v2", "v3"))}
+    configs = [
+        ServerConfig(
+            repository=root, models=[ModelSpec("mlp", "v1")], control_socket=tmp_path / f"w{i}.sock"
+        )
+        for i in range(2)
+    ]
+    async with in_process_server(configs[0]), in_process_server(configs[1]):
+        links = [WorkerLink(i, Path(str(c.control_socket))) for i, c in enumerate(configs)]
+        for link, history in zip(links, (("v2", "v3"), ("v3",)), strict=True):
+            for name in history:
+                v = found[name]
+                swap = await link.ask(control.LoadRequest("mlp", name, str(v.path), v.sha256))
+                assert isinstance(swap, control.SwapReply), swap
+            link.healthy.set()
+        relay = ControlRelay(links, manifest_digests(root))
+        reply = await relay.handle(control.RollbackRequest("mlp"))
+        assert isinstance(reply, control.ErrorReply) and reply.code == "conflict", reply
+        for link in links:
+            held = await link.ask(control.StatusRequest("mlp"))
+            assert isinstance(held, control.StatusReply) and held.version == "v3", held
 
 
 def test_status_of_workers_that_disagree_is_busy() -> None:

@@ -152,7 +152,12 @@ class ModelServer:
             await load_at_start(self.manager, spec.key, version, policy)
         if self.control is not None:
             await self.control.start()
-        if self.grpc is not None:  # once the models are loaded, as HTTP listens only then
+        if not self.config.in_pool:  # a pool's worker: once its supervisor opens it
+            await self.start_grpc()
+
+    async def start_grpc(self) -> None:
+        """Listen for gRPC: once the models are loaded, as HTTP listens only then."""
+        if self.grpc is not None:
             await self.grpc.start()
 
     async def stop(self, app: web.Application) -> None:

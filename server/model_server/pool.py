@@ -4,15 +4,20 @@ One event loop answers about 1400 batch-1 requests per second; a pod is one serv
 one port. So the process started is a supervisor (no model, no backend): it starts N
 workers, ordinary servers of the same flags that bind the port with SO_REUSEPORT (the
 kernel spreads the connections over the workers that listen, and a worker listens only
-once its models are loaded), and a private directory (0700) holds each worker's control
-socket and private app (:mod:`.pool_worker`). The configured control socket is the
-supervisor's, relaying to every worker (:mod:`.pool_relay`).
+once the supervisor opens it: its models loaded and, after a restart, given what the
+pool serves), and a private directory (0700) holds each worker's control socket and
+private app (:mod:`.pool_worker`). The configured control socket is the supervisor's,
+relaying to every worker (:mod:`.pool_relay`).
 
-A worker that exits unexpectedly is restarted with a backoff; before it counts as
-healthy it is given the state of a healthy one (:mod:`.pool_replay`). A worker that
-exits before its first start completes fails the pool (a bad flag, a backend missing:
-restarting would not help). SIGTERM or SIGINT is forwarded to every worker, each drains
-as one server does (:mod:`.serving`); the supervisor exits 0 once all have exited 0."""
+A worker that exits unexpectedly is restarted with a backoff; before it listens or
+counts as healthy it is given the state of a healthy one (:mod:`.pool_replay`). A
+worker that exits before its first start completes fails the pool (a bad flag, a
+backend missing: restarting would not help). SIGTERM or SIGINT is forwarded to every
+worker (each in a process group of its own, so a signal to the supervisor's group
+reaches it once), each drains as one server does (:mod:`.serving`); the supervisor
+exits 0 once all have exited 0. A second SIGTERM changes nothing; a second SIGINT ends
+the drains at once, as does the kubelet's SIGKILL after the grace period (the workers
+then get SIGTERM from the kernel: ``pool_worker.end_with_supervisor``)."""
 
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from pathlib import Path
 from .config import ServerConfig
 from .gpu_sharing import pool_without_mps_warning
 from .pool_relay import ControlRelay, RelaySocketServer, WorkerLink, manifest_digests
-from .pool_replay import ReplayFailed, fetch_state, replay
+from .pool_replay import ReplayFailed, fetch_state, open_worker, replay
 from .pool_worker import control_socket, private_socket
 
 log = logging.getLogger(__name__)
@@ -73,13 +78,20 @@ class Worker:
         return False
 
     async def _catch_up(self) -> None:
-        """Give a restarted worker the state of a healthy one, swaps held meanwhile."""
+        """Give a restarted worker the state of a healthy one, swaps held meanwhile, and
+        only then open its public ports."""
         async with self.pool.relay.exclusive():
             peer = next((w for w in self.pool.workers if w.link.healthy.is_set()), None)
             if peer is not None:
                 state = await fetch_state(private_socket(self.pool.directory, peer.index))
                 await replay(state, self.link)
-            self.link.healthy.set()
+            await self._open()
+
+    async def _open(self) -> None:
+        """Let the worker listen on the public ports; it counts as healthy from then."""
+        await open_worker(private_socket(self.pool.directory, self.index))
+        self.link.healthy_since = time.monotonic()
+        self.link.healthy.set()
 
     async def run(self) -> int:
         """Run (and restart) this worker until the pool stops; its last exit status."""
@@ -87,14 +99,16 @@ class Worker:
         while True:
             began = time.monotonic()
             argv = worker_argv(self.pool.argv, self.pool.directory, self.index, self.pool.size)
-            self.process = await asyncio.create_subprocess_exec(*argv)
+            # a process group of its own: a signal to the supervisor's group reaches the
+            # worker once, through the supervisor, not a second time from the sender
+            self.process = await asyncio.create_subprocess_exec(*argv, process_group=0)
             log.info("pool: worker %d started (pid %d)", self.index, self.process.pid)
             if await self._started():
                 try:
                     if self.started_once:
                         await self._catch_up()
                     else:
-                        self.link.healthy.set()
+                        await self._open()
                     self.started_once = True
                 except ReplayFailed as exc:
                     log.error("pool: worker %d could not catch up: %s; restarting", self.index, exc)
@@ -141,7 +155,12 @@ class Pool:
         return self.stopped.is_set()
 
     def stop(self, sig: int) -> None:
-        """Forward ``sig`` to every worker (a second one ends their drains at once)."""
+        """Forward ``sig`` to every worker: the first SIGTERM or SIGINT starts their
+        drains; a later SIGTERM changes nothing (a drain is never cut short by one), a
+        later SIGINT ends their drains at once."""
+        if self.stopping and sig == signal.SIGTERM:
+            log.info("pool: SIGTERM again: the workers go on draining (SIGINT ends that)")
+            return
         log.info("pool: signal %d: passing it to the %d workers", sig, self.size)
         self.stopped.set()
         for worker in self.workers:

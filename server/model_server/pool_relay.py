@@ -3,10 +3,13 @@ requests (:mod:`model_rollout_contract.control`, unchanged) relayed to every wor
 control socket at once, and one reply made of theirs, so that the pod acts as one server
 and never stays split between versions.
 
-* ``load``, ``rollback``, ``traffic``: ok only if every worker said ok (worker 0's reply,
-  the longest duration). If only some did, those are put back where they were before
-  (a rollback to the version they served — a pointer swap; a load of it if it is no
-  longer held — and the traffic policy they held) and the first error is the reply.
+* ``load``, ``rollback``, ``traffic``: ok only if every worker said ok and swapped to
+  the version asked (worker 0's reply, the longest duration). A rollback naming no
+  version is sent naming one: the worker healthy longest's most recently served
+  retained version (a restarted worker's history is shorter). If only some did, those
+  are put back where they were before (a rollback to the version they served — a
+  pointer swap; a load of it if it is no longer held — and the traffic policy they
+  held) and the first error is the reply.
 * ``status``: the workers' common answer when they serve the same version with the same
   digest and policy (``loaded``: the versions every worker holds, each one can swap to
   at once); while they disagree (one restarting, being replayed) ``busy``, which the
@@ -44,7 +47,7 @@ from model_rollout_contract.control import (
 from model_rollout_contract.manifest import MANIFEST_NAME, Manifest
 
 from .control_socket import LineServer
-from .errors import BadRequest, Unavailable
+from .errors import BadRequest, Conflict, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class WorkerLink:
         self.index = index
         self.path = path
         self.healthy = asyncio.Event()
+        self.healthy_since = 0.0  # monotonic: the worker healthy longest knows the most history
 
     async def ask(self, request: Request) -> Reply:
         """The worker's reply; a worker that cannot be reached or dies meanwhile is an
@@ -145,7 +149,10 @@ class ControlRelay:
             if not all(link.healthy.is_set() for link in self.links):
                 return starting
             before = await self._ask_all(StatusRequest(request.model))
-            replies = await self._ask_all(request)
+            if isinstance(request, RollbackRequest) and request.version is None:
+                request = RollbackRequest(request.model, self._rollback_target(before))
+            replies = [self._checked_swap(request, i, r) for i, r in
+                       enumerate(await self._ask_all(request))]  # fmt: skip
             errors = [r for r in replies if isinstance(r, ErrorReply)]
             if not errors:
                 return merged_swap(replies)
@@ -158,6 +165,27 @@ class ControlRelay:
                 )  # fmt: skip
                 await asyncio.gather(*(self._put_back(self.links[i], before[i]) for i in done))
             return errors[0]
+
+    def _rollback_target(self, before: Sequence[Reply]) -> str | None:
+        """The one version a rollback naming none goes to on every worker: the most
+        recently served retained one of the worker healthy longest (a restarted worker
+        holds a shorter history); None when it holds none (each worker refuses)."""
+        oldest = min(range(len(self.links)), key=lambda i: self.links[i].healthy_since)
+        held = before[oldest]
+        if not isinstance(held, StatusReply):
+            return None
+        retained = [v for v in held.loaded if v != held.version]
+        return retained[-1] if retained else None
+
+    @staticmethod
+    def _checked_swap(request: Request, index: int, reply: Reply) -> Reply:
+        """A swap reply that went elsewhere than ``request`` named is an error."""
+        wanted = getattr(request, "version", None)
+        if isinstance(reply, SwapReply) and wanted is not None and reply.to_version != wanted:
+            return ErrorReply(
+                f"worker {index} swapped to {reply.to_version}, not {wanted}", Conflict.code
+            )
+        return reply
 
     async def _put_back(self, link: WorkerLink, before: Reply) -> None:
         """Return ``link``'s worker to the version and policy ``before`` says it had."""

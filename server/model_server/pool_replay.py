@@ -1,9 +1,10 @@
 """What a restarted worker of a pool is given before it counts as healthy: the state a
 healthy worker holds. A restarted worker loads CURRENT and TRAFFIC from the volume at
 startup, as a restarted server does; the sidecar may have swapped since without writing
-them yet, so for every model whose serving version or policy differs from the healthy
-worker's, the restarted one is sent the load (with the policy, its stable version first
-when it lacks it) or the traffic op that makes it the same."""
+them yet, so for every model whose versions or policy differ from the healthy worker's,
+the restarted one is sent the loads (its retained versions in the order served, then
+the serving one with the policy) or the traffic op that make it the same. A load names the file the
+healthy worker loaded (the sidecar may announce one outside ``<model>/<version>/``)."""
 
 from __future__ import annotations
 
@@ -34,20 +35,30 @@ class ReplayFailed(Exception):
     """The restarted worker could not be given the pool's state (it is restarted)."""
 
 
-async def fetch_state(private_socket: Path) -> dict[str, Any]:
-    """A healthy worker's loaded state (``pool_worker.loaded_state``)."""
-    connector = aiohttp.UnixConnector(path=str(private_socket))
+async def _private(socket: Path, method: str, path: str) -> Any:
+    """A worker's private app's JSON answer to ``method path``."""
+    connector = aiohttp.UnixConnector(path=str(socket))
     timeout = aiohttp.ClientTimeout(total=STATE_TIMEOUT_S)
     try:
         async with (
             aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
-            session.get("http://worker/state") as answer,
+            session.request(method, f"http://worker{path}") as answer,
         ):
             answer.raise_for_status()
-            state: dict[str, Any] = await answer.json()
-            return state
+            return await answer.json()
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-        raise ReplayFailed(f"the state of {private_socket.name}: {exc!r}") from exc
+        raise ReplayFailed(f"{method} {path} on {socket.name}: {exc!r}") from exc
+
+
+async def fetch_state(private_socket: Path) -> dict[str, Any]:
+    """A healthy worker's loaded state (``pool_worker.loaded_state``)."""
+    state: dict[str, Any] = await _private(private_socket, "GET", "/state")
+    return state
+
+
+async def open_worker(private_socket: Path) -> None:
+    """Have a worker listen on the public ports (it holds what the pool serves)."""
+    await _private(private_socket, "POST", "/open")
 
 
 def _checked(reply: Reply, what: str) -> Reply:
@@ -56,24 +67,32 @@ def _checked(reply: Reply, what: str) -> Reply:
     return reply
 
 
+def _load(key: str, held: dict[str, str], policy: TrafficPolicy | None = None) -> LoadRequest:
+    return LoadRequest(key, held["version"], held["path"], held["sha256"], policy)
+
+
 async def replay(state: dict[str, Any], link: WorkerLink) -> None:
-    """Make ``link``'s worker serve what ``state`` says, model by model."""
+    """Make ``link``'s worker hold what ``state`` says, model by model: the retained
+    versions in the same order (a rollback naming none then goes where the others go),
+    the serving one, the policy."""
     for key, held in state.items():
         serving = held["serving"]
         if serving is None:
             continue
         policy = TrafficPolicy.from_json(held["policy"]) if held["policy"] else None
+        wanted = [*held["retained"], serving]  # least recently served first
         now = _checked(await link.ask(StatusRequest(key)), f"status of {key}")
         assert isinstance(now, StatusReply)
-        if (now.version, now.sha256) != (serving["version"], serving["sha256"]):
-            if policy is not None and policy.stable not in now.loaded:
-                sha = {v["version"]: v["sha256"] for v in held["retained"]}.get(policy.stable)
-                if sha is not None:
-                    request = LoadRequest(key, policy.stable, None, sha)
-                    _checked(await link.ask(request), f"load of {key} {policy.stable}")
-            request = LoadRequest(key, serving["version"], None, serving["sha256"], policy)
+        if (now.version, now.sha256, list(now.loaded)) != (
+            serving["version"], serving["sha256"], [v["version"] for v in wanted]
+        ):  # fmt: skip
+            for version in held["retained"]:  # held already: a pointer swap
+                _checked(await link.ask(_load(key, version)), f"load of {key} {version}")
+            request = _load(key, serving, policy)
             _checked(await link.ask(request), f"load of {key} {serving['version']}")
             log.info("pool: worker %d given %s %s", link.index, key, serving["version"])
-        elif now.policy != policy:
+            now = _checked(await link.ask(StatusRequest(key)), f"status of {key}")
+            assert isinstance(now, StatusReply)
+        if now.policy != policy:
             _checked(await link.ask(TrafficRequest(key, policy)), f"traffic of {key}")
             log.info("pool: worker %d given the traffic policy of %s", link.index, key)

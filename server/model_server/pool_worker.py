@@ -6,7 +6,12 @@ private app on a Unix socket in the pool's 0700 directory, with its own metrics,
 statistics and loaded state, and the public ``/metrics`` and statistics routes gather
 the other workers' there and merge them (:mod:`.pool_metrics`, :mod:`.pool_statistics`).
 A worker that does not answer within ``PEER_TIMEOUT_S`` (restarting, stopped) is left
-out, counted and logged, so a scrape never hangs on one."""
+out, counted and logged, so a scrape never hangs on one.
+
+A worker listens on the public ports (HTTP and gRPC) only once its supervisor opens it
+(``POST /open`` on the private app): at once after a first start, and after a restart
+only once it has been given what the pool serves (:mod:`.pool_replay`), so that a
+restarted worker never answers with the version it started on."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .data_plane import DataPlane
 from .metrics import ServerMetrics
+from .model_slot import LoadedVersion
 from .pool_metrics import merge_expositions
 from .pool_statistics import merge_statistics
 from .rate_limits import RateLimit, TenantRateLimits
@@ -142,6 +148,12 @@ async def pool_statistics(
     return merge_statistics([own, *(json.loads(o) for o in others)])
 
 
+def _held(version: LoadedVersion) -> dict[str, str]:
+    """A loaded version as a load names it again: the file it was loaded from (the
+    sidecar may announce one outside ``<model>/<version>/``) and its digest."""
+    return {"version": version.version, "sha256": version.sha256, "path": str(version.path)}
+
+
 def loaded_state(plane: DataPlane) -> dict[str, Any]:
     """Every model's serving version, its retained ones (least recently served first)
     and its traffic policy: what the supervisor replays to a restarted worker."""
@@ -150,15 +162,17 @@ def loaded_state(plane: DataPlane) -> dict[str, Any]:
         slot = plane.manager.slot(key)
         current = slot.current
         state[key] = {
-            "serving": {"version": current.version, "sha256": current.sha256} if current else None,
-            "retained": [{"version": v.version, "sha256": v.sha256} for v in slot.retained()],
+            "serving": _held(current) if current else None,
+            "retained": [_held(v) for v in slot.retained()],
             "policy": slot.policy.to_json() if slot.policy else None,
         }
     return state
 
 
-def private_app(plane: DataPlane, metrics: ServerMetrics) -> web.Application:
-    """This worker's own numbers and state, for the other workers and the supervisor."""
+def private_app(plane: DataPlane, metrics: ServerMetrics, opened: asyncio.Event) -> web.Application:
+    """This worker's own numbers and state, for the other workers and the supervisor;
+    ``POST /open`` (the supervisor's, once the worker holds what the pool serves) sets
+    ``opened``: only then does the worker listen on the public ports."""
 
     async def own_metrics(request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -175,12 +189,17 @@ def private_app(plane: DataPlane, metrics: ServerMetrics) -> web.Application:
     async def state(request: web.Request) -> web.Response:
         return web.json_response(loaded_state(plane))
 
+    async def open_ports(request: web.Request) -> web.Response:
+        opened.set()
+        return web.json_response({"ok": True})
+
     app = web.Application()
     app.add_routes(
         [
             web.get("/metrics", own_metrics),
             web.get("/statistics", own_statistics),
             web.get("/state", state),
+            web.post("/open", open_ports),
         ]
     )
     return app

@@ -40,33 +40,56 @@ async def serve(config: ServerConfig) -> None:
     app = create_app(config)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=CANCEL_SECONDS)  # fmt: skip
-    await runner.setup()  # loads the models (on_startup)
-    private: web.AppRunner | None = None
-    try:
+    opened = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
         if config.in_pool:  # the pool's other workers and its supervisor ask it here
-            private = await start_private(app[SERVER])
-        # a pool's workers share the port: the kernel spreads connections over them
-        await web.TCPSite(runner, config.host, config.port, reuse_port=config.in_pool).start()
-        log.info("serving on %s:%d", config.host, config.port)
-        await signalled.wait()
-        signalled.clear()
-        app[SERVER].plane.begin_drain()
-        log.info("draining: unready, serving for %.1f s more", config.drain_seconds)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(signalled.wait(), config.drain_seconds)
-        await _finish_in_flight(runner, app, config.inflight_grace_seconds)
-    finally:
-        await runner.cleanup()  # stops listening, cancels what is left, on_cleanup
-        if private is not None:
-            await private.cleanup()
+            stack.push_async_callback((await start_private(app[SERVER], opened)).cleanup)
+        await runner.setup()  # loads the models (on_startup)
+        # stops listening, cancels what is left, on_cleanup (before the private app's)
+        stack.push_async_callback(runner.cleanup)
+        serving = True
+        if config.in_pool:
+            log.info("loaded: listening once the pool's supervisor opens this worker")
+            serving = await _first(opened, signalled)  # False: stopped before it listened
+            if serving:
+                await app[SERVER].start_grpc()
+        if serving:
+            await _serve_and_drain(runner, app, config, signalled)
     log.info("stopped")
 
 
-async def start_private(server: ModelServer) -> web.AppRunner:
-    """The private app of a pool's worker on its Unix socket in the pool's directory."""
+async def _serve_and_drain(
+    runner: web.AppRunner, app: web.Application, config: ServerConfig, signalled: asyncio.Event
+) -> None:
+    # a pool's workers share the port: the kernel spreads connections over them
+    await web.TCPSite(runner, config.host, config.port, reuse_port=config.in_pool).start()
+    log.info("serving on %s:%d", config.host, config.port)
+    await signalled.wait()
+    signalled.clear()
+    app[SERVER].plane.begin_drain()
+    log.info("draining: unready, serving for %.1f s more", config.drain_seconds)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(signalled.wait(), config.drain_seconds)
+    await _finish_in_flight(runner, app, config.inflight_grace_seconds)
+
+
+async def _first(wanted: asyncio.Event, other: asyncio.Event) -> bool:
+    """Wait for either event: whether ``wanted`` was set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in (wanted, other)]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return wanted.is_set()
+
+
+async def start_private(server: ModelServer, opened: asyncio.Event) -> web.AppRunner:
+    """The private app of a pool's worker on its Unix socket in the pool's directory
+    (before the startup loads: the supervisor opens the worker there once they are done)."""
     config = server.config
     assert config.pool_dir is not None and config.worker_index is not None
-    runner = web.AppRunner(private_app(server.plane, server.metrics), access_log=None)
+    runner = web.AppRunner(private_app(server.plane, server.metrics, opened), access_log=None)
     await runner.setup()
     await web.UnixSite(runner, str(private_socket(config.pool_dir, config.worker_index))).start()
     return runner
