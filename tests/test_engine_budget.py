@@ -326,3 +326,25 @@ async def test_an_unload_during_a_load_that_made_room_keeps_the_model_unloaded(
     with pytest.raises(NotReady):
         await manager.infer("m", {"input": X})
     manager.close()
+
+
+async def test_a_version_without_manifest_or_digest_is_refused_and_the_old_one_serves(
+    tmp_path: Path,
+) -> None:
+    """Issue 27: a version directory without manifest.json was loaded unchecked (and its
+    sha shown as if verified). Without a manifest or a digest in the request it is
+    refused; with the digest it loads."""
+    v1 = add_version(tmp_path, "m", "v1", seed=1)
+    v2 = add_version(tmp_path, "m", "v2", seed=2, manifest=False)
+    manager = manager_for(tmp_path, ["m"], retain=2, budget=10**9)
+    await manager.load("m", "v1")
+    with pytest.raises(LoadRefused, match="no manifest"):
+        await manager.load("m", "v2")
+    with pytest.raises(LoadRefused, match="no manifest"):
+        await manager.load("m", "v2", path=v2.path)
+    slot = manager.slot("m")
+    assert slot.current is not None and slot.current.sha256 == v1.sha256
+    assert slot.states()["v2"].state is VersionState.UNAVAILABLE
+    await manager.load("m", "v2", expected_sha256=v2.sha256)  # an explicit digest
+    assert slot.current.version == "v2"
+    manager.close()

@@ -10,7 +10,7 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import ADMIN
-from helpers import add_version, infer_body, which_version
+from helpers import add_version, infer_body, which_version, write_manifest
 from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig
 
@@ -157,6 +157,7 @@ async def test_corrupt_engine_is_refused_and_old_version_keeps_serving(
     bad = root / "mlp" / "v4"
     bad.mkdir()
     (bad / "model.onnx").write_bytes(b"\x08\x07garbage that is not an onnx model")
+    write_manifest(bad / "model.onnx")  # its bytes as described: they fail to load
     response = await client.post("/v1/reload?target_version=v4", headers=ADMIN)
     body = await response.json()
     assert response.status == 422 and body["status"] == "failed", body
