@@ -209,11 +209,11 @@ async def test_every_inference_is_counted_and_timed_refused_ones_too(client: Tes
     bad_body = await client.post("/v2/models/mlp/infer", data=b"{not json")
     assert bad_body.status == 400
     metrics = await (await client.get("/metrics")).text()
-    assert 'inference_requests_total{code="400",model="-bad"} 1.0' in metrics
+    assert 'inference_requests_total{code="400",model="(unknown)"} 1.0' in metrics
     assert 'inference_requests_total{code="400",model="mlp"} 1.0' in metrics
     assert 'inference_requests_total{code="200",model="mlp"} 1.0' in metrics
     assert 'inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
-    assert 'inference_request_duration_seconds_count{model="-bad"} 1.0' in metrics
+    assert 'inference_request_duration_seconds_count{model="(unknown)"} 1.0' in metrics
 
 
 # --- the whole KServe v2 protocol over HTTP (issue 12) -------------------------------

@@ -33,6 +33,7 @@ from model_server.errors import BadRequest
 from model_server.http_body import BodyBuffer
 
 INFER = "/v2/models/mlp/infer"
+X1 = np.ones((1, 8), np.float32)
 GUARD_S = 60.0  # hang guard, never a measured bound
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -376,3 +377,14 @@ async def test_a_body_announced_over_the_limit_is_413_before_it_is_read(
     async with listening(app) as (host, port), asyncio.timeout(GUARD_S):
         reply = await answer_to_stalled(host, port, head, b"{", until_closed=False)
         assert reply.startswith(b"HTTP/1.1 413 "), reply
+
+
+async def test_requests_to_unknown_models_create_no_series(client: TestClient) -> None:
+    """Issue 27: any client could add series by naming models that do not exist; they are
+    counted under one placeholder label, never under the name the client chose."""
+    for i in range(5):
+        response = await client.post(f"/v2/models/attacker-{i}/infer", json=infer_body(X1))
+        assert response.status == 404, await response.text()
+    metrics = await (await client.get("/metrics")).text()
+    assert "attacker" not in metrics
+    assert 'code="404",model="(unknown)"} 5.0' in metrics
