@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from helpers import worker_processes
+from helpers import worker_processes, write_manifest
 from model_server.app import ModelServer
 from model_server.backends.base import ModelFile, TensorSpec
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
@@ -109,6 +109,7 @@ def parsed(body: bytes, headers: Mapping[str, str]) -> InferResult:
 @pytest.fixture
 async def gate_client(server_config: ServerConfig, repo) -> AsyncIterator[TestClient]:
     write_gate(repo[0] / "gate" / "v1" / "model.onnx")
+    write_manifest(repo[0] / "gate" / "v1" / "model.onnx")
     config = replace(server_config, models=[ModelSpec("mlp", "v1"), ModelSpec("gate", "v1")])
     async with TestClient(TestServer(ModelServer(config).make_app())) as client:
         yield client
