@@ -45,17 +45,24 @@ def add_version(
 ) -> Version:
     path = root / model / version / "model.onnx"
     weights = write_mlp(path, seed, in_dim=IN_DIM, **dims)
-    digest = sha256_file(path)
-    if manifest:
-        m = Manifest(
-            model=model.split("/")[-1],
-            version=version,
-            file="model.onnx",
-            sha256=digest,
-            size=path.stat().st_size,
-        )
-        (path.parent / "manifest.json").write_bytes(m.to_bytes())
+    digest = write_manifest(path) if manifest else sha256_file(path)
     return Version(version, path, weights, digest)
+
+
+def write_manifest(path: Path) -> str:
+    """The contract's manifest beside the model file at ``<root>/[<tenant>/]<model>/
+    <version>/<file>``, describing its bytes as they are (the server loads no version
+    without one, or a digest in the request); returns the file's digest."""
+    digest = sha256_file(path)
+    m = Manifest(
+        model=path.parent.parent.name,
+        version=path.parent.name,
+        file=path.name,
+        sha256=digest,
+        size=path.stat().st_size,
+    )
+    (path.parent / "manifest.json").write_bytes(m.to_bytes())
+    return digest
 
 
 def golden_npz(

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from helpers import sample, samples, worker_processes, write_gate
+from helpers import sample, samples, worker_processes, write_gate, write_manifest
 from model_rollout_contract.canary import PIN_HEADER, REQUESTS
 from model_server.app import ModelServer
 from model_server.backends.base import ModelFile, TensorSpec
@@ -78,6 +78,7 @@ def parsed(body: bytes, headers: Mapping[str, str]) -> InferResult:
 @pytest.fixture
 async def gate_client(server_config: ServerConfig, repo) -> AsyncIterator[TestClient]:
     write_gate(repo[0] / "gate" / "v1" / "model.onnx")
+    write_manifest(repo[0] / "gate" / "v1" / "model.onnx")
     config = replace(server_config, models=[ModelSpec("mlp", "v1"), ModelSpec("gate", "v1")])
     async with TestClient(TestServer(ModelServer(config).make_app())) as client:
         yield client

@@ -21,7 +21,7 @@ from model_server.audit import AuditLog
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import ModelSpec, ServerConfig
 from model_server.engine_manager import EngineManager
-from model_server.errors import LoadRefused, MemoryBudgetExceeded
+from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded, NotReady
 from model_server.metrics import ServerMetrics
 from model_server.model_slot import VersionState, VersionStatus
 from model_server.repository import ModelRepository
@@ -295,3 +295,56 @@ async def test_a_tenant_memory_cap_comes_from_the_tenants_file(tmp_path: Path) -
         tenants.write_text(yaml.safe_dump({"tenants": {"acme": entry}}))
         with pytest.raises(ValueError, match="memory_mb"):
             ModelServer(ServerConfig(repository=tmp_path / "models", tenants_file=tenants))
+
+
+async def test_an_unload_during_a_load_that_made_room_keeps_the_model_unloaded(
+    tmp_path: Path,
+) -> None:
+    """Issue 27: v3's load evicts the retained v1 for the budget; an unload arrives while
+    v3 warms up. The overtaken load must not bring v1 back (held, and a rollback to it)."""
+    versions = [add_version(tmp_path, "m", f"v{i}", seed=i) for i in (1, 2, 3)]
+    manager = manager_for(tmp_path, ["m"], retain=2, budget=per_version(versions[0]) * 5 // 2)
+    backend, slot = manager.backend, manager.slot("m")
+    assert isinstance(backend, GatedBackend)
+    await manager.load("m", "v1")
+    await manager.load("m", "v2")
+    backend.gate.clear()  # v3's warm-up now waits for the gate
+    load = asyncio.create_task(manager.load("m", "v3"))
+    while slot.states()["v1"].state is VersionState.READY:
+        await asyncio.sleep(0.01)  # v1 evicted to make room for v3
+    assert [v.version for v in slot.unload_all("unloaded on request")] == ["v2"]
+    backend.gate.set()
+    with pytest.raises(Conflict, match="not swapped in"):
+        await load
+    await asyncio.gather(*manager._restoring)
+    assert slot.loaded() == [] and slot.current is None
+    assert manager.total_memory_bytes() == 0
+    with pytest.raises(Conflict, match="no retained"):
+        await manager.rollback("m")
+    with pytest.raises(Conflict, match="no retained"):
+        await manager.rollback("m", "v1")
+    with pytest.raises(NotReady):
+        await manager.infer("m", {"input": X})
+    manager.close()
+
+
+async def test_a_version_without_manifest_or_digest_is_refused_and_the_old_one_serves(
+    tmp_path: Path,
+) -> None:
+    """Issue 27: a version directory without manifest.json was loaded unchecked (and its
+    sha shown as if verified). Without a manifest or a digest in the request it is
+    refused; with the digest it loads."""
+    v1 = add_version(tmp_path, "m", "v1", seed=1)
+    v2 = add_version(tmp_path, "m", "v2", seed=2, manifest=False)
+    manager = manager_for(tmp_path, ["m"], retain=2, budget=10**9)
+    await manager.load("m", "v1")
+    with pytest.raises(LoadRefused, match="no manifest"):
+        await manager.load("m", "v2")
+    with pytest.raises(LoadRefused, match="no manifest"):
+        await manager.load("m", "v2", path=v2.path)
+    slot = manager.slot("m")
+    assert slot.current is not None and slot.current.sha256 == v1.sha256
+    assert slot.states()["v2"].state is VersionState.UNAVAILABLE
+    await manager.load("m", "v2", expected_sha256=v2.sha256)  # an explicit digest
+    assert slot.current.version == "v2"
+    manager.close()

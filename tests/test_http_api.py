@@ -10,7 +10,7 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import ADMIN
-from helpers import add_version, infer_body, which_version
+from helpers import add_version, infer_body, which_version, write_manifest
 from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig
 
@@ -157,6 +157,7 @@ async def test_corrupt_engine_is_refused_and_old_version_keeps_serving(
     bad = root / "mlp" / "v4"
     bad.mkdir()
     (bad / "model.onnx").write_bytes(b"\x08\x07garbage that is not an onnx model")
+    write_manifest(bad / "model.onnx")  # its bytes as described: they fail to load
     response = await client.post("/v1/reload?target_version=v4", headers=ADMIN)
     body = await response.json()
     assert response.status == 422 and body["status"] == "failed", body
@@ -208,11 +209,11 @@ async def test_every_inference_is_counted_and_timed_refused_ones_too(client: Tes
     bad_body = await client.post("/v2/models/mlp/infer", data=b"{not json")
     assert bad_body.status == 400
     metrics = await (await client.get("/metrics")).text()
-    assert 'inference_requests_total{code="400",model="-bad"} 1.0' in metrics
+    assert 'inference_requests_total{code="400",model="(unknown)"} 1.0' in metrics
     assert 'inference_requests_total{code="400",model="mlp"} 1.0' in metrics
     assert 'inference_requests_total{code="200",model="mlp"} 1.0' in metrics
     assert 'inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
-    assert 'inference_request_duration_seconds_count{model="-bad"} 1.0' in metrics
+    assert 'inference_request_duration_seconds_count{model="(unknown)"} 1.0' in metrics
 
 
 # --- the whole KServe v2 protocol over HTTP (issue 12) -------------------------------

@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import ADMIN
-from helpers import infer_body, output_of, worker_processes
+from helpers import infer_body, output_of, worker_processes, write_manifest
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig
@@ -220,6 +220,7 @@ async def test_a_body_decoded_for_inputs_that_changed_meanwhile_is_checked_again
     root = repo[0]
     wide = root / "mlp" / "wide" / "model.onnx"
     write_mlp(wide, 7, in_dim=16)
+    write_manifest(wide)
     x = np.random.default_rng(6).standard_normal((40_000, 8)).astype(np.float32)
     body = json.dumps(infer_body(x)).encode()
     config = replace(server_config, json_workers=1, retain=1)

@@ -16,7 +16,7 @@ import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import numpy as np
@@ -28,11 +28,12 @@ from conftest import ADMIN
 from helpers import RaisingBackend, infer_body
 from model_server.app import ModelServer
 from model_server.binary_codec import ALIGNMENT
-from model_server.config import ServerConfig
+from model_server.config import MAX_REQUEST_BYTES, ServerConfig
 from model_server.errors import BadRequest
 from model_server.http_body import BodyBuffer
 
 INFER = "/v2/models/mlp/infer"
+X1 = np.ones((1, 8), np.float32)
 GUARD_S = 60.0  # hang guard, never a measured bound
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -320,3 +321,70 @@ async def test_an_engine_raising_is_a_500_json_answer_and_logged(
     assert record.exc_info is not None and "POST /v2/models/mlp/infer" in record.getMessage()
     fine = await failing_client.post(INFER, json=infer_body(np.ones((1, 8), np.float32)))
     assert fine.status == 200, await fine.text()
+
+
+# --- stalled and oversized bodies (issue 27) -----------------------------------------
+
+
+async def answer_to_stalled(
+    host: str, port: int, head: bytes, sent: bytes, *, until_closed: bool = True
+) -> bytes:
+    """What the server writes back to a request that sends ``head`` and ``sent`` of its
+    body and then nothing: up to the server closing the connection (``until_closed``),
+    else the answer's status line."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head + sent)
+        await writer.drain()
+        return await (reader.read() if until_closed else reader.readuntil(b"\r\n"))
+    finally:
+        writer.close()
+
+
+def request_head(length: int) -> bytes:
+    return (
+        f"POST {INFER} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_stalled_body_is_answered_408_and_its_connection_closed(
+    server_config: ServerConfig,
+) -> None:
+    """Issue 27: a client announces a body, sends ten bytes and stalls; the server answers
+    408 once the body read timeout passes and closes the connection (its descriptor freed)
+    instead of holding it for ever."""
+    config = replace(server_config, body_read_timeout_seconds=0.2)
+    app = ModelServer(config).make_app()
+    async with listening(app) as (host, port), asyncio.timeout(GUARD_S):
+        metrics_url = f"http://{host}:{port}/metrics"
+        reply = await answer_to_stalled(host, port, request_head(1000), b'{"inputs":')
+        status_line, _, rest = reply.partition(b"\r\n")
+        assert status_line.startswith(b"HTTP/1.1 408 "), reply
+        assert b'"code": "request_timeout"' in rest, reply
+        async with aiohttp.ClientSession() as session, session.get(metrics_url) as response:
+            text = await response.text()
+        assert 'code="408"' in text
+
+
+async def test_a_body_announced_over_the_limit_is_413_before_it_is_read(
+    server_config: ServerConfig,
+) -> None:
+    """Issue 27: a Content-Length over the limit is refused at once (413), not after
+    reading the body up to the limit."""
+    app = ModelServer(server_config).make_app()
+    head = request_head(MAX_REQUEST_BYTES + 1)
+    async with listening(app) as (host, port), asyncio.timeout(GUARD_S):
+        reply = await answer_to_stalled(host, port, head, b"{", until_closed=False)
+        assert reply.startswith(b"HTTP/1.1 413 "), reply
+
+
+async def test_requests_to_unknown_models_create_no_series(client: TestClient) -> None:
+    """Issue 27: any client could add series by naming models that do not exist; they are
+    counted under one placeholder label, never under the name the client chose."""
+    for i in range(5):
+        response = await client.post(f"/v2/models/attacker-{i}/infer", json=infer_body(X1))
+        assert response.status == 404, await response.text()
+    metrics = await (await client.get("/metrics")).text()
+    assert "attacker" not in metrics
+    assert 'code="404",model="(unknown)"} 5.0' in metrics

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from helpers import add_version
+from helpers import add_version, write_manifest
 from model_rollout_contract.manifest import sha256_file
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server import private_copy
@@ -42,6 +42,7 @@ from model_server.repository import ModelRepository
 def repo(tmp_path: Path) -> tuple[ModelRepository, Path]:
     path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
     write_mlp(path, 1, in_dim=8, hidden=16, out_dim=4, depth=2)
+    write_manifest(path)
     return ModelRepository(tmp_path / "repo"), path
 
 

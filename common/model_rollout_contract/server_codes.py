@@ -38,6 +38,7 @@ TRANSIENT = frozenset(
         "unavailable",
         "busy",  # the control socket's connection bound (control.BUSY)
         "rate_limited",  # a tenant over its request rate: retry after Retry-After
+        "request_timeout",  # an HTTP request's body did not arrive in time
     }
 )
 

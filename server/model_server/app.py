@@ -20,7 +20,7 @@ from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig
 from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
 from .engine_manager import EngineManager
-from .http_api import METRICS, PLANE, POLICY, add_routes, json_errors
+from .http_api import BODY_TIMEOUT, METRICS, PLANE, POLICY, add_routes, json_errors
 from .in_flight import InFlightRequests
 from .metrics import ServerMetrics
 from .pool_worker import POOL, PoolPeers, tag_responses, worker_rate_limits
@@ -179,6 +179,7 @@ class ModelServer:
         app[PLANE] = self.plane
         app[POLICY] = self.policy
         app[METRICS] = self.metrics
+        app[BODY_TIMEOUT] = self.config.body_read_timeout_seconds
         app[SERVER] = self
         if self.peers is not None:
             app[POOL] = self.peers

@@ -112,6 +112,8 @@ class ServerConfig:
     drain_seconds: float = defaults.DRAIN_SECONDS  # SIGTERM: serve this long unready
     # then: how long requests in flight may still take (what the pod's grace leaves)
     inflight_grace_seconds: float = defaults.INFLIGHT_GRACE_SECONDS
+    # how long a request's body may take to arrive (408 and the connection closed after)
+    body_read_timeout_seconds: float = 30.0
     json_workers: int = 2  # processes that decode and encode large JSON bodies
     json_max_pending: int | None = None  # large bodies decoding or queued (None: 2/worker)
     traffic_seed: int | None = None  # seeds the per-request split of a traffic policy
@@ -211,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerConfig.inflight_grace_seconds,
         help="after the drain: how long requests in flight may still take before they are "
         "cancelled (the pod's grace period leaves this much)",
+    )
+    p.add_argument(
+        "--body-read-timeout-seconds",
+        type=float,
+        default=ServerConfig.body_read_timeout_seconds,
+        help="how long a request's body may take to arrive; past it 408 and the "
+        "connection is closed (a stalled client holds no descriptor for ever)",
     )
     p.add_argument(
         "--json-workers",
@@ -393,6 +402,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--drain-seconds must not be negative")
     if a.inflight_grace_seconds < 0:
         p.error("--inflight-grace-seconds must not be negative")
+    if a.body_read_timeout_seconds <= 0:
+        p.error("--body-read-timeout-seconds must be positive")
     if a.json_workers < 1:
         p.error("--json-workers must be at least 1")
     if a.json_max_pending is not None and a.json_max_pending < 1:
@@ -469,6 +480,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         workers=a.workers,
         drain_seconds=a.drain_seconds,
         inflight_grace_seconds=a.inflight_grace_seconds,
+        body_read_timeout_seconds=a.body_read_timeout_seconds,
         json_workers=a.json_workers,
         json_max_pending=a.json_max_pending,
         traffic_seed=a.traffic_seed,

@@ -63,6 +63,9 @@ R = TypeVar("R")
 # a request its client gave up on (a gRPC deadline, a cancelled call): nginx's code for it.
 # The server counts it; the version's series do not, since the client left, not the model
 CLIENT_CLOSED = "499"
+# the model label of requests naming no model served here: a client choosing names must
+# not add series (no model name has parentheses)
+UNKNOWN_MODEL = "(unknown)"
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -309,10 +312,16 @@ class DataPlane:
         return self.manager.audit.events[-limit:]
 
     # -- inference ----------------------------------------------------------
+    def metric_model(self, key: str) -> str:
+        """The model label of a request for ``key``: itself if served here, else
+        ``UNKNOWN_MODEL``."""
+        return key if key in self.manager.slots else UNKNOWN_MODEL
+
     def count_rejected(self, key: str, status: int, seconds: float) -> None:
         """An inference refused before it reached a model (auth, name, unreadable body)."""
-        self.metrics.requests.labels(key, str(status)).inc()
-        self.metrics.request_latency.labels(key).observe(seconds)
+        label = self.metric_model(key)
+        self.metrics.requests.labels(label, str(status)).inc()
+        self.metrics.request_latency.labels(label).observe(seconds)
 
     def check_body_room(self, body_bytes: int | None) -> None:
         """Refuse (503, Retry-After) a body that would wait behind a full decode queue."""
@@ -366,7 +375,8 @@ class DataPlane:
         started_ns = time.perf_counter_ns()
         code = "500"
         served = _Served()
-        self.metrics.in_flight.labels(key).inc()
+        label = self.metric_model(key)
+        self.metrics.in_flight.labels(label).inc()
         try:
             slot = self.manager.slot(key)
             route = slot.route(self.router, _named_version(version, pin))
@@ -389,9 +399,9 @@ class DataPlane:
             raise
         finally:
             elapsed = time.perf_counter() - started
-            self.metrics.in_flight.labels(key).dec()
-            self.metrics.requests.labels(key, code).inc()
-            self.metrics.request_latency.labels(key).observe(elapsed)
+            self.metrics.in_flight.labels(label).dec()
+            self.metrics.requests.labels(label, code).inc()
+            self.metrics.request_latency.labels(label).observe(elapsed)
             if served.version is not None and code != CLIENT_CLOSED:
                 served.version.metrics.request(code, elapsed)
                 self._count(served, code, time.perf_counter_ns() - started_ns)

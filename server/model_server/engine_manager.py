@@ -17,7 +17,8 @@ candidate never answers outside the policy's share, from the first request on.
 Nothing is evicted for a load that fails: retained versions leave memory after the new
 version is in (``retain``), or before the load when the memory budget leaves no other
 way, and then a failed load reloads them from the repository (checked against the digest
-they were loaded with), so the rollback target is held again.
+they were loaded with), so the rollback target is held again; not after the model was
+unloaded meanwhile: an unloaded model stays unloaded, its memory freed.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class EngineManager:
         event: _Event,
         policy: TrafficPolicy | None = None,
     ) -> SwapResult:
-        generation = slot.generation
+        generation, unloads = slot.generation, slot.unloads
         slot.loading(version)
         reservation: Reservation | None = None
         # the policy's stable version must stay: it answers the requests the candidate
@@ -230,14 +231,14 @@ class EngineManager:
             slot.refused(version, "load cancelled")
             if reservation is not None:
                 reservation.release()
-                self._restore_later(slot, version, reservation.evicted)
+                self._restore_later(slot, version, reservation.evicted, unloads)
             raise
         except ServingError as exc:
             self.pipeline.discard(checked)
             slot.refused(version, exc.message)
             if reservation is not None:
                 reservation.release()
-                await self._restore(slot, version, reservation.evicted)
+                await self._restore(slot, version, reservation.evicted, unloads)
             raise event.failed(exc) from None
         reservation.release()  # the loaded version's memory is now counted as held
         if slot.generation != generation:  # a swap, rollback or policy change overtook it
@@ -248,14 +249,14 @@ class EngineManager:
                 f"rollback or a traffic policy change) overtook it; serving {current}"
             )
             slot.refused(version, overtaken.message)
-            await self._restore(slot, version, reservation.evicted)
+            await self._restore(slot, version, reservation.evicted, unloads)
             raise event.failed(overtaken)
         try:
             previous, _evicted = slot.install(loaded, policy)
         except Conflict as refused:  # its stable version left memory while it loaded
             loaded.engine.close()
             slot.refused(version, refused.message)
-            await self._restore(slot, version, reservation.evicted)
+            await self._restore(slot, version, reservation.evicted, unloads)
             raise event.failed(refused) from None
         self._audit_policy(slot, policy, event)
         return event.succeeded(previous, loaded.sha256, instant=False)
@@ -270,9 +271,14 @@ class EngineManager:
         )  # fmt: skip
         self.audit.record(set_by_load)
 
-    async def _restore(self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion]) -> None:
-        """Load again, as retained versions, what was evicted for a load that failed."""
+    async def _restore(
+        self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion], unloads: int
+    ) -> None:
+        """Load again, as retained versions, what was evicted for a load that failed;
+        nothing once the model was unloaded since the load began (``unloads``)."""
         for old in reversed(evicted):  # each goes back in front: the original order
+            if slot.unloads != unloads:
+                return
             reason = f"evicted to make room for {failed}, which was not swapped in"
             try:
                 reservation = self.budget.reserve(
@@ -289,14 +295,17 @@ class EngineManager:
                 slot.refused(old.version, f"{reason}; reloading it failed: {exc.message}")
                 log.warning("%s:%s not restored: %s", slot.key, old.version, exc.message)
                 continue
-            if not slot.restore(loaded):
+            if not slot.restore(loaded, unloads):
                 loaded.engine.close()
             else:
                 log.info("%s:%s restored after %s failed", slot.key, old.version, failed)
 
-    def _restore_later(self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion]) -> None:
+    def _restore_later(
+        self, slot: ModelSlot, failed: str, evicted: list[LoadedVersion], unloads: int
+    ) -> None:
         if evicted:
-            task = asyncio.get_running_loop().create_task(self._restore(slot, failed, evicted))
+            restoring = self._restore(slot, failed, evicted, unloads)
+            task = asyncio.get_running_loop().create_task(restoring)
             self._restoring.add(task)
             task.add_done_callback(self._restoring.discard)
 

@@ -8,6 +8,8 @@ body, the control socket's error reply and the metrics' ``reason`` label use::
     ├── Forbidden (403 forbidden)               admin API off; path outside the repository
     ├── ModelNotFound (404 model_not_found)
     ├── VersionNotFound (404 version_not_found)
+    ├── RequestTimeout (408 request_timeout)    the body did not arrive in time (the
+    │                                           connection is closed)
     ├── Conflict (409 conflict)                 nothing retained to roll back to
     ├── UnsupportedMediaType (415 unsupported_media_type)   an unknown body charset
     ├── LoadRefused (422 load_refused)          a version failed to verify, load or warm up;
@@ -70,6 +72,11 @@ class VersionNotFound(ServingError):
 class UnsupportedMediaType(ServingError):
     status = 415
     code = "unsupported_media_type"
+
+
+class RequestTimeout(ServingError):
+    status = 408
+    code = "request_timeout"
 
 
 class Conflict(ServingError):

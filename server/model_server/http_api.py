@@ -25,7 +25,7 @@ from model_rollout_contract.names import InvalidName, check_name
 from .auth import AccessPolicy
 from .binary_codec import HEADER_LENGTH, declared_header_length, header_length
 from .data_plane import CLIENT_CLOSED, Caller, DataPlane
-from .errors import BadRequest, ServingError, internal_error
+from .errors import BadRequest, RequestTimeout, ServingError, internal_error
 from .http_body import read_body
 from .http_codec import HttpInferBody
 from .metrics import ServerMetrics
@@ -40,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PLANE = web.AppKey("plane", DataPlane)
 POLICY = web.AppKey("policy", AccessPolicy)
 METRICS = web.AppKey("metrics", ServerMetrics)
+BODY_TIMEOUT = web.AppKey("body_read_timeout_s", float)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -56,6 +57,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     connections go elsewhere instead of finding them closed later."""
     try:
         response = await handler(request)
+    except RequestTimeout as exc:  # its client stalled mid-body
+        return await _answer_and_close(request, error_response(exc.status, exc.code, exc.message))
     except ServingError as exc:
         response = error_response(exc.status, exc.code, exc.message)
         if exc.retry_after_s is not None:
@@ -74,8 +77,22 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             log.exception("%s %s failed", request.method, request.path)
             error = internal_error(exc)
             response = error_response(error.status, error.code, error.message)
-    if request.app[PLANE].draining:
+    if request.app[PLANE].draining or response.status == TOO_LARGE:
         response.force_close()
+    return response
+
+
+TOO_LARGE = web.HTTPRequestEntityTooLarge.status_code  # the connection then ends (lingering)
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Write ``response`` and close the connection at once: its client stalled mid-body,
+    so lingering to read the rest of the body would hold the descriptor on for nothing."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()
     return response
 
 
@@ -109,7 +126,7 @@ def _repository_model(request: web.Request) -> str:
 
 async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
     """A small JSON object body (empty: ``{}``), as the repository calls take."""
-    raw = await read_body(request)
+    raw = await read_body(request, request.app[BODY_TIMEOUT])
     if not raw.nbytes:
         return {}
     body = parse_json(raw, request.charset or "utf-8")
@@ -198,7 +215,7 @@ async def infer(request: web.Request) -> web.Response:
         json_part = declared_header_length(declared)  # where the binary part starts (checked)
         # a full queue: 503 before reading (only the JSON part may wait for a worker)
         plane.check_body_room(json_part or request.content_length)
-        body = await read_body(request, json_part)  # too large: 413
+        body = await read_body(request, request.app[BODY_TIMEOUT], json_part)  # too large: 413
         length = header_length(declared, body.nbytes)
     except (ServingError, InvalidName, web.HTTPException) as exc:
         status = exc.status if isinstance(exc, ServingError | web.HTTPException) else 400

@@ -6,7 +6,9 @@ the binary tensor data after a JSON header of ``align_after`` bytes starts on an
 ``ALIGNMENT`` boundary (:mod:`.binary_codec` can then hand the engine views of the body,
 writable, instead of copies). A body without a length (chunked), or compressed (aiohttp
 inflates ``Content-Encoding: gzip/deflate`` bodies as it reads them), is gathered as it
-comes. Either way a body over ``max_bytes`` is aiohttp's own 413.
+comes. Either way a body over ``max_bytes`` is aiohttp's own 413, at once when its
+Content-Length says so; a body that has not all arrived within ``timeout_s`` is 408
+(``RequestTimeout``), so a stalled client does not hold its connection for ever.
 
 The memory a body holds follows the bytes that arrived, never the length a client
 announced (:class:`BodyBuffer`): a connection that announces 64 MiB and sends ten bytes
@@ -14,12 +16,14 @@ holds ten bytes, however many such connections there are."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from aiohttp import web
 
 from .binary_codec import ALIGNMENT
 from .config import MAX_REQUEST_BYTES
-from .errors import BadRequest
+from .errors import BadRequest, RequestTimeout
 
 
 class BodyBuffer:
@@ -83,13 +87,28 @@ def _too_large(max_bytes: int, size: int) -> web.HTTPRequestEntityTooLarge:
 
 
 async def read_body(
-    request: web.Request, align_after: int | None = None, max_bytes: int = MAX_REQUEST_BYTES
+    request: web.Request,
+    timeout_s: float,
+    align_after: int | None = None,
+    max_bytes: int = MAX_REQUEST_BYTES,
 ) -> memoryview:
-    """The request's whole body; with ``align_after``, the byte at that offset is
-    ``ALIGNMENT``-aligned when the body's length is known in advance."""
+    """The request's whole body, within ``timeout_s``; with ``align_after``, the byte at
+    that offset is ``ALIGNMENT``-aligned when the body's length is known in advance."""
     length = request.content_length
+    if length is not None and length > max_bytes:  # refused before reading a byte
+        raise _too_large(max_bytes, length)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(request, length, align_after, max_bytes)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read(
+    request: web.Request, length: int | None, align_after: int | None, max_bytes: int
+) -> memoryview:
     identity = request.headers.get("Content-Encoding", "identity").lower() == "identity"
-    if length is None or not identity or length > max_bytes:
+    if length is None or not identity:
         return await _gather(request, max_bytes)
     buffer = BodyBuffer(length, align_after)
     while buffer.received < length:

@@ -1,6 +1,7 @@
 """How a new version gets into memory: read the model file once (inside the trusted
 repository, no link followed), hash those bytes and check them against the expected
-digest, load the same bytes, warm up, and answer the golden set its manifest names (read
+digest (the caller's, else the version's manifest: a version with neither is refused),
+load the same bytes, warm up, and answer the golden set its manifest names (read
 and checked against the manifest's digest like the model). Every step runs on the
 loader's threads, never on the event loop or an inference thread, and any failure is a
 ``LoadRefused`` (``GoldenMismatch`` for wrong answers to the golden set)."""
@@ -104,13 +105,18 @@ class LoadPipeline:
         what = f"{key}:{version}"
         if path is None:
             files = self.repository.read_version(key, version)
-            if expected is None and files.manifest is not None:
-                expected = normalized_digest(files.manifest.sha256)
         else:
             files = self.repository.read_announced(path, what)
+        if expected is None and files.manifest is not None:
+            expected = normalized_digest(files.manifest.sha256)
         model = files.model
         try:
-            if expected is not None and model.sha256 != expected:
+            if expected is None:  # nothing to check its bytes against: never served so
+                raise LoadRefused(
+                    f"{what}: no manifest.json beside {model.path.name} and no sha256 in the "
+                    "request: its bytes cannot be verified"
+                )
+            if model.sha256 != expected:
                 raise LoadRefused(
                     f"{what}: sha256 of {model.path.name} is {model.sha256}, expected {expected}"
                 )

@@ -131,6 +131,8 @@ class ModelSlot:
         # counts what a load in progress must not outlast: swaps, and requests for another
         # serving state (overtake_loads); a load that sees it change is not swapped in
         self.generation = 0
+        # counts the repository unloads: what a load evicted is not restored across one
+        self.unloads = 0
         self.closed_versions: list[str] = []  # for observability and tests
         self._policy: TrafficPolicy | None = None
 
@@ -367,11 +369,17 @@ class ModelSlot:
             self._keep_policy_consistent()
         self.retire(version, reason)
 
-    def restore(self, version: LoadedVersion) -> bool:
+    def restore(self, version: LoadedVersion, unloads: int) -> bool:
         """Hold ``version`` again as the least recently served retained one (after the
-        load it was evicted for failed); ``False`` if its place was taken meanwhile."""
+        load it was evicted for failed); ``False`` if its place was taken meanwhile, or
+        if the model was unloaded since the load began (``unloads`` was then counted):
+        an unloaded model stays so."""
         with self._lock:
-            if version.version in self._loaded or len(self._loaded) >= self.retain:
+            if (
+                unloads != self.unloads
+                or version.version in self._loaded
+                or len(self._loaded) >= self.retain
+            ):
                 return False
             self._loaded[version.version] = version
             self._loaded.move_to_end(version.version, last=False)
@@ -423,6 +431,7 @@ class ModelSlot:
             self._current = None
             self._policy = None
             self.generation += 1
+            self.unloads += 1
         for version in held:
             self.retire(version, reason)
         return held
