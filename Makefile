@@ -2,7 +2,8 @@
 #   make demo   - the whole system on this machine (embedded defaults), with a live view
 #   make test   - lint, type-check and the full test suite
 # and one for the inner loop:
-#   make test-fast - unit, planner, server and manifest tests (no SeaweedFS, no process farms)
+#   make test-fast - unit, planner, server and manifest tests (no SeaweedFS, no process farms,
+#                    no real control plane)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 # (PyPI has no "+cpu" release, so elsewhere this fails fast and that test is skipped,
 # which CI=true turns into a failure).
 TORCH_CPU ?= torch==2.13.0+cpu
-FAST_TESTS := -m "not s3 and not slow"
+FAST_TESTS := -m "not s3 and not slow and not controlplane"
 # Real TensorRT runtime bindings (the lean runtime imports without a GPU) and cuda-python
 # builds, each in its own directory: the TensorRT backend's API contract test imports
 # each one in a subprocess and checks every call the backend makes against it. Entries are
@@ -19,8 +20,18 @@ FAST_TESTS := -m "not s3 and not slow"
 COMPAT := $(VENV)/compat
 TRT_COMPAT := 10.8.0.43:cu12:10.16.1.11 10.16.1.11:cu12:10.16.1.11 11.4.0.106:cu13:11.4.0.106
 CUDA_COMPAT := 12.9.10 13.5.0
+# A real Kubernetes control plane for the tests (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler), built from the Go modules pinned in e2e/controlplane/go.mod and go.sum;
+# rebuilt only when those change. GOFLAGS=-p=2: the Go build's memory stays bounded on small CI
+# machines. The version stamp makes the API server report v1.37.2 rather than v0.0.0.
+CONTROLPLANE := $(VENV)/controlplane
+CONTROLPLANE_MOD := e2e/controlplane
+CONTROLPLANE_CMDS := etcd kube-apiserver kube-controller-manager kube-scheduler
+K8S_VERSION := v1.37.2
+K8S_VERSION_LDFLAGS := $(foreach kv,gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,\
+  -X k8s.io/component-base/version.$(kv))
 
-.PHONY: install demo test test-fast lint bench grpc-protocol clean
+.PHONY: install controlplane prometheus demo test test-fast lint bench grpc-protocol clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +51,29 @@ $(BIN)/.installed: pyproject.toml
 	    cuda-bindings==$$v cuda-pathfinder || exit 1; done
 	touch $@
 
-install: $(BIN)/.installed
+$(CONTROLPLANE)/.built: $(CONTROLPLANE_MOD)/go.mod $(CONTROLPLANE_MOD)/go.sum $(wildcard $(CONTROLPLANE_MOD)/cmd/*/main.go)
+	@command -v go >/dev/null 2>&1 || { echo "make: Go (1.26 or newer) is needed to build the tests' Kubernetes control plane from $(CONTROLPLANE_MOD)/go.mod"; exit 1; }
+	@echo "Building the tests' Kubernetes control plane ($(CONTROLPLANE_CMDS), $(K8S_VERSION)) from Go modules into $(CONTROLPLANE)/bin: the first build downloads and compiles Kubernetes and takes many minutes; later installs reuse it until $(CONTROLPLANE_MOD)/go.mod or go.sum changes"
+	mkdir -p $(CONTROLPLANE)/bin
+	cd $(CONTROLPLANE_MOD) && GOFLAGS="-p=2 -mod=readonly" CGO_ENABLED=0 go build -trimpath \
+	  -ldflags="-s -w $(K8S_VERSION_LDFLAGS)" -o $(CURDIR)/$(CONTROLPLANE)/bin/ $(addprefix ./cmd/,$(CONTROLPLANE_CMDS))
+	touch $@
+
+controlplane: $(CONTROLPLANE)/.built
+
+# the canary analysis' PromQL is tested against a real Prometheus: Debian's package (the
+# tests start their own on loopback, so the package's service is not needed); as root it
+# is installed here, otherwise this says how, and those tests skip (fail under CI=true)
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing Prometheus (Debian's package) for the canary analysis tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	  else \
+	    echo "make: Prometheus is not installed and this is not root: the canary analysis tests will skip; install it with: sudo apt-get install prometheus"; \
+	  fi; }
+
+install: $(BIN)/.installed $(CONTROLPLANE)/.built prometheus
 
 demo: install
 	$(BIN)/python -m model_rollout_e2e.demo

@@ -73,6 +73,23 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real Kubernetes control plane per test session (etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler; built by ``make install``); each test uses
+    its own namespace. Stopped at the end of the session whatever the tests did."""
+    from model_rollout_e2e.binaries import BinaryNotFound
+    from model_rollout_e2e.control_plane import COMPONENTS, ControlPlane, control_plane_binary
+
+    try:
+        for name in COMPONENTS:
+            control_plane_binary(name)
+    except BinaryNotFound as exc:
+        pytest.skip(str(exc))
+    with ControlPlane(tmp_path_factory.mktemp("control-plane")) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def s3_env(seaweed, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     from model_rollout_e2e.seaweed import CREDENTIALS_ENV

@@ -4,8 +4,8 @@ Under ``CI=true`` a test may skip only for want of a GPU or TensorRT (marker ``g
 any other skip (a binary not found, a package not installed) is reported as a failure,
 so CI on a fresh machine cannot pass while quietly not running the S3 and end-to-end
 tests. Tests that use the fixtures in ``MARKERS_BY_FIXTURE`` get that marker, so
-``make test-fast`` (``-m "not s3 and not slow"``) leaves them out without relying on
-each test remembering its marker.
+``make test-fast`` (``-m "not s3 and not slow and not controlplane"``) leaves them out
+without relying on each test remembering its marker.
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ from collections.abc import Iterator
 import pytest
 
 SKIP_ALLOWED_MARKERS = frozenset({"gpu"})
-MARKERS_BY_FIXTURE = {"seaweed": "s3"}
+MARKERS_BY_FIXTURE = {"seaweed": "s3", "control_plane": "controlplane"}
+MARKERS = {"controlplane": "needs the real Kubernetes control plane that make install builds"}
 
 
 def strict_skips() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: {meaning}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

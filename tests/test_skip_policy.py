@@ -60,3 +60,18 @@ def test_s3_fixture_users_are_marked(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "skip_policy", "-m", "not s3", "--collect-only", "-q")
     assert "test_uses_s3" not in result.stdout.str()
     assert "test_runs" in result.stdout.str()
+
+
+def test_control_plane_fixture_users_are_marked(pytester: pytest.Pytester) -> None:
+    """``make test-fast`` leaves out the tests on the real control plane; the marker is
+    registered by the plugin itself (``--strict-markers`` would refuse it otherwise)."""
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_sample="import pytest\n\n@pytest.fixture\ndef control_plane():\n    return 1\n\n"
+        "def test_on_a_cluster(control_plane):\n    pass\n\ndef test_runs():\n    pass\n"
+    )
+    args = ("-p", "skip_policy", "--strict-markers", "--collect-only", "-q")
+    result = pytester.runpytest(*args, "-m", "not controlplane")
+    assert "test_on_a_cluster" not in result.stdout.str()
+    assert "test_runs" in result.stdout.str()
+    assert "test_on_a_cluster" in pytester.runpytest(*args, "-m", "controlplane").stdout.str()

