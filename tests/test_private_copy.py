@@ -113,7 +113,9 @@ def test_the_private_copy_is_the_bytes_read_not_the_file_changed_later(
         assert f.read() == original
 
 
+@pytest.mark.gpu  # torch is installed where there is a GPU only (its PyPI build is CUDA's)
 def test_backends_load_the_private_copy(repo: tuple[ModelRepository, Path]) -> None:
+    pytest.importorskip("torch", reason="torch not installed (GPU tier)")
     repository, _ = repo
     model = repository.read_version("mlp", "v1").model
     x = {"input": np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)}

@@ -76,8 +76,9 @@ def test_cli_reports_missing_backend(tmp_path: Path) -> None:
     assert "TensorRT" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.gpu  # torch is installed where there is a GPU only (its PyPI build is CUDA's)
 def test_torch_backend_matches_reference(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch", reason="torch not installed")
+    torch = pytest.importorskip("torch", reason="torch not installed (GPU tier)")
     version = add_version(tmp_path, "mlp", "v1", seed=4)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # weights in GPU memory there
     engine = make_backend("torch", device=device).load(ModelFile.read(version.path))

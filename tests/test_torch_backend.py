@@ -23,7 +23,10 @@ from helpers import add_version
 from model_server.backends import onnx_weights
 from model_server.backends.base import ModelFile
 
-torch = pytest.importorskip("torch", reason="torch not installed")
+# torch's PyPI build is CUDA's (several GB): it is installed where there is a GPU only, so
+# every test here is in the GPU tier, and runs on the CPU too where torch is installed
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch", reason="torch not installed (GPU tier)")
 
 from model_server.backends.torch_backend import TorchBackend, TorchEngine  # noqa: E402
 
