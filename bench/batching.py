@@ -30,17 +30,15 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench_output import write_json
-from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
-from model_rollout_e2e.onnx_models import write_mlp
+from model_rollout_e2e.onnx_models import publish_mlp
 from model_rollout_e2e.processes import ServerProcess
 
 
 def publish(root: Path, args: argparse.Namespace) -> Path:
-    path = root / "mlp" / "v1" / "model.onnx"
-    write_mlp(path, 1, in_dim=args.in_dim, hidden=args.hidden, out_dim=16, depth=args.depth)
-    manifest = Manifest("mlp", "v1", "model.onnx", sha256_file(path), path.stat().st_size)
-    (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
+    path, _ = publish_mlp(
+        root, "mlp", "v1", 1, in_dim=args.in_dim, hidden=args.hidden, out_dim=16, depth=args.depth
+    )
     return path
 
 

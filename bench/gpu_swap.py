@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_output import write_json
-from model_rollout_e2e.onnx_models import write_mlp
+from model_rollout_e2e.onnx_models import publish_mlp
 from model_server.audit import AuditLog
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
@@ -47,8 +47,10 @@ def write_versions(root: Path, args: argparse.Namespace, count: int = 2) -> None
     """v1 to v``count`` of the MLP ``args`` describe (``--in-dim``, ``--hidden``,
     ``--depth``), each with its own weights."""
     for seed in range(1, count + 1):
-        write_mlp(
-            root / "mlp" / f"v{seed}" / "model.onnx",
+        publish_mlp(
+            root,
+            "mlp",
+            f"v{seed}",
             seed,
             in_dim=args.in_dim,
             hidden=args.hidden,

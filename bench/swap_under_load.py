@@ -33,9 +33,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench_output import write_json
-from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
-from model_rollout_e2e.onnx_models import write_mlp
+from model_rollout_e2e.onnx_models import publish_mlp
 from model_rollout_e2e.processes import ServerProcess, free_port
 from model_server.config import QUICK_RUN_US
 
@@ -60,10 +59,9 @@ class Switch:
 
 def publish(root: Path, model: str, version: str, seed: int, size: str) -> Path:
     in_dim, hidden = SIZES[size]
-    path = root / model / version / "model.onnx"
-    write_mlp(path, seed, in_dim=in_dim, hidden=hidden, out_dim=16, depth=DEPTH)
-    manifest = Manifest(model, version, "model.onnx", sha256_file(path), path.stat().st_size)
-    (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
+    path, _ = publish_mlp(
+        root, model, version, seed, in_dim=in_dim, hidden=hidden, out_dim=16, depth=DEPTH
+    )
     return path
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from model_rollout_contract.manifest import Manifest, sha256_file
+
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 
@@ -114,3 +116,15 @@ def write_mlp(
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(build_mlp(weights), str(path))
     return weights
+
+
+def publish_mlp(
+    root: Path, model: str, version: str, seed: int, **dims: int
+) -> tuple[Path, MlpWeights]:
+    """An MLP at ``root/model/version/model.onnx`` with its (unsigned) manifest beside it,
+    which the server needs to check the file's digest; ``dims``: :func:`write_mlp`'s."""
+    path = root / model / version / "model.onnx"
+    weights = write_mlp(path, seed, **dims)
+    manifest = Manifest(model, version, path.name, sha256_file(path), path.stat().st_size)
+    (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
+    return path, weights

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,17 @@ GRAPH_SHAPES = 1  # input shapes captured per engine: the batch-1 ones, at warm-
 REPLAYS_TIMED = 7  # at warm-up: they seed the replay times (see replay_times)
 
 
+# cuBLAS keeps one workspace per (handle, stream) and a CUDA graph bakes the address of the
+# one its capture used into its GEMMs: every graph an engine captures on the loader's
+# stream, and that loader's eager runs while the next version warms up, would share one
+# scratch buffer across threads. Without a workspace no two runs share scratch memory.
+# Read by torch when cuBLAS first runs, so set before any GEMM; an operator's own value wins.
+CUBLAS_ENVIRONMENT = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
+
+
 def import_torch() -> Any:
+    for name, value in CUBLAS_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     try:
         import torch
     except ImportError as exc:
