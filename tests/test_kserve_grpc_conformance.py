@@ -35,7 +35,16 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from conftest import ADMIN, ADMIN_TOKEN
-from helpers import GatedBackend, RaisingBackend, add_version, ask, sample, samples, write_gate
+from helpers import (
+    GatedBackend,
+    RaisingBackend,
+    add_version,
+    ask,
+    sample,
+    samples,
+    write_gate,
+    write_manifest,
+)
 from model_rollout_contract import argv, defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_rollout_e2e.processes import ServerProcess, free_port
@@ -451,6 +460,7 @@ async def test_inputs_that_disagree_on_a_shared_dim_are_invalid_argument(
     """As over HTTP: inputs giving the model's named axis ``batch`` two sizes are the
     client's INVALID_ARGUMENT (counted 400), never INTERNAL on the version's series."""
     write_gate(repo[0] / "gate" / "v1" / "model.onnx")
+    write_manifest(repo[0] / "gate" / "v1" / "model.onnx")
     config = dataclasses.replace(
         server_config, grpc_port=0, models=[ModelSpec("mlp", "v1"), ModelSpec("gate", "v1")]
     )
