@@ -2,7 +2,7 @@
 
 Starts a real server process per mode (batching off; on, with ``--max-batch-size`` and
 each ``--delays-us``), drives it with the closed-loop load generator (each client sends
-one 1-row request at a time), and reads the server's ``inference_batch_size`` histogram
+one 1-row request at a time), and reads the server's ``model_server_inference_batch_rows`` histogram
 to report the rows per engine run. Prints a table and writes JSON.
 
     python bench/batching.py                                  # ONNX Runtime, this CPU
@@ -43,15 +43,15 @@ def publish(root: Path, args: argparse.Namespace) -> Path:
 
 
 def batch_histogram(url: str) -> tuple[float, float]:
-    """(engine runs, rows) so far, from the server's inference_batch_size histogram."""
+    """(engine runs, rows) so far, from the server's model_server_inference_batch_rows histogram."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
     runs = rows = 0.0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "inference_batch_size_count":
+            if s.name == "model_server_inference_batch_rows_count":
                 runs += s.value
-            elif s.name == "inference_batch_size_sum":
+            elif s.name == "model_server_inference_batch_rows_sum":
                 rows += s.value
     return runs, rows
 

@@ -5,7 +5,7 @@ pod spec), the operator, an emulated API server and a local-directory store; a k
 stand-in that refreshes Downward API and ConfigMap files only every ``--kubelet-delay``
 seconds (a real kubelet: about a minute). Under load, it measures the time from editing
 ``spec.version`` until every pod's server serves that version (read from each pod's
-``current_model_version`` metric), for a forward rollout (25% canary, then batches) and
+``model_server_version_serving`` metric), for a forward rollout (25% canary, then batches) and
 for ``--rollbacks`` rollbacks, and counts failed requests. Then the operator's planner,
 alone on a virtual clock, rolls out 64 and 1000 pods (``bench/rollout_scale.py``).
 

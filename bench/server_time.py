@@ -1,6 +1,7 @@
 """The server's own time per request under N closed-loop clients, over KServe v2 JSON and
-the binary tensor extension: the mean of the server's ``inference_request_duration_seconds``
-(from its first byte handled to its answer) beside the clients' latency.
+the binary tensor extension: the mean of the server's
+``model_server_inference_request_duration_seconds`` (from its first byte handled to its
+answer) beside the clients' latency.
 
 At N clients a server that finishes R requests a second holds each one about N / R
 seconds (Little's law), so this figure is the server's throughput seen from one request:

@@ -4,7 +4,7 @@ Runs real server processes on 127.0.0.1 and a closed-loop load generator, all ph
 one run so the figures are comparable. Prints a table and writes JSON (and a PNG plot of
 latency over time when matplotlib is installed). For each model size the hot swap's p99
 while the new version loads is compared with the steady p99, and the server's own mean
-time per request (its ``inference_request_duration_seconds``) is given beside the
+time per request (its ``model_server_inference_request_duration_seconds``) is given beside the
 clients' latency.
 
 One swap's window holds a thousand or so requests, so its p99 rests on a dozen of them:
@@ -79,7 +79,7 @@ def server_seconds(url: str, model: str) -> tuple[float, float]:
         text = response.read().decode()
     total = count = 0.0
     for family in text_string_to_metric_families(text):
-        if family.name != "inference_request_duration_seconds":
+        if family.name != "model_server_inference_request_duration_seconds":
             continue
         for sample in family.samples:
             if sample.labels.get("model") != model:

@@ -125,11 +125,11 @@ async def infer(client: TestClient, x: np.ndarray, model: str = "mlp") -> tuple[
 
 
 async def batch_sizes(client: TestClient) -> tuple[float, float]:
-    """(engine runs, rows) of the model's inference_batch_size histogram."""
+    """(engine runs, rows) of the model's model_server_inference_batch_rows histogram."""
     found = samples(await (await client.get("/metrics")).text())
     return (
-        sample(found, "inference_batch_size_count", model="mlp"),
-        sample(found, "inference_batch_size_sum", model="mlp"),
+        sample(found, "model_server_inference_batch_rows_count", model="mlp"),
+        sample(found, "model_server_inference_batch_rows_sum", model="mlp"),
     )
 
 
@@ -204,7 +204,7 @@ async def test_requests_queued_together_run_as_one_engine_run_each_getting_its_o
             assert which_version(repo[1], x, answer) == "v1"
         assert await batch_sizes(client) == (1, 8)
         found = samples(await (await client.get("/metrics")).text())
-        assert sample(found, "model_version_requests_total", model="mlp", version="v1",
+        assert sample(found, "model_server_version_requests_total", model="mlp", version="v1",
                       code="200") == 4  # fmt: skip
 
 
@@ -298,7 +298,7 @@ async def test_a_failing_request_in_a_batch_fails_alone(server_config: ServerCon
         assert sorted(backend.rows()) == sorted([8, 2, 1, 3, 2])  # the batch, then each
         found = samples(await (await client.get("/metrics")).text())
         codes = {
-            code: sample(found, "model_version_requests_total", model="mlp", version="v1",
+            code: sample(found, "model_server_version_requests_total", model="mlp", version="v1",
                          code=code)
             for code in ("200", "500")
         }  # fmt: skip

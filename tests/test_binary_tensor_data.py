@@ -468,7 +468,7 @@ async def test_inputs_that_disagree_on_a_shared_dim_are_400_and_not_the_versions
             assert response.status == 400, answer
             assert answer["code"] == "bad_request" and "'batch'" in answer["error"], answer
     found = samples(await (await gate_client.get("/metrics")).text())
-    assert sample(found, "inference_requests_total", model="gate", code="400") == 6
+    assert sample(found, "model_server_inference_requests_total", model="gate", code="400") == 6
     assert sample(found, REQUESTS, model="gate", version="v1", code="500") == 0
     fine, length = binary_body(gate_inputs(2))
     assert (await gate_client.post(GATE, data=fine, headers={HEADER: str(length)})).status == 200

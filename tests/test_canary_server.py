@@ -332,7 +332,7 @@ async def test_a_request_its_client_gave_up_on_is_not_the_versions_error(
         with pytest.raises(asyncio.CancelledError):
             await call
         found = await metrics(client)
-        assert sample(found, "inference_requests_total", model="mlp", code="499") == 1
+        assert sample(found, "model_server_inference_requests_total", model="mlp", code="499") == 1
         failed = [k for k in found if k[0] == canary.REQUESTS and ("code", "500") in k[1]]
         assert all(found[k] == 0 for k in failed), failed
 
@@ -445,7 +445,7 @@ async def test_a_candidate_failing_in_shadow_counts_as_its_error_and_never_the_c
     assert sample(found, canary.REQUESTS, code="500", **labels) == failing
     assert sample(found, canary.REQUESTS, code="200", **labels) == 30 - failing
     assert sample(found, canary.REQUESTS, code="200", model="mlp", version="v1") == 30
-    assert sample(found, "inference_requests_total", model="mlp", code="500") == 0
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="500") == 0
 
 
 # --- per-version output statistics ------------------------------------------------------
@@ -528,7 +528,7 @@ async def test_a_golden_mismatch_is_refused_and_the_old_version_serves(
     assert "at [2, 1]" in error and "1 of 20 values outside" in error
     slot = model_server.manager.slot("mlp")
     assert slot.current.version == "v1" and [v.version for v in slot.loaded()] == ["v1"]  # type: ignore[union-attr]
-    assert sample(await metrics(client), "model_reload_failure_total", model="mlp",
+    assert sample(await metrics(client), "model_server_reload_failure_total", model="mlp",
                   reason="golden_mismatch") == 1  # fmt: skip
 
 
@@ -856,8 +856,8 @@ async def test_a_run_of_several_batched_requests_is_not_timed_as_engine_time(
         for _ in range(4):
             await one()  # alone: a run of one request
         found = await metrics(client)
-    runs = sample(found, "inference_batch_size_count", model="mlp")
-    alone = sample(found, "inference_batch_size_bucket", model="mlp", le="1.0")
+    runs = sample(found, "model_server_inference_batch_rows_count", model="mlp")
+    alone = sample(found, "model_server_inference_batch_rows_bucket", model="mlp", le="1.0")
     assert runs > alone >= 5, (runs, alone)  # some batched runs, and the runs alone
     timed = sample(found, f"{canary.ENGINE_LATENCY}_count", model="mlp", version="v1")
     assert timed == alone

@@ -45,7 +45,11 @@ def manager_for(root: Path, models: list[str], retain: int, budget: int) -> Engi
 
 def gauges(manager: EngineManager) -> list[str]:
     text = generate_latest(manager.metrics.registry).decode()
-    names = ("current_model_version{", "model_versions_loaded{", "model_memory_bytes{")
+    names = (
+        "model_server_version_serving{",
+        "model_server_versions_loaded{",
+        "model_server_memory_bytes{",
+    )
     return sorted(line for line in text.splitlines() if line.startswith(names))
 
 
@@ -122,10 +126,10 @@ async def test_unloaded_versions_lose_their_metric_series(tmp_path: Path) -> Non
         await manager.load("mlp", "v4")
     held = sum(v.memory_bytes for v in manager.slot("mlp").loaded())
     assert gauges(manager) == [
-        'current_model_version{model="mlp",version="v2"} 0.0',
-        'current_model_version{model="mlp",version="v3"} 1.0',
-        f'model_memory_bytes{{model="mlp"}} {float(held)}',
-        'model_versions_loaded{model="mlp"} 2.0',
+        'model_server_version_serving{model="mlp",version="v2"} 0.0',
+        'model_server_version_serving{model="mlp",version="v3"} 1.0',
+        f'model_server_memory_bytes{{model="mlp"}} {float(held)}',
+        'model_server_versions_loaded{model="mlp"} 2.0',
     ]
     manager.close()
 

@@ -172,8 +172,8 @@ async def test_corrupt_engine_is_refused_and_old_version_keeps_serving(
     assert response.status == 422 and "sha256" in body["error"], body
 
     metrics = await (await client.get("/metrics")).text()
-    assert 'model_reload_failure_total{model="mlp",reason="load_refused"} 2.0' in metrics
-    assert 'current_model_version{model="mlp",version="v1"} 1.0' in metrics
+    assert 'model_server_reload_failure_total{model="mlp",reason="load_refused"} 2.0' in metrics
+    assert 'model_server_version_serving{model="mlp",version="v1"} 1.0' in metrics
     audit = await (await client.get("/v1/audit", headers=ADMIN)).json()
     failures = [e for e in audit["events"] if e["result"] == "failure"]
     assert [e["version"] for e in failures] == ["v4", "v3"]
@@ -184,12 +184,12 @@ async def test_metrics_after_a_swap(client: TestClient) -> None:
     await client.post("/v2/models/mlp/infer", json=infer_body(X))
     await client.post("/v1/reload?target_version=v2", headers=ADMIN)
     text = await (await client.get("/metrics")).text()
-    assert 'model_reload_success_total{model="mlp"} 2.0' in text  # start-up load + reload
-    assert 'current_model_version{model="mlp",version="v2"} 1.0' in text
-    assert 'current_model_version{model="mlp",version="v1"} 0.0' in text
-    assert 'model_load_duration_seconds_count{model="mlp"} 2.0' in text
-    assert 'inference_request_duration_seconds_count{model="mlp"} 1.0' in text
-    assert 'inference_requests_in_flight{model="mlp"} 0.0' in text
+    assert 'model_server_reload_success_total{model="mlp"} 2.0' in text  # start-up load + reload
+    assert 'model_server_version_serving{model="mlp",version="v2"} 1.0' in text
+    assert 'model_server_version_serving{model="mlp",version="v1"} 0.0' in text
+    assert 'model_server_load_duration_seconds_count{model="mlp"} 2.0' in text
+    assert 'model_server_inference_request_duration_seconds_count{model="mlp"} 1.0' in text
+    assert 'model_server_inference_requests_in_flight{model="mlp"} 0.0' in text
 
 
 async def test_audit_log_file_has_every_load(client: TestClient, server_config) -> None:
@@ -209,11 +209,11 @@ async def test_every_inference_is_counted_and_timed_refused_ones_too(client: Tes
     bad_body = await client.post("/v2/models/mlp/infer", data=b"{not json")
     assert bad_body.status == 400
     metrics = await (await client.get("/metrics")).text()
-    assert 'inference_requests_total{code="400",model="(unknown)"} 1.0' in metrics
-    assert 'inference_requests_total{code="400",model="mlp"} 1.0' in metrics
-    assert 'inference_requests_total{code="200",model="mlp"} 1.0' in metrics
-    assert 'inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
-    assert 'inference_request_duration_seconds_count{model="(unknown)"} 1.0' in metrics
+    assert 'model_server_inference_requests_total{code="400",model="(unknown)"} 1.0' in metrics
+    assert 'model_server_inference_requests_total{code="400",model="mlp"} 1.0' in metrics
+    assert 'model_server_inference_requests_total{code="200",model="mlp"} 1.0' in metrics
+    assert 'model_server_inference_request_duration_seconds_count{model="mlp"} 2.0' in metrics
+    assert 'model_server_inference_request_duration_seconds_count{model="(unknown)"} 1.0' in metrics
 
 
 # --- the whole KServe v2 protocol over HTTP (issue 12) -------------------------------

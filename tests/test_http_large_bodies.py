@@ -45,7 +45,9 @@ async def one_worker(server_config: ServerConfig) -> AsyncIterator[TestClient]:
 
 async def in_flight(client: TestClient) -> float:
     text = await (await client.get("/metrics")).text()
-    [line] = [x for x in text.splitlines() if x.startswith("inference_requests_in_flight{")]
+    [line] = [
+        x for x in text.splitlines() if x.startswith("model_server_inference_requests_in_flight{")
+    ]
     return float(line.split()[-1])
 
 
@@ -180,7 +182,7 @@ async def test_a_full_queue_of_large_bodies_is_answered_503_with_retry_after(
         for task in waiting:
             assert (await task).status == 200
         metrics = await (await client.get("/metrics")).text()
-        assert 'inference_requests_total{code="503",model="mlp"} 1.0' in metrics
+        assert 'model_server_inference_requests_total{code="503",model="mlp"} 1.0' in metrics
 
 
 async def _chunks(body: bytes) -> AsyncIterator[bytes]:
@@ -206,8 +208,8 @@ async def test_a_full_queue_is_the_servers_overload_and_not_the_versions_error(
             assert refused.status == 503, await refused.text()
         assert (await waiting).status == 200
         metrics = await (await client.get("/metrics")).text()
-        assert 'inference_requests_total{code="503",model="mlp"} 1.0' in metrics
-        assert 'model_version_requests_total{code="503"' not in metrics
+        assert 'model_server_inference_requests_total{code="503",model="mlp"} 1.0' in metrics
+        assert 'model_server_version_requests_total{code="503"' not in metrics
 
 
 async def test_a_body_decoded_for_inputs_that_changed_meanwhile_is_checked_again(

@@ -106,7 +106,7 @@ async def test_a_too_large_body_is_413_and_counted_as_413(client: TestClient) ->
     assert response.status == 413, await response.text()
     await answer(response)
     metrics = await (await client.get("/metrics")).text()
-    assert 'inference_requests_total{code="413",model="mlp"} 1.0' in metrics
+    assert 'model_server_inference_requests_total{code="413",model="mlp"} 1.0' in metrics
 
 
 async def test_ints_are_accepted_as_fp32(client: TestClient) -> None:

@@ -430,8 +430,8 @@ async def test_grpc_inferences_are_in_the_same_metrics_as_http_ones(served: Serv
     await refusal(served.client.infer("mlp", [triton_input(x.astype(np.float64))]))
     text = await (await served.http.get("/metrics")).text()
     found = samples(text)
-    assert sample(found, "inference_requests_total", model="mlp", code="200") == 3
-    assert sample(found, "inference_requests_total", model="mlp", code="400") == 1
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="200") == 3
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="400") == 1
     stats = await served.client.get_inference_statistics("mlp")
     assert [s.name for s in stats.model_stats] == ["mlp"]
     assert stats.model_stats[0].inference_stats.success.count == 3
@@ -449,9 +449,9 @@ async def test_a_bad_model_version_is_counted_as_http_counts_it(served: Served) 
     http = await served.http.post("/v2/models/mlp/versions/bad%20name!/infer", json={"inputs": []})
     assert http.status == 400
     found = samples(await (await served.http.get("/metrics")).text())
-    assert sample(found, "inference_requests_total", model="mlp", code="400") == 2
-    assert sample(found, "inference_requests_total", model="mlp", code="404") == 1
-    assert sample(found, "inference_requests_total", model="mlp", code="500") == 0
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="400") == 2
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="404") == 1
+    assert sample(found, "model_server_inference_requests_total", model="mlp", code="500") == 0
 
 
 async def test_inputs_that_disagree_on_a_shared_dim_are_invalid_argument(
@@ -476,8 +476,8 @@ async def test_inputs_that_disagree_on_a_shared_dim_are_invalid_argument(
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
         assert "'batch'" in error.details()
         found = samples(await (await s.http.get("/metrics")).text())
-        assert sample(found, "inference_requests_total", model="gate", code="400") == 1
-        assert sample(found, "inference_requests_total", model="gate", code="500") == 0
+        assert sample(found, "model_server_inference_requests_total", model="gate", code="400") == 1
+        assert sample(found, "model_server_inference_requests_total", model="gate", code="500") == 0
 
 
 async def test_an_engine_raising_is_internal_with_its_message(
@@ -573,7 +573,9 @@ async def test_tenants_are_told_apart_by_the_calls_metadata(tmp_path: Path) -> N
         assert trailer(error, "error-code") == "unauthorized"
         text = await (await s.http.get("/metrics")).text()
         # no tenant: "mlp" names no model served here (they are tenant/mlp), so no series
-        unknown = sample(samples(text), "inference_requests_total", model="(unknown)", code="401")
+        unknown = sample(
+            samples(text), "model_server_inference_requests_total", model="(unknown)", code="401"
+        )
         assert unknown == 2
 
 
@@ -668,7 +670,7 @@ async def test_stopping_lets_calls_in_flight_finish_and_refuses_new_ones(
         x = batch(8)
         backend.gate.clear()  # the next inference waits
         in_flight = asyncio.create_task(s.client.infer("mlp", [triton_input(x)]))
-        while 'inference_requests_in_flight{model="mlp"} 1.0' not in (
+        while 'model_server_inference_requests_in_flight{model="mlp"} 1.0' not in (
             await (await s.http.get("/metrics")).text()
         ):
             await asyncio.sleep(0.01)

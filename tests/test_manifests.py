@@ -437,11 +437,11 @@ BOOLEANS = _field(st.booleans(), "true", 1)
 QUERIES = _field(
     st.sampled_from(
         [
-            'sum(increase(model_version_requests_total{model="{model}",version="{version}"}[1m]))',
+            'sum(increase(model_server_version_requests_total{model="{model}",version="{version}"}[1m]))',
             "my_recording_rule{version='{version}'}",
         ]
     ),
-    *['sum(model_version_requests_total{model="{model}"})', "{Version}", "", 3],
+    *['sum(model_server_version_requests_total{model="{model}"})', "{Version}", "", 3],
 )
 JWT_TEXTS = _field(
     st.sampled_from(["https://issuer.example", "model-api", "tenant", "org_id", "x" * 1024]),

@@ -430,15 +430,20 @@ async def test_the_operator_reports_its_own_metrics(cluster: Cluster) -> None:
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     )
     metrics = text.decode()
-    assert 'modeldeployment_phase{name="mlp",namespace="ml",phase="Available"} 1.0' in metrics
-    assert 'modeldeployment_phase{name="mlp",namespace="ml",phase="Canary"} 0.0' in metrics
-    assert 'modeldeployment_pods{name="mlp",namespace="ml",version="v1"} 2.0' in metrics
+    assert (
+        'model_operator_deployment_phase{name="mlp",namespace="ml",phase="Available"} 1.0'
+        in metrics
+    )
+    assert (
+        'model_operator_deployment_phase{name="mlp",namespace="ml",phase="Canary"} 0.0' in metrics
+    )
+    assert 'model_operator_deployment_pods{name="mlp",namespace="ml",version="v1"} 2.0' in metrics
     count = re.search(
-        r'modeldeployment_reconcile_duration_seconds_count\{name="mlp",namespace="ml"\} (\d+)',
+        r'model_operator_reconcile_duration_seconds_count\{name="mlp",namespace="ml"\} (\d+)',
         metrics,
     )
     assert count is not None and int(count.group(1)) > 0
-    assert "modeldeployment_api_errors" in metrics
+    assert "model_operator_api_errors" in metrics
 
 
 LEADER_ELECTION = ["--leader-election", "--lease-namespace", NS, "--lease-seconds", "2"]

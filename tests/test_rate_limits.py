@@ -152,13 +152,25 @@ async def test_a_tenant_over_its_burst_is_429_with_retry_after_and_others_are_no
     response = await client.get("/v2/models/mlp", headers=ACME)  # metadata is not limited
     assert response.status == 200
     found = samples(await (await client.get("/metrics")).text())
-    assert sample(found, "tenant_rate_limited_total", tenant="acme") == 1
-    assert ("tenant_rate_limited_total", frozenset({("tenant", "globex")})) not in found
-    assert sample(found, "inference_requests_total", model="acme/mlp", code="429") == 1
-    assert sample(found, "tenant_inference_requests_total", tenant="acme", code="200") == 3
-    assert sample(found, "tenant_inference_requests_total", tenant="acme", code="429") == 1
-    assert sample(found, "tenant_inference_requests_total", tenant="globex", code="200") == 5
-    count = "tenant_inference_request_duration_seconds_count"
+    assert sample(found, "model_server_tenant_rate_limited_total", tenant="acme") == 1
+    assert (
+        "model_server_tenant_rate_limited_total",
+        frozenset({("tenant", "globex")}),
+    ) not in found
+    assert sample(found, "model_server_inference_requests_total", model="acme/mlp", code="429") == 1
+    assert (
+        sample(found, "model_server_tenant_inference_requests_total", tenant="acme", code="200")
+        == 3
+    )
+    assert (
+        sample(found, "model_server_tenant_inference_requests_total", tenant="acme", code="429")
+        == 1
+    )
+    assert (
+        sample(found, "model_server_tenant_inference_requests_total", tenant="globex", code="200")
+        == 5
+    )
+    count = "model_server_tenant_inference_request_duration_seconds_count"
     assert sample(found, count, tenant="acme") == 4
     assert sample(found, count, tenant="globex") == 5
 
@@ -193,8 +205,11 @@ async def test_the_default_namespace_is_the_empty_tenant(client: TestClient) -> 
     response = await client.post("/v2/models/mlp/infer", json=infer_body(X))
     assert response.status == 200
     found = samples(await (await client.get("/metrics")).text())
-    assert sample(found, "tenant_inference_requests_total", tenant="", code="200") == 1
-    assert sample(found, "tenant_inference_request_duration_seconds_count", tenant="") == 1
+    assert sample(found, "model_server_tenant_inference_requests_total", tenant="", code="200") == 1
+    assert (
+        sample(found, "model_server_tenant_inference_request_duration_seconds_count", tenant="")
+        == 1
+    )
 
 
 def test_tenant_labels_come_from_the_configuration_only() -> None:

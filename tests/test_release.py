@@ -65,7 +65,7 @@ class Release:
 @contextlib.asynccontextmanager
 async def served(scenario: Scenario) -> AsyncIterator[set[str]]:
     """Every version any pod's server reported serving while the block ran (its
-    ``current_model_version`` over HTTP, read again and again)."""
+    ``model_server_version_serving`` over HTTP, read again and again)."""
     seen: set[str] = set()
     stop = asyncio.Event()
 

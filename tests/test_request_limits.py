@@ -79,7 +79,7 @@ async def test_a_request_of_more_rows_than_the_default_allows_is_400_before_it_r
     assert response.status == 400, answer
     assert answer["code"] == "bad_request" and f"at most {limit} rows" in answer["error"]
     found = samples(await (await wide_client.get("/metrics")).text())
-    assert sample(found, "model_version_requests_total", model="wide", version="v1") == 0
+    assert sample(found, "model_server_version_requests_total", model="wide", version="v1") == 0
 
 
 async def test_the_bound_holds_over_json_binary_and_grpc(wide_config: ServerConfig) -> None:

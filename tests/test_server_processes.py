@@ -51,7 +51,7 @@ PROCESSES = 3
 CLIENTS = 16
 X = np.ones((1, 8), np.float32)
 BODY = infer_body(X)
-SUCCESS = "inference_requests_total"
+SUCCESS = "model_server_inference_requests_total"
 
 
 def pool_workers(supervisor: int) -> dict[int, int]:
@@ -171,8 +171,8 @@ async def test_connections_spread_and_metrics_and_statistics_are_the_pods(
                 stats = (await response.json())["model_stats"]
         assert sample(found, SUCCESS, model="mlp", code="200") == k
         assert sample(found, UNANSWERED) == 0
-        assert sample(found, "current_model_version", model="mlp", version="v1") == 1
-        assert sample(found, "model_versions_loaded", model="mlp") == 1
+        assert sample(found, "model_server_version_serving", model="mlp", version="v1") == 1
+        assert sample(found, "model_server_versions_loaded", model="mlp") == 1
         assert [(s["version"], s["inference_stats"]["success"]["count"]) for s in stats] == [
             ("v1", k)
         ]
@@ -577,34 +577,36 @@ async def test_every_gauge_a_server_registers_has_a_merge_rule(
 
 
 def test_merged_exposition_sums_counts_and_takes_the_max_of_flags() -> None:
+    latency = "model_server_inference_request_duration_seconds"
+
     def worker(requests: int, in_flight: int, memory: int) -> str:
         return (
-            "# TYPE inference_requests counter\n"
-            f'inference_requests_total{{code="200",model="m"}} {requests}\n'
-            'inference_requests_created{code="200",model="m"} 1.7e9\n'
-            "# TYPE inference_request_duration_seconds histogram\n"
-            f'inference_request_duration_seconds_bucket{{le="0.1",model="m"}} {requests}\n'
-            f'inference_request_duration_seconds_bucket{{le="+Inf",model="m"}} {requests}\n'
-            f'inference_request_duration_seconds_sum{{model="m"}} {requests / 100}\n'
-            f'inference_request_duration_seconds_count{{model="m"}} {requests}\n'
-            "# TYPE inference_requests_in_flight gauge\n"
-            f'inference_requests_in_flight{{model="m"}} {in_flight}\n'
-            "# TYPE current_model_version gauge\n"
-            'current_model_version{model="m",version="v2"} 1\n'
-            "# TYPE model_memory_bytes gauge\n"
-            f'model_memory_bytes{{model="m"}} {memory}\n'
+            "# TYPE model_server_inference_requests counter\n"
+            f'model_server_inference_requests_total{{code="200",model="m"}} {requests}\n'
+            'model_server_inference_requests_created{code="200",model="m"} 1.7e9\n'
+            f"# TYPE {latency} histogram\n"
+            f'{latency}_bucket{{le="0.1",model="m"}} {requests}\n'
+            f'{latency}_bucket{{le="+Inf",model="m"}} {requests}\n'
+            f'{latency}_sum{{model="m"}} {requests / 100}\n'
+            f'{latency}_count{{model="m"}} {requests}\n'
+            "# TYPE model_server_inference_requests_in_flight gauge\n"
+            f'model_server_inference_requests_in_flight{{model="m"}} {in_flight}\n'
+            "# TYPE model_server_version_serving gauge\n"
+            'model_server_version_serving{model="m",version="v2"} 1\n'
+            "# TYPE model_server_memory_bytes gauge\n"
+            f'model_server_memory_bytes{{model="m"}} {memory}\n'
         )
 
     merged = merge_expositions([worker(3, 1, 100), worker(4, 2, 100)], unanswered=1).decode()
     found = samples(merged)
     assert sample(found, SUCCESS, code="200", model="m") == 7
     assert "_created" not in merged
-    assert sample(found, "inference_request_duration_seconds_bucket", le="0.1", model="m") == 7
-    assert sample(found, "inference_request_duration_seconds_count", model="m") == 7
-    assert sample(found, "inference_request_duration_seconds_sum", model="m") == pytest.approx(0.07)
-    assert sample(found, "inference_requests_in_flight", model="m") == 3
-    assert sample(found, "current_model_version", model="m", version="v2") == 1
-    assert sample(found, "model_memory_bytes", model="m") == 200
+    assert sample(found, f"{latency}_bucket", le="0.1", model="m") == 7
+    assert sample(found, f"{latency}_count", model="m") == 7
+    assert sample(found, f"{latency}_sum", model="m") == pytest.approx(0.07)
+    assert sample(found, "model_server_inference_requests_in_flight", model="m") == 3
+    assert sample(found, "model_server_version_serving", model="m", version="v2") == 1
+    assert sample(found, "model_server_memory_bytes", model="m") == 200
     assert sample(found, UNANSWERED) == 1
 
 

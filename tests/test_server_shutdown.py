@@ -117,7 +117,9 @@ async def test_requests_in_flight_get_the_grace_the_pod_leaves_then_are_cancelle
                 os.kill(pid, signal.SIGSTOP)  # the next large request never finishes
             stuck = asyncio.create_task(session.post(infer, data=big, headers=JSON))
             metrics = f"{server.url}/metrics"
-            while 'inference_requests_in_flight{model="mlp"} 1.0' not in await _text(metrics):
+            while 'model_server_inference_requests_in_flight{model="mlp"} 1.0' not in await _text(
+                metrics
+            ):
                 await asyncio.sleep(0.05)
             server.proc.send_signal(signal.SIGTERM)
             # a hang guard, far beyond the grace: the assertion is on what the log says

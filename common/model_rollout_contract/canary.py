@@ -88,29 +88,32 @@ class TrafficPolicy:
 
 
 # --- per-version metrics: the server exports them, the operator reads /metrics ----------
+# named as Prometheus asks (the server's prefix model_server_, units, _total on counters
+# only: tests/test_metric_names.py); README "Metric names" lists the names they replaced
 # every series is labelled {model, version}; counters are cumulative since the version
 # was loaded, so analysis works on the difference between two scrapes
 # + label code: "200", "400", "500", ...; a shadow run counts too (200, or 500 when the
 # candidate failed), as one of SHADOW_REQUESTS: live answers are the difference (both
 # are counted when the run ends, so a run in flight counts in neither)
-REQUESTS = "model_version_requests_total"
-LATENCY = "model_version_request_duration_seconds"  # histogram
+REQUESTS = "model_server_version_requests_total"
+LATENCY = "model_server_version_request_duration_seconds"  # histogram
 # histogram: the engine's own time per run of one request, live or shadow (no queueing,
 # no JSON): what a shadowed candidate's SHADOW_LATENCY is compared with, since a shadow
 # run has no request. A run of several requests batched together (dynamic batching) is
 # not observed: its time is that of all their rows, not like one shadow run; with every
 # request batched the stable version has no engine time and latency is not judged
 # (a batch of one request, or a request run alone after its batch failed, counts)
-ENGINE_LATENCY = "model_version_engine_duration_seconds"
-OUTPUT_VALUES = "model_version_output_values_total"  # output values seen
-OUTPUT_NONFINITE = "model_version_output_nonfinite_total"  # of which NaN or ±Inf
-OUTPUT_SUM = "model_version_output_sum_total"  # sum of the finite values
-OUTPUT_SQUARES = "model_version_output_squares_total"  # sum of their squares
-SHADOW_REQUESTS = "model_shadow_requests_total"  # requests mirrored to the candidate
-SHADOW_DRIFT = "model_shadow_max_abs_diff"  # histogram: per request, max |stable - cand|
-SHADOW_ARGMAX_COMPARED = "model_shadow_argmax_compared_total"  # class-score outputs
-SHADOW_ARGMAX_AGREED = "model_shadow_argmax_agreed_total"  # of which the argmax agreed
-SHADOW_LATENCY = "model_shadow_duration_seconds"  # histogram: the candidate's time
+ENGINE_LATENCY = "model_server_version_engine_duration_seconds"
+OUTPUT_VALUES = "model_server_version_output_values_total"  # output values seen
+OUTPUT_NONFINITE = "model_server_version_output_nonfinite_total"  # of which NaN or ±Inf
+OUTPUT_SUM = "model_server_version_output_sum_of_values"  # sum of the finite values
+OUTPUT_SQUARES = "model_server_version_output_squares_total"  # sum of their squares
+SHADOW_REQUESTS = "model_server_shadow_requests_total"  # requests mirrored to the candidate
+# histogram: per request, max |stable - candidate|, in the model's own output units
+SHADOW_DRIFT = "model_server_shadow_drift_output_units"
+SHADOW_ARGMAX_COMPARED = "model_server_shadow_argmax_compared_total"  # class-score outputs
+SHADOW_ARGMAX_AGREED = "model_server_shadow_argmax_agreed_total"  # of which the argmax agreed
+SHADOW_LATENCY = "model_server_shadow_duration_seconds"  # histogram: the candidate's time
 DRIFT_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # a drift beyond the last bucket (NaN, a shape mismatch, anything huge) reads as that
 # bucket's bound, as histogram_quantile does: a threshold must lie below it to ever fail

@@ -196,7 +196,7 @@ class Scenario:
         return await list_objects(self.api, f"/api/v1/namespaces/{NAMESPACE}/pods")
 
     def serving_versions(self) -> dict[str, str | None]:
-        """Each pod's ``current_model_version`` metric, read from its /metrics."""
+        """Each pod's ``model_server_version_serving`` metric, read from its /metrics."""
         assert self.pods is not None
         result: dict[str, str | None] = {}
         for name, pod in self.pods.pods.items():
@@ -238,7 +238,10 @@ def current_version_metric(url: str, model: str) -> str | None:
     except OSError:
         return None
     pattern = re.compile(
-        r'^current_model_version\{model="' + re.escape(model) + r'",version="([^"]+)"\} 1\.0$', re.M
+        r'^model_server_version_serving\{model="'
+        + re.escape(model)
+        + r'",version="([^"]+)"\} 1\.0$',
+        re.M,
     )
     match = pattern.search(text)
     return match.group(1) if match else None

@@ -16,6 +16,8 @@ from prometheus_client import (
 
 from model_rollout_contract.states import Phase
 
+# of every metric the operator serves (Prometheus naming: tests/test_metric_names.py)
+PREFIX = "model_operator_"
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -24,26 +26,26 @@ class OperatorMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.pass_seconds = Histogram(
-            "modeldeployment_reconcile_duration_seconds",
+            "model_operator_reconcile_duration_seconds",
             "One observe-plan-act pass of a ModelDeployment",
             ["namespace", "name"],
             buckets=PASS_BUCKETS,
             registry=r,
         )
         self.api_errors = Counter(
-            "modeldeployment_api_errors",
+            "model_operator_api_errors",
             "Kubernetes API calls that failed (status 0: not reached)",
             ["status"],
             registry=r,
         )
         self.phase = Gauge(
-            "modeldeployment_phase",
+            "model_operator_deployment_phase",
             "1 for the phase each ModelDeployment is in",
             ["namespace", "name", "phase"],
             registry=r,
         )
         self.pods = Gauge(
-            "modeldeployment_pods",
+            "model_operator_deployment_pods",
             "Pods of a ModelDeployment by the version they serve",
             ["namespace", "name", "version"],
             registry=r,

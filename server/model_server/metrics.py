@@ -1,8 +1,8 @@
 """Prometheus metrics of one server, in their own registry (several servers per process
 in tests must not collide).
 
-What is loaded (``current_model_version``, ``model_versions_loaded``,
-``model_memory_bytes``) is read from the slots at each scrape, so the series always
+What is loaded (``model_server_version_serving``, ``model_server_versions_loaded``,
+``model_server_memory_bytes``) is read from the slots at each scrape, so the series always
 describe the versions in memory now: an unloaded version has no series left, and a
 version evicted or refused is never counted. The per-version request, output and shadow
 series of canary analysis are gathered the same way (:mod:`.version_metrics`), and so
@@ -39,17 +39,19 @@ class LoadedVersions(Collector):
 
     def collect(self) -> Iterator[Metric]:
         current = GaugeMetricFamily(
-            "current_model_version",
+            "model_server_version_serving",
             "1 for the version serving each model, 0 for the retained ones",
             labels=["model", "version"],
         )
         loaded = GaugeMetricFamily(
-            "model_versions_loaded",
+            "model_server_versions_loaded",
             "Versions held in memory (serving + retained)",
             labels=["model"],
         )
         memory = GaugeMetricFamily(
-            "model_memory_bytes", "Estimated memory held by loaded versions", labels=["model"]
+            "model_server_memory_bytes",
+            "Estimated memory held by loaded versions",
+            labels=["model"],
         )
         counts: dict[str, int] = defaultdict(int)
         held: dict[str, int] = defaultdict(int)
@@ -64,14 +66,14 @@ class LoadedVersions(Collector):
 
 
 class TenantRequests(Collector):
-    """``tenant_inference_requests_total{tenant,code}`` and
-    ``tenant_inference_request_duration_seconds{tenant}``: the per-model request counter
-    and latency histogram summed by tenant at each scrape (a tenant's models are keyed
-    ``tenant/name``; ``""`` is the default namespace). Summed rather than a ``tenant``
-    label added to the per-model series, whose label sets dashboards and the canary
-    analysis match exactly; the label's values are the configured tenants only (any other
-    prefix, as an unauthenticated caller's name may carry, counts under ``""``), so its
-    cardinality is the configuration's."""
+    """``model_server_tenant_inference_requests_total{tenant,code}`` and
+    ``model_server_tenant_inference_request_duration_seconds{tenant}``: the per-model
+    request counter and latency histogram summed by tenant at each scrape (a tenant's
+    models are keyed ``tenant/name``; ``""`` is the default namespace). Summed rather than
+    a ``tenant`` label added to the per-model series, whose label sets dashboards and the
+    canary analysis match exactly; the label's values are the configured tenants only (any
+    other prefix, as an unauthenticated caller's name may carry, counts under ``""``), so
+    its cardinality is the configuration's."""
 
     def __init__(self, requests: Counter, latency: Histogram, tenants: Collection[str]) -> None:
         self.requests = requests
@@ -89,7 +91,7 @@ class TenantRequests(Collector):
                 if s.name.endswith("_total"):
                     counts[(self.tenant_of(s.labels["model"]), s.labels["code"])] += s.value
         requests = CounterMetricFamily(
-            "tenant_inference_requests",
+            "model_server_tenant_inference_requests",
             "Inference requests by tenant and result",
             labels=["tenant", "code"],
         )
@@ -105,7 +107,7 @@ class TenantRequests(Collector):
                 elif s.name.endswith("_sum"):
                     sums[tenant] += s.value
         latency = HistogramMetricFamily(
-            "tenant_inference_request_duration_seconds",
+            "model_server_tenant_inference_request_duration_seconds",
             "Inference request latency by tenant",
             labels=["tenant"],
         )
@@ -114,6 +116,8 @@ class TenantRequests(Collector):
         yield from (requests, latency)
 
 
+# of every metric the server serves (Prometheus naming: tests/test_metric_names.py)
+PREFIX = "model_server_"
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(13))  # 1 to 4096 rows
@@ -124,39 +128,42 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.reload_success = Counter(
-            "model_reload_success", "Versions swapped in successfully", ["model"], registry=r
+            "model_server_reload_success", "Versions swapped in successfully", ["model"], registry=r
         )
         self.reload_failure = Counter(
-            "model_reload_failure",
+            "model_server_reload_failure",
             "Loads refused; the old version kept serving",
             ["model", "reason"],
             registry=r,
         )
         self.load_duration = Histogram(
-            "model_load_duration_seconds",
+            "model_server_load_duration_seconds",
             "Load + verify + warm-up time of a new version",
             ["model"],
             buckets=LOAD_BUCKETS,
             registry=r,
         )
         self.request_latency = Histogram(
-            "inference_request_duration_seconds",
+            "model_server_inference_request_duration_seconds",
             "Inference request latency",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.requests = Counter(
-            "inference_requests", "Inference requests by result", ["model", "code"], registry=r
+            "model_server_inference_requests",
+            "Inference requests by result",
+            ["model", "code"],
+            registry=r,
         )
         self.in_flight = Gauge(
-            "inference_requests_in_flight",
+            "model_server_inference_requests_in_flight",
             "Inference requests being served",
             ["model"],
             registry=r,
         )
         self.batch_size = Histogram(
-            "inference_batch_size",
+            "model_server_inference_batch_rows",
             "Rows per engine run under dynamic batching (a batch, or a request run alone)",
             ["model"],
             buckets=BATCH_SIZE_BUCKETS,
@@ -164,7 +171,7 @@ class ServerMetrics:
         )
 
         self.rate_limited = Counter(
-            "tenant_rate_limited",
+            "model_server_tenant_rate_limited",
             "Inference requests refused (429) for their tenant's rate limit",
             ["tenant"],
             registry=r,

@@ -30,10 +30,10 @@ def _sum(a: float, b: float) -> float:
 
 # every gauge a server registers (a test checks), and how the pool's value is made
 GAUGE_MERGE: dict[str, Merge] = {
-    "inference_requests_in_flight": _sum,
-    "model_memory_bytes": _sum,  # each worker holds its own copy of every version
-    "current_model_version": max,  # 1 for the serving version: a flag, not a count
-    "model_versions_loaded": max,
+    "model_server_inference_requests_in_flight": _sum,
+    "model_server_memory_bytes": _sum,  # each worker holds its own copy of every version
+    "model_server_version_serving": max,  # 1 for the serving version: a flag, not a count
+    "model_server_versions_loaded": max,
     canary.OUTPUT_SUM: _sum,  # a sum of outputs, split over the workers that answered
 }
 # the pool's own gauge: workers whose exposition a scrape could not get (left out)

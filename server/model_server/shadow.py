@@ -4,7 +4,7 @@ again on the candidate once the client has its answer, and the two outputs compa
 The client never waits for it: the HTTP transport submits the job after the response is
 written, and the candidate runs on threads of its own (``max_in_flight`` of them), not on
 the inference threads. At most ``max_in_flight`` runs are in flight; one more is skipped
-and counted (``model_shadow_skipped_total``), so a slow candidate cannot pile up work or
+and counted (``model_server_shadow_skipped_total``), so a slow candidate cannot pile up work or
 memory. A run pins the candidate like a request, so its engine stays open until the run
 ends. What a run finds goes to the candidate's series (:mod:`.version_metrics`): the
 largest absolute difference (``SHADOW_DRIFT``), the argmax agreement of 2-D class-score

@@ -8,8 +8,9 @@ version live exactly as long as it is loaded: an unloaded version's series are g
 version loaded again starts from zero (as counters restart with a process), and a request
 still finishing on an unloaded version cannot bring its series back.
 
-``OUTPUT_SUM`` is a gauge (a sum of outputs can fall); the other ``_total`` names are
-counters. Every name in ``canary.py`` is a sample name of the exposition."""
+``OUTPUT_SUM`` is a gauge (a sum of outputs can fall), so its name has no ``_total``;
+the ``_total`` names are counters. Every name in ``canary.py`` is a sample name of the
+exposition."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from model_rollout_contract import canary
 from .metrics import LATENCY_BUCKETS
 
 # shadow runs not started because as many were in flight already (the server's own name)
-SHADOW_SKIPPED = "model_shadow_skipped_total"
+SHADOW_SKIPPED = "model_server_shadow_skipped_total"
 _LABELS = ("model", "version")
 
 

@@ -4,40 +4,45 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# of every metric the sidecar serves (Prometheus naming: tests/test_metric_names.py)
+PREFIX = "model_sidecar_"
+
 
 class SidecarMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.fetches = Counter(
-            "sidecar_fetch", "Version fetches by result", ["model", "result"], registry=r
+            "model_sidecar_fetches", "Version fetches by result", ["model", "result"], registry=r
         )
         self.refusals = Counter(
-            "sidecar_refusal", "Versions refused, by reason", ["model", "reason"], registry=r
+            "model_sidecar_refusals", "Versions refused, by reason", ["model", "reason"], registry=r
         )
         self.fetch_seconds = Histogram(
-            "sidecar_fetch_duration_seconds", "Download + verify time", ["model"], registry=r
+            "model_sidecar_fetch_duration_seconds", "Download + verify time", ["model"], registry=r
         )
-        self.bytes = Counter("sidecar_downloaded_bytes", "Bytes downloaded", ["model"], registry=r)
+        self.bytes = Counter(
+            "model_sidecar_downloaded_bytes", "Bytes downloaded", ["model"], registry=r
+        )
         self.swaps = Counter(
-            "sidecar_swap",
+            "model_sidecar_swaps",
             "Swaps requested from the server, by result",
             ["model", "result"],
             registry=r,
         )
         self.policies = Counter(
-            "sidecar_traffic_policy",
+            "model_sidecar_traffic_policy_messages",
             "Traffic-policy messages to the server, by result (set, cleared, error)",
             ["model", "result"],
             registry=r,
         )
         self.downloads = Gauge(
-            "sidecar_downloads_in_progress",
+            "model_sidecar_downloads_in_progress",
             "Store transfers streaming now (bounded by --max-concurrent-downloads)",
             ["model"],
             registry=r,
         )
         self.serving = Gauge(
-            "sidecar_serving_version",
+            "model_sidecar_serving_version",
             "1 for the version the server serves",
             ["model", "version"],
             registry=r,
