@@ -126,9 +126,9 @@ async def test_unloaded_versions_lose_their_metric_series(tmp_path: Path) -> Non
         await manager.load("mlp", "v4")
     held = sum(v.memory_bytes for v in manager.slot("mlp").loaded())
     assert gauges(manager) == [
+        f'model_server_memory_bytes{{model="mlp"}} {float(held)}',
         'model_server_version_serving{model="mlp",version="v2"} 0.0',
         'model_server_version_serving{model="mlp",version="v3"} 1.0',
-        f'model_server_memory_bytes{{model="mlp"}} {float(held)}',
         'model_server_versions_loaded{model="mlp"} 2.0',
     ]
     manager.close()
