@@ -13,12 +13,14 @@ from typing import Any
 
 import grpc
 import numpy as np
+import onnx
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
+from onnx import TensorProto, helper
 
 from crd_validation import ResourceSchema
-from helpers import add_version, infer_body, sample, samples
+from helpers import add_version, infer_body, sample, samples, write_manifest
 from model_operator.manifests import deployment
 from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
@@ -164,3 +166,51 @@ def _server_args(spec: Any) -> list[str]:
     pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
     [server] = [c for c in pod["containers"] if c["name"] == "server"]
     return list(server["args"])
+
+
+def _write_with_table(path: Path) -> None:
+    """``y = x`` with ``x: [batch, 8]`` beside ``t: [64, 2]``, a fixed-size table whose
+    first axis is no batch: its 64 are no rows."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["t"], ["u"])],
+        "table",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, [64, 2]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, [64, 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+    write_manifest(path)
+
+
+def _feeds_body(feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in feeds.items()
+        ]
+    }
+
+
+async def test_a_fixed_first_axis_is_no_rows(server_config: ServerConfig, repo) -> None:
+    """Only a dynamic first axis counts as rows: an input of fixed shape [64, 2] is no
+    request of 64 rows (before, refused with 400 for a model of at most 3 rows)."""
+    _write_with_table(repo[0] / "table" / "v1" / "model.onnx")
+    config = dataclasses.replace(
+        server_config, models=[ModelSpec("table", "v1")], max_rows={"table": 3}
+    )
+    t = np.ones((64, 2), np.float32)
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        fine = await client.post("/v2/models/table/infer", json=_feeds_body({"x": rows(3), "t": t}))
+        assert fine.status == 200, await fine.text()
+        refused = await client.post(
+            "/v2/models/table/infer", json=_feeds_body({"x": rows(4), "t": t})
+        )
+        assert refused.status == 400 and "'x': 4 rows" in (await refused.json())["error"]

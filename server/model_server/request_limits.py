@@ -41,9 +41,20 @@ class RowLimits:
         limit = self.max_rows(key, engine)
         if limit is None:
             return
-        for name, array in feeds.items():
-            if np.ndim(array) and np.shape(array)[0] > limit:
+        for name, rows in input_rows(engine, feeds).items():
+            if rows > limit:
                 raise BadRequest(
-                    f"input {name!r}: {np.shape(array)[0]} rows; model {key!r} takes at most "
+                    f"input {name!r}: {rows} rows; model {key!r} takes at most "
                     f"{limit} rows per request (send fewer rows per request)"
                 )
+
+
+def input_rows(engine: Engine, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The rows of each input whose first axis is dynamic (a batch): a fixed first axis
+    (a table of fixed size given with every request) is no rows."""
+    dynamic = {spec.name for spec in engine.inputs if spec.shape and spec.shape[0] < 0}
+    return {
+        name: int(np.shape(array)[0])
+        for name, array in feeds.items()
+        if name in dynamic and np.ndim(array)
+    }
