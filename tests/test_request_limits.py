@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,14 @@ from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import ModelFile
+from model_server.backends.base import ModelFile, TensorSpec
 from model_server.backends.onnx_rows import bytes_per_row
 from model_server.config import ModelSpec, ServerConfig, parse_args
+from model_server.errors import BadRequest
 from model_server.grpc_protocol import grpc_service_pb2 as pb
 from model_server.grpc_protocol import grpc_service_pb2_grpc as pb_grpc
+from model_server.request_limits import RowLimits
+from model_server.tensors import MAX_ELEMENTS
 
 ROOT = Path(__file__).parent.parent
 WIDE = "/v2/models/wide/infer"
@@ -214,3 +218,76 @@ async def test_a_fixed_first_axis_is_no_rows(server_config: ServerConfig, repo) 
             "/v2/models/table/infer", json=_feeds_body({"x": rows(4), "t": t})
         )
         assert refused.status == 400 and "'x': 4 rows" in (await refused.json())["error"]
+
+
+def _write_sequence(path: Path) -> None:
+    """``x: [batch, seq, 8]`` through a 4096-wide layer, averaged over ``seq``: each
+    position of a row takes the layer's width, so memory grows with rows times ``seq``
+    (shape inference counts ``seq`` as 1 in the estimate per row)."""
+    weights = np.full((8, 4096), 0.01, np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0),
+        ],
+        "sequence",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4096])],
+        [onnx.numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+    write_manifest(path)
+
+
+async def test_a_second_dynamic_axis_counts_in_a_requests_memory(
+    server_config: ServerConfig, repo
+) -> None:
+    """Rows were bounded, but one row of a [batch, seq] input could be any length: its
+    elements are bounded by the model's estimate too (before, one row of seq over the
+    bound ran: 200)."""
+    path = repo[0] / "sequence" / "v1" / "model.onnx"
+    _write_sequence(path)
+    per_row = bytes_per_row(ModelFile.read(path).data)
+    assert per_row is not None
+    config = dataclasses.replace(
+        server_config, models=[ModelSpec("sequence", "v1")], request_memory_mb=4
+    )
+    most = 4 * 2**20 // per_row  # positions (rows times seq) one request may have
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        for shape, status in (((1, most), 200), ((1, most + 1), 400), ((2, most // 2 + 1), 400)):
+            x = np.ones((*shape, 8), np.float32)
+            response = await client.post("/v2/models/sequence/infer", json=_feeds_body({"x": x}))
+            assert response.status == status, (shape, await response.text())
+            if status == 400:
+                assert "--request-memory-mb" in (await response.json())["error"]
+
+
+class _NoEstimate:
+    """An engine with no memory estimate per row (as torch's)."""
+
+    platform = "test"
+    inputs = (TensorSpec("x", np.dtype(np.float32), (-1, -1)),)
+    outputs = (TensorSpec("y", np.dtype(np.float32), (-1, -1)),)
+
+    def infer(self, feeds: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_model_without_an_estimate_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """No estimate (torch, an unknown graph) and no --max-rows: said once per model,
+    and only the element limit bounds its requests."""
+    limits = RowLimits(2**20)
+    engine = _NoEstimate()
+    with caplog.at_level(logging.WARNING, logger="model_server.request_limits"):
+        for _ in range(3):
+            limits.check("seq", engine, {"x": np.ones((4000, 200), np.float32)})
+        with pytest.raises(BadRequest, match="elements"):
+            limits.check("seq", engine, {"x": np.ones((1, MAX_ELEMENTS + 1), np.bool_)})
+    said = [r.getMessage() for r in caplog.records if "no memory estimate" in r.getMessage()]
+    assert len(said) == 1 and "'seq'" in said[0], said

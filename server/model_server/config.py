@@ -321,7 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=ServerConfig.request_memory_mb,
         help="the memory one request may take while it runs: a model's most rows per request "
-        "unless --max-rows names it (each inference thread may run such a request)",
+        "unless --max-rows names it, and, for a model with an estimate per row, its rows "
+        "times the product of its other dynamic dims (a sequence length) whatever --max-rows "
+        "says (each inference thread may run such a request). A model with no estimate "
+        "(torch) is bounded by the element limit alone, said once in the log",
     )
     p.add_argument(
         "--gil-switch-interval-us",
