@@ -389,7 +389,8 @@ class DataPlane:
             served.encode_ns = time.perf_counter_ns() - encoding
             code = "200"
             if route.shadow is not None and pinned.version == route.version:
-                return Answer(response, ShadowJob(slot, route.shadow, request.feeds, results))
+                job = ShadowJob(slot, route.shadow, request.feeds, results, self.limits)
+                return Answer(response, job)
             return Answer(response)
         except ServingError as exc:
             code = str(exc.status)
