@@ -208,6 +208,26 @@ async def test_requests_queued_together_run_as_one_engine_run_each_getting_its_o
                       code="200") == 4  # fmt: skip
 
 
+async def test_a_batch_keeps_to_the_models_rows_per_request(
+    server_config: ServerConfig,
+) -> None:
+    """A batch is one engine run, so it takes no more rows than one request of the model
+    may (--max-rows, or the memory bound): four requests of 2 rows, for a model of at
+    most 4 rows per request, run as two batches of 4, not one of 8 (before: [8])."""
+    rng = np.random.default_rng(11)
+    xs = [rows_of(rng, 2) for _ in range(4)]
+    backend = Recording()
+    async with serving(
+        server_config, backend, max_batch_size=8, max_queue_delay_us=LONG_DELAY_US,
+        max_rows={"mlp": 4},
+    ) as (client, server):  # fmt: skip
+        answers = await asyncio.gather(*(infer(client, x) for x in xs))
+        assert backend.rows() == [4, 4]
+        for x, (status, answer) in zip(xs, answers, strict=True):
+            assert status == 200
+            np.testing.assert_allclose(output_of(answer), alone(server, x), rtol=1e-5, atol=1e-6)
+
+
 async def test_a_batch_takes_the_oldest_requests_that_fit_and_the_rest_wait(
     server_config: ServerConfig,
 ) -> None:

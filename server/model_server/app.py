@@ -70,6 +70,7 @@ class ModelServer:
                 config.batch_models,
             ),
             quick_run_s=config.quick_run_us / 1e6,
+            row_limits=RowLimits(config.request_memory_mb * 2**20, config.max_rows),
             tenant_memory_caps={
                 t.name: int(t.memory_mb * 2**20 / share)
                 for t in self.policy.tenants.values()
@@ -82,9 +83,8 @@ class ModelServer:
         if seed is not None and config.worker_index is not None:
             seed += config.worker_index  # the same seed would split alike in every worker
         self.plane = DataPlane(
-            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows,
-            RowLimits(config.request_memory_mb * 2**20, config.max_rows),
-        )  # fmt: skip
+            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows
+        )
         self.peers: PoolPeers | None = None
         if config.worker_index is not None and config.pool_dir is not None:
             self.peers = PoolPeers(config.pool_dir, config.worker_index, config.pool_size)

@@ -66,9 +66,7 @@ class RowLimits:
         if not per_row:
             self._without_estimate(key, feeds)
             return
-        extent = max(
-            (_extent(spec.shape, feeds.get(spec.name)) for spec in engine.inputs), default=1
-        )
+        extent = request_extent(engine, feeds)
         if extent <= 1:
             return  # no other dynamic axis longer than 1: the rows' bound is the memory's
         taken = per_row * max(rows.values(), default=1) * extent
@@ -79,6 +77,17 @@ class RowLimits:
                 f"about {taken >> 20} MiB; one request may take {self.request_memory_bytes >> 20} "
                 "MiB (the server's --request-memory-mb): send fewer or shorter rows"
             )
+
+    def batch_rows(self, key: str, engine: Engine, feeds: Mapping[str, np.ndarray]) -> int | None:
+        """The most rows one engine run of requests like ``feeds`` (the same dims but the
+        first) may have: a batch is one run, bounded as one request is (None: no bound)."""
+        bounds = [self.max_rows(key, engine)]
+        per_row = getattr(engine, "bytes_per_row", None)
+        if per_row:
+            per_row *= request_extent(engine, feeds)
+            bounds.append(max(1, self.request_memory_bytes // per_row))
+        found = [bound for bound in bounds if bound is not None]
+        return min(found) if found else None
 
     def _without_estimate(self, key: str, feeds: Mapping[str, np.ndarray]) -> None:
         """A model with no estimate per row: the element limit bounds each input."""
@@ -93,6 +102,12 @@ class RowLimits:
         for name, array in feeds.items():
             if np.size(array) > MAX_ELEMENTS:
                 raise BadRequest(f"input {name!r}: more than {MAX_ELEMENTS} elements")
+
+
+def request_extent(engine: Engine, feeds: Mapping[str, np.ndarray]) -> int:
+    """What one row of the request holds per position of the estimate: the product of
+    its dynamic dims besides the first, the largest over its inputs (1: none)."""
+    return max((_extent(spec.shape, feeds.get(spec.name)) for spec in engine.inputs), default=1)
 
 
 def _extent(shape: tuple[int, ...], array: np.ndarray | None) -> int:
