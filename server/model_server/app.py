@@ -16,7 +16,7 @@ from .auth import AccessPolicy
 from .backends import Backend, make_backend
 from .batching import BatchPolicy
 from .codec_workers import JsonCodec
-from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig
+from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
 from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
 from .engine_manager import EngineManager
@@ -92,6 +92,9 @@ class ModelServer:
                 f"this server runs {config.pool_size} processes: versions are swapped through "
                 "its control socket (the sidecar), which reaches every process"
             )
+        check_named_models(
+            (spec.key for spec in self.model_specs()), config.batch_models, config.max_rows
+        )
         self.in_flight = InFlightRequests()
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)
