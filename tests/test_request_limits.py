@@ -291,3 +291,45 @@ def test_a_model_without_an_estimate_is_logged_once(caplog: pytest.LogCaptureFix
             limits.check("seq", engine, {"x": np.ones((1, MAX_ELEMENTS + 1), np.bool_)})
     said = [r.getMessage() for r in caplog.records if "no memory estimate" in r.getMessage()]
     assert len(said) == 1 and "'seq'" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("entry", "accepted"),
+    [
+        ({"batching": True, "maxRowsPerRequest": 16}, True),
+        ({"batching": False}, True),
+        ({"maxRowsPerRequest": 0}, False),
+        ({"batching": "yes"}, False),
+    ],
+)
+def test_tenant_models_set_their_batching_and_rows_through_the_crd(
+    entry: dict[str, Any], accepted: bool
+) -> None:
+    """spec.tenants.models[] entries opt their model in to batching (under
+    spec.server.batching's sizes) and bound its rows, as spec.server does for the
+    deployment's model: each reaches the server's --batch-model / --max-rows."""
+    doc = _example()
+    doc["spec"]["server"] = {"batching": {"maxBatchSize": 8}}
+    model = {"name": "acme-m", "tenant": "acme", "model": "m", "version": "v1", **entry}
+    doc["spec"]["tenants"] = {"secretName": "keys", "models": [model]}
+    for crd in ("deploy/crds", "deploy/helm/model-rollout/crds"):
+        schema = ResourceSchema.load(ROOT / crd / "modeldeployment.yaml")
+        assert (not schema.problems(doc)) == accepted, schema.problems(doc)
+    if not accepted:
+        with pytest.raises(SpecError, match=r"spec\.tenants\.models\[0\]"):
+            parse_spec(doc["spec"])
+        return
+    spec = parse_spec(doc["spec"])
+    config = parse_args(_server_args(spec)[1:])
+    batched = (spec.model, "acme/m") if entry.get("batching") else (spec.model,)
+    assert config.batch_models == batched
+    rows = {"acme/m": entry["maxRowsPerRequest"]} if "maxRowsPerRequest" in entry else {}
+    assert config.max_rows == rows
+
+
+def test_a_tenant_model_batching_needs_a_batch_size() -> None:
+    doc = _example()
+    model = {"name": "acme-m", "tenant": "acme", "model": "m", "version": "v1", "batching": True}
+    doc["spec"]["tenants"] = {"secretName": "keys", "models": [model]}
+    with pytest.raises(SpecError, match=r"maxBatchSize"):
+        parse_spec(doc["spec"])
