@@ -151,17 +151,20 @@ class ControlRelay:
             before = await self._ask_all(StatusRequest(request.model))
             if isinstance(request, RollbackRequest) and request.version is None:
                 request = RollbackRequest(request.model, self._rollback_target(before))
-            replies = [self._checked_swap(request, i, r) for i, r in
-                       enumerate(await self._ask_all(request))]  # fmt: skip
+            answered = await self._ask_all(request)
+            replies = [self._checked_swap(request, i, r) for i, r in enumerate(answered)]
             errors = [r for r in replies if isinstance(r, ErrorReply)]
             if not errors:
                 return merged_swap(replies)
-            done = [i for i, r in enumerate(replies) if not isinstance(r, ErrorReply)]
+            # put back every worker that moved: one whose swap went elsewhere than asked
+            # (an error once checked) moved too
+            done = [i for i, r in enumerate(answered) if not isinstance(r, ErrorReply)]
             if done:
                 log.warning(
                     "pool: %s %s: refused by worker(s) %s (%s), done by %s: putting those back",
                     request.op, request.model,
-                    [i for i in range(len(replies)) if i not in done], errors[0].error, done,
+                    [i for i, r in enumerate(replies) if isinstance(r, ErrorReply)],
+                    errors[0].error, done,
                 )  # fmt: skip
                 await asyncio.gather(*(self._put_back(self.links[i], before[i]) for i in done))
             return errors[0]

@@ -1,0 +1,76 @@
+"""The pool's relay undoing a swap some workers refused, and the catch-up replay, against
+scripted workers (issue 27 hostile review): every worker that moved is put back, a
+version no longer held is loaded again from the file it was loaded from, and a retained
+version whose directory is gone is skipped (not a restart loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model_rollout_contract import control
+from model_server.pool_relay import ControlRelay, WorkerLink
+
+
+@dataclass
+class Worker:
+    """What a worker's control socket answers: a serving version, the versions held
+    (``retain`` at most), loads refused or sent elsewhere, and every request asked."""
+
+    serving: str
+    held: list[str]
+    retain: int = 2
+    refuse: set[str] = field(default_factory=set)
+    misroute: dict[str, str] = field(default_factory=dict)
+    asked: list[control.Request] = field(default_factory=list)
+
+    def status(self, model: str) -> control.StatusReply:
+        return control.StatusReply(
+            model, self.serving, f"sha-{self.serving}", tuple(self.held), None, True
+        )
+
+    def swap(self, model: str, to: str) -> control.SwapReply:
+        before, self.serving = self.serving, to
+        others = [v for v in self.held if v != to]
+        self.held = [*others[len(others) - self.retain + 1 :], to]
+        return control.SwapReply(model, before, to, 1.0, False)
+
+    def answer(self, request: control.Request) -> control.Reply:
+        self.asked.append(request)
+        if isinstance(request, control.LoadRequest):
+            if request.version in self.refuse or (
+                request.path is not None and not Path(request.path).exists()
+            ):
+                return control.ErrorReply(f"cannot load {request.version}", "load_refused")
+            return self.swap(request.model, self.misroute.get(request.version, request.version))
+        if isinstance(request, control.RollbackRequest):
+            if request.version not in self.held:
+                return control.ErrorReply(f"{request.version} is not held", "conflict")
+            assert request.version is not None
+            return self.swap(request.model, request.version)
+        assert isinstance(request, (control.StatusRequest, control.TrafficRequest))
+        return self.status(request.model)
+
+
+class ScriptedLink(WorkerLink):
+    def __init__(self, index: int, worker: Worker) -> None:
+        super().__init__(index, Path(f"/nonexistent/{index}.sock"))
+        self.worker = worker
+        self.healthy.set()
+
+    async def ask(self, request: control.Request) -> control.Reply:
+        return self.worker.answer(request)
+
+
+def relay_of(*workers: Worker) -> ControlRelay:
+    return ControlRelay([ScriptedLink(i, w) for i, w in enumerate(workers)], lambda k, v: None)
+
+
+async def test_a_worker_that_swapped_elsewhere_is_put_back_too() -> None:
+    """Worker 1 answers a load of v2 by swapping to v3: its reply is an error, but it
+    moved, so it is put back with worker 0 (before: only worker 0 was, and worker 1
+    served v3 for good)."""
+    w0, w1 = Worker("v1", ["v1"]), Worker("v1", ["v1"], misroute={"v2": "v3"})
+    reply = await relay_of(w0, w1).handle(control.LoadRequest("mlp", "v2", None, "sha-v2"))
+    assert isinstance(reply, control.ErrorReply) and "not v2" in reply.error, reply
+    assert (w0.serving, w1.serving) == ("v1", "v1")
