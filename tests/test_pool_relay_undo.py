@@ -74,3 +74,24 @@ async def test_a_worker_that_swapped_elsewhere_is_put_back_too() -> None:
     reply = await relay_of(w0, w1).handle(control.LoadRequest("mlp", "v2", None, "sha-v2"))
     assert isinstance(reply, control.ErrorReply) and "not v2" in reply.error, reply
     assert (w0.serving, w1.serving) == ("v1", "v1")
+
+
+async def test_undoing_a_swap_loads_a_version_no_longer_held_from_its_own_file(
+    tmp_path: Path,
+) -> None:
+    """v1 was loaded through the relay from a file outside <model>/<version>/; a load
+    of v2 that worker 1 refuses is undone on worker 0, which (retaining 1) no longer
+    holds v1: it is loaded again from that file (before: with no path, so from a
+    directory that has no such version)."""
+    elsewhere = tmp_path / "announced" / "v1.onnx"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"model")
+    w0, w1 = Worker("v0", ["v0"], retain=1), Worker("v0", ["v0"], refuse={"v2"})
+    relay = relay_of(w0, w1)
+    first = await relay.handle(control.LoadRequest("mlp", "v1", str(elsewhere), "sha-v1"))
+    assert isinstance(first, control.SwapReply), first
+    refused = await relay.handle(control.LoadRequest("mlp", "v2", None, "sha-v2"))
+    assert isinstance(refused, control.ErrorReply), refused
+    again = [r for r in w0.asked if isinstance(r, control.LoadRequest) and r.version == "v1"]
+    assert [r.path for r in again] == [str(elsewhere)] * 2
+    assert w0.serving == "v1"
