@@ -5,11 +5,15 @@ version whose directory is gone is skipped (not a restart loop)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from model_rollout_contract import control
 from model_server.pool_relay import ControlRelay, WorkerLink
+from model_server.pool_replay import replay
 
 
 @dataclass
@@ -95,3 +99,34 @@ async def test_undoing_a_swap_loads_a_version_no_longer_held_from_its_own_file(
     again = [r for r in w0.asked if isinstance(r, control.LoadRequest) and r.version == "v1"]
     assert [r.path for r in again] == [str(elsewhere)] * 2
     assert w0.serving == "v1"
+
+
+async def test_the_replay_skips_a_retained_version_whose_directory_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retained version the sidecar has removed since cannot be loaded again: skipped
+    with a log line, the rest given (before: the replay failed, the worker was restarted
+    and failed again, for ever)."""
+    files = {}
+    for version in ("v2", "v3"):
+        files[version] = tmp_path / "mlp" / version / "model.onnx"
+        files[version].parent.mkdir(parents=True)
+        files[version].write_bytes(b"model")
+    gone = tmp_path / "mlp" / "v1" / "model.onnx"
+
+    def held(version: str, path: Path) -> dict[str, str]:
+        return {"version": version, "path": str(path), "sha256": f"sha-{version}"}
+
+    state = {
+        "mlp": {
+            "serving": held("v3", files["v3"]),
+            "retained": [held("v1", gone), held("v2", files["v2"])],
+            "policy": None,
+        }
+    }
+    worker = Worker("v0", ["v0"], retain=3)
+    with caplog.at_level(logging.WARNING, logger="model_server.pool_replay"):
+        await replay(state, ScriptedLink(0, worker))
+    loads = [r.version for r in worker.asked if isinstance(r, control.LoadRequest)]
+    assert loads == ["v2", "v3"] and worker.serving == "v3"
+    assert any("v1" in r.getMessage() and str(gone) in r.getMessage() for r in caplog.records)
