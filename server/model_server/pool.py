@@ -124,8 +124,13 @@ class Worker:
                         await self._open()
                     self.started_once = True
                 except ReplayFailed as exc:
-                    log.error("pool: worker %d could not catch up: %s; restarting", self.index, exc)
-                    self.process.kill()
+                    if self.pool.stopping:  # told to stop meanwhile: it drains and exits
+                        log.info("pool: worker %d stopped before it was opened (%s)",
+                                 self.index, exc)  # fmt: skip
+                    else:
+                        log.error("pool: worker %d could not catch up: %s; restarting",
+                                  self.index, exc)  # fmt: skip
+                        self.process.kill()
             code = await self.process.wait()
             self.link.healthy.clear()
             if self.pool.stopping:
