@@ -237,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--body-read-timeout-seconds",
         type=float,
         default=ServerConfig.body_read_timeout_seconds,
-        help="how long a request's body may take to arrive; past it 408 and the "
-        "connection is closed (a stalled client holds no descriptor for ever)",
+        help="how long a request's body may go without a byte arriving; past it 408 and the "
+        "connection is closed (a stalled client holds no descriptor for ever; a large "
+        "upload that keeps moving is never cut)",
     )
     p.add_argument(
         "--json-workers",
