@@ -36,7 +36,7 @@ from model_server.audit import AuditLog
 from model_server.backends.base import Engine, ModelFile, TensorSpec
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.batching import BatchPolicy, engine_max_rows, unbatchable_reason
-from model_server.config import ModelSpec, ServerConfig, parse_args
+from model_server.config import ConfigError, ModelSpec, ServerConfig, parse_args
 from model_server.engine_manager import EngineManager
 from model_server.errors import Unavailable
 from model_server.metrics import ServerMetrics
@@ -206,6 +206,26 @@ async def test_requests_queued_together_run_as_one_engine_run_each_getting_its_o
         found = samples(await (await client.get("/metrics")).text())
         assert sample(found, "model_server_version_requests_total", model="mlp", version="v1",
                       code="200") == 4  # fmt: skip
+
+
+async def test_a_batch_keeps_to_the_models_rows_per_request(
+    server_config: ServerConfig,
+) -> None:
+    """A batch is one engine run, so it takes no more rows than one request of the model
+    may (--max-rows, or the memory bound): four requests of 2 rows, for a model of at
+    most 4 rows per request, run as two batches of 4, not one of 8 (before: [8])."""
+    rng = np.random.default_rng(11)
+    xs = [rows_of(rng, 2) for _ in range(4)]
+    backend = Recording()
+    async with serving(
+        server_config, backend, max_batch_size=8, max_queue_delay_us=LONG_DELAY_US,
+        max_rows={"mlp": 4},
+    ) as (client, server):  # fmt: skip
+        answers = await asyncio.gather(*(infer(client, x) for x in xs))
+        assert backend.rows() == [4, 4]
+        for x, (status, answer) in zip(xs, answers, strict=True):
+            assert status == 200
+            np.testing.assert_allclose(output_of(answer), alone(server, x), rtol=1e-5, atol=1e-6)
 
 
 async def test_a_batch_takes_the_oldest_requests_that_fit_and_the_rest_wait(
@@ -559,21 +579,44 @@ def test_the_batching_flags_parse(monkeypatch: pytest.MonkeyPatch) -> None:
         defaults.MAX_QUEUE_DELAY_MICROSECONDS,
     )
     config = parse_args(["--repository", "/m", "--max-batch-size", "32",
-                         "--max-queue-delay-us", "500"])  # fmt: skip
+                         "--max-queue-delay-us", "500", "--batch-model", "mlp"])  # fmt: skip
     assert (config.max_batch_size, config.max_queue_delay_us) == (32, 500)
     policy = BatchPolicy.from_flags(config.max_batch_size, config.max_queue_delay_us, 4)
     assert policy == BatchPolicy(32, 0.0005, 4) and policy.enabled
-    assert config.batch_models == ()  # opt-in only
+    assert parse_args(["--repository", "/m"]).batch_models == ()  # opt-in only
     line = ["--repository", "/m", "--batch-model", "mlp", "--batch-model", "acme/m"]
     assert parse_args(line).batch_models == ("mlp", "acme/m")
     policy = BatchPolicy.from_flags(8, 0, 4, ("mlp",))
     assert policy.models == frozenset({"mlp"})
     monkeypatch.setenv("MODEL_SERVER_MAX_BATCH_SIZE", "16")
-    assert parse_args(["--repository", "/m"]).max_batch_size == 16
+    assert parse_args(["--repository", "/m", "--batch-model", "mlp"]).max_batch_size == 16
     for bad in (["--max-batch-size", "-1"], ["--max-queue-delay-us", "-5"],
                 ["--batch-model", "a b"]):  # fmt: skip
         with pytest.raises(SystemExit):
             parse_args(["--repository", "/m", *bad])
+
+
+def test_a_batch_size_without_a_model_to_batch_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-batch-size alone batched nothing, silently (batching is opt-in per model):
+    refused at startup, saying why."""
+    with pytest.raises(SystemExit):
+        parse_args(["--repository", "/m", "--max-batch-size", "32"])
+    assert "--batch-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["batch_models", "max_rows"])
+def test_a_model_named_in_the_flags_that_is_not_served_is_refused_at_startup(
+    repo, server_config: ServerConfig, flag: str
+) -> None:
+    """A typo in --batch-model or --max-rows would leave the model unbatched or
+    unbounded, silently: a name that is no model of the server's is refused at startup
+    (the server serves a fixed set of models, known then)."""
+    value: Any = ("mlp", "mpl") if flag == "batch_models" else {"mlp": 8, "acme/mlp": 4}
+    config = dataclasses.replace(server_config, max_batch_size=8, **{flag: value})
+    with pytest.raises(ConfigError, match="mpl" if flag == "batch_models" else "acme/mlp"):
+        ModelServer(config)
 
 
 def _example() -> dict[str, Any]:
@@ -624,7 +667,9 @@ def test_the_crd_field_reaches_the_servers_arguments(batching: dict[str, Any] | 
     assert (config.max_batch_size, config.max_queue_delay_us) == expected
     # the deployment's model opts in
     assert config.batch_models == ((spec.model,) if batching else ())
-    line = argv.server_argv(argv.ServerArgs("m", max_batch_size=8, max_queue_delay_us=100))
+    line = argv.server_argv(
+        argv.ServerArgs("m", max_batch_size=8, max_queue_delay_us=100, batch_models=("m",))
+    )
     assert (parse_args(line[1:]).max_batch_size, parse_args(line[1:]).max_queue_delay_us) == (
         8,
         100,

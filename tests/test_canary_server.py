@@ -424,6 +424,33 @@ async def test_shadow_runs_wait_for_no_client_and_are_bounded(
         assert sample(found, f"{canary.SHADOW_DRIFT}_count", **labels) == 1
 
 
+async def test_a_shadow_run_over_the_candidates_row_limit_is_not_run(
+    repo, server_config: ServerConfig
+) -> None:
+    """The candidate's own bound on rows holds for shadow runs too: a wider candidate
+    takes fewer rows than the stable version, and a request of more is refused for it as
+    it would be live (the client's 400, not the candidate's 500), never run on it (before,
+    the shadow ran the 40 rows on the candidate)."""
+    wide = add_version(repo[0], "mlp", "v4", seed=4, hidden=16384, depth=2)
+    async with serving(server_config, request_memory_mb=4, shadow_max_in_flight=4) as (
+        client,
+        server,
+    ):
+        sock = server_config.control_socket
+        assert (await ask(sock, load_request(wide)))["ok"]
+        assert (await ask(sock, traffic("v4", shadow=100)))["ok"]
+        x = np.ones((40, 8), dtype=np.float32)  # the candidate takes 31 rows at most
+        response = await client.post("/v2/models/mlp/infer", json=infer_body(x))
+        assert which_version(repo[1], x, await response.json()) == "v1"
+        await server.shadows.idle()
+        found = await metrics(client)
+    labels = {"model": "mlp", "version": "v4"}
+    assert sample(found, canary.SHADOW_REQUESTS, **labels) == 1
+    assert sample(found, canary.REQUESTS, code="400", **labels) == 1
+    assert sample(found, canary.REQUESTS, code="200", **labels) == 0
+    assert sample(found, canary.OUTPUT_VALUES, **labels) == 0  # it never ran
+
+
 async def test_a_candidate_failing_in_shadow_counts_as_its_error_and_never_the_clients(
     repo, server_config: ServerConfig
 ) -> None:

@@ -29,8 +29,8 @@ from helpers import RaisingBackend, infer_body
 from model_server.app import ModelServer
 from model_server.binary_codec import ALIGNMENT
 from model_server.config import MAX_REQUEST_BYTES, ServerConfig
-from model_server.errors import BadRequest
-from model_server.http_body import BodyBuffer
+from model_server.errors import BadRequest, RequestTimeout
+from model_server.http_body import BodyBuffer, read_body
 
 INFER = "/v2/models/mlp/infer"
 X1 = np.ones((1, 8), np.float32)
@@ -388,3 +388,34 @@ async def test_requests_to_unknown_models_create_no_series(client: TestClient) -
     metrics = await (await client.get("/metrics")).text()
     assert "attacker" not in metrics
     assert 'code="404",model="(unknown)"} 5.0' in metrics
+
+
+class _Trickle:
+    """A request body arriving in ``pieces``, ``gap_s`` apart (an upload slow but moving)."""
+
+    def __init__(self, pieces: list[bytes], gap_s: float) -> None:
+        self.content_length = sum(len(p) for p in pieces)
+        self.headers: dict[str, str] = {}
+        self.content = self
+        self._pieces = list(pieces)
+        self._gap_s = gap_s
+
+    async def readany(self) -> bytes:
+        if not self._pieces:
+            return b""
+        await asyncio.sleep(self._gap_s)
+        return self._pieces.pop(0)
+
+
+async def test_a_slow_body_that_keeps_arriving_is_not_cut() -> None:
+    """The body read timeout is an idle one: a large upload that keeps moving (here six
+    pieces 0.25 s apart, 1.5 s in all) is read whole under a timeout of 1 s; only a body
+    that stops arriving for that long is 408 (before, the timeout bounded the whole body:
+    408 here)."""
+    body = bytes(range(256)) * 24
+    pieces = [body[i : i + 1024] for i in range(0, len(body), 1024)]
+    assert len(pieces) == 6
+    read = await read_body(_Trickle(pieces, 0.25), 1.0)  # type: ignore[arg-type]
+    assert bytes(read) == body
+    with pytest.raises(RequestTimeout):
+        await read_body(_Trickle(pieces, 0.5), 0.1)  # type: ignore[arg-type]

@@ -7,28 +7,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import onnx
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
+from onnx import TensorProto, helper
 
 from crd_validation import ResourceSchema
-from helpers import add_version, infer_body, sample, samples
+from helpers import add_version, infer_body, sample, samples, write_manifest
 from model_operator.manifests import deployment
 from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import ModelFile
+from model_server.backends.base import ModelFile, TensorSpec
 from model_server.backends.onnx_rows import bytes_per_row
 from model_server.config import ModelSpec, ServerConfig, parse_args
+from model_server.errors import BadRequest
 from model_server.grpc_protocol import grpc_service_pb2 as pb
 from model_server.grpc_protocol import grpc_service_pb2_grpc as pb_grpc
+from model_server.request_limits import RowLimits
+from model_server.tensors import MAX_ELEMENTS
 
 ROOT = Path(__file__).parent.parent
 WIDE = "/v2/models/wide/infer"
@@ -164,3 +170,166 @@ def _server_args(spec: Any) -> list[str]:
     pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
     [server] = [c for c in pod["containers"] if c["name"] == "server"]
     return list(server["args"])
+
+
+def _write_with_table(path: Path) -> None:
+    """``y = x`` with ``x: [batch, 8]`` beside ``t: [64, 2]``, a fixed-size table whose
+    first axis is no batch: its 64 are no rows."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["t"], ["u"])],
+        "table",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, [64, 2]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, [64, 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+    write_manifest(path)
+
+
+def _feeds_body(feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.ravel().tolist()}
+            for n, a in feeds.items()
+        ]
+    }
+
+
+async def test_a_fixed_first_axis_is_no_rows(server_config: ServerConfig, repo) -> None:
+    """Only a dynamic first axis counts as rows: an input of fixed shape [64, 2] is no
+    request of 64 rows (before, refused with 400 for a model of at most 3 rows)."""
+    _write_with_table(repo[0] / "table" / "v1" / "model.onnx")
+    config = dataclasses.replace(
+        server_config, models=[ModelSpec("table", "v1")], max_rows={"table": 3}
+    )
+    t = np.ones((64, 2), np.float32)
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        fine = await client.post("/v2/models/table/infer", json=_feeds_body({"x": rows(3), "t": t}))
+        assert fine.status == 200, await fine.text()
+        refused = await client.post(
+            "/v2/models/table/infer", json=_feeds_body({"x": rows(4), "t": t})
+        )
+        assert refused.status == 400 and "'x': 4 rows" in (await refused.json())["error"]
+
+
+def _write_sequence(path: Path) -> None:
+    """``x: [batch, seq, 8]`` through a 4096-wide layer, averaged over ``seq``: each
+    position of a row takes the layer's width, so memory grows with rows times ``seq``
+    (shape inference counts ``seq`` as 1 in the estimate per row)."""
+    weights = np.full((8, 4096), 0.01, np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0),
+        ],
+        "sequence",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4096])],
+        [onnx.numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+    write_manifest(path)
+
+
+async def test_a_second_dynamic_axis_counts_in_a_requests_memory(
+    server_config: ServerConfig, repo
+) -> None:
+    """Rows were bounded, but one row of a [batch, seq] input could be any length: its
+    elements are bounded by the model's estimate too (before, one row of seq over the
+    bound ran: 200)."""
+    path = repo[0] / "sequence" / "v1" / "model.onnx"
+    _write_sequence(path)
+    per_row = bytes_per_row(ModelFile.read(path).data)
+    assert per_row is not None
+    config = dataclasses.replace(
+        server_config, models=[ModelSpec("sequence", "v1")], request_memory_mb=4
+    )
+    most = 4 * 2**20 // per_row  # positions (rows times seq) one request may have
+    async with TestClient(TestServer(ModelServer(config).make_app())) as client:
+        for shape, status in (((1, most), 200), ((1, most + 1), 400), ((2, most // 2 + 1), 400)):
+            x = np.ones((*shape, 8), np.float32)
+            response = await client.post("/v2/models/sequence/infer", json=_feeds_body({"x": x}))
+            assert response.status == status, (shape, await response.text())
+            if status == 400:
+                assert "--request-memory-mb" in (await response.json())["error"]
+
+
+class _NoEstimate:
+    """An engine with no memory estimate per row (as torch's)."""
+
+    platform = "test"
+    inputs = (TensorSpec("x", np.dtype(np.float32), (-1, -1)),)
+    outputs = (TensorSpec("y", np.dtype(np.float32), (-1, -1)),)
+
+    def infer(self, feeds: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_model_without_an_estimate_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """No estimate (torch, an unknown graph) and no --max-rows: said once per model,
+    and only the element limit bounds its requests."""
+    limits = RowLimits(2**20)
+    engine = _NoEstimate()
+    with caplog.at_level(logging.WARNING, logger="model_server.request_limits"):
+        for _ in range(3):
+            limits.check("seq", engine, {"x": np.ones((4000, 200), np.float32)})
+        with pytest.raises(BadRequest, match="elements"):
+            limits.check("seq", engine, {"x": np.ones((1, MAX_ELEMENTS + 1), np.bool_)})
+    said = [r.getMessage() for r in caplog.records if "no memory estimate" in r.getMessage()]
+    assert len(said) == 1 and "'seq'" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("entry", "accepted"),
+    [
+        ({"batching": True, "maxRowsPerRequest": 16}, True),
+        ({"batching": False}, True),
+        ({"maxRowsPerRequest": 0}, False),
+        ({"batching": "yes"}, False),
+    ],
+)
+def test_tenant_models_set_their_batching_and_rows_through_the_crd(
+    entry: dict[str, Any], accepted: bool
+) -> None:
+    """spec.tenants.models[] entries opt their model in to batching (under
+    spec.server.batching's sizes) and bound its rows, as spec.server does for the
+    deployment's model: each reaches the server's --batch-model / --max-rows."""
+    doc = _example()
+    doc["spec"]["server"] = {"batching": {"maxBatchSize": 8}}
+    model = {"name": "acme-m", "tenant": "acme", "model": "m", "version": "v1", **entry}
+    doc["spec"]["tenants"] = {"secretName": "keys", "models": [model]}
+    for crd in ("deploy/crds", "deploy/helm/model-rollout/crds"):
+        schema = ResourceSchema.load(ROOT / crd / "modeldeployment.yaml")
+        assert (not schema.problems(doc)) == accepted, schema.problems(doc)
+    if not accepted:
+        with pytest.raises(SpecError, match=r"spec\.tenants\.models\[0\]"):
+            parse_spec(doc["spec"])
+        return
+    spec = parse_spec(doc["spec"])
+    config = parse_args(_server_args(spec)[1:])
+    batched = (spec.model, "acme/m") if entry.get("batching") else (spec.model,)
+    assert config.batch_models == batched
+    rows = {"acme/m": entry["maxRowsPerRequest"]} if "maxRowsPerRequest" in entry else {}
+    assert config.max_rows == rows
+
+
+def test_a_tenant_model_batching_needs_a_batch_size() -> None:
+    doc = _example()
+    model = {"name": "acme-m", "tenant": "acme", "model": "m", "version": "v1", "batching": True}
+    doc["spec"]["tenants"] = {"secretName": "keys", "models": [model]}
+    with pytest.raises(SpecError, match=r"maxBatchSize"):
+        parse_spec(doc["spec"])

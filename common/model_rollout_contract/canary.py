@@ -92,9 +92,12 @@ class TrafficPolicy:
 # only: tests/test_metric_names.py); README "Metric names" lists the names they replaced
 # every series is labelled {model, version}; counters are cumulative since the version
 # was loaded, so analysis works on the difference between two scrapes
-# + label code: "200", "400", "500", ...; a shadow run counts too (200, or 500 when the
-# candidate failed), as one of SHADOW_REQUESTS: live answers are the difference (both
-# are counted when the run ends, so a run in flight counts in neither)
+# + label code: "200", "400", "500", ...; a shadow run counts too (200, 500 when the
+# candidate failed, or the 4xx a live request would have had: over the candidate's own
+# bounds, inputs its kernels' shape checks refuse), as one of SHADOW_REQUESTS: live
+# answers are the difference (both are counted when the run ends, so a run in flight
+# counts in neither). Analysis counts only 5xx as the version's failures: a 4xx is the
+# client's (the server maps the runtime's shape and argument errors to 400)
 REQUESTS = "model_server_version_requests_total"
 LATENCY = "model_server_version_request_duration_seconds"  # histogram
 # histogram: the engine's own time per run of one request, live or shadow (no queueing,

@@ -290,6 +290,21 @@ def _jwt_args(spec: ModelDeploymentSpec) -> argv.JwtArgs | None:
     )  # fmt: skip
 
 
+def _batch_models(spec: ModelDeploymentSpec) -> tuple[str, ...]:
+    """The models opted in to batching: a batch size above 0 opts the deployment's model
+    in, and each tenant model whose entry says ``batching``."""
+    if not spec.server.batching.max_batch_size:
+        return ()
+    return (spec.model, *(t.key for t in spec.tenant_models if t.batching))
+
+
+def _max_rows(spec: ModelDeploymentSpec) -> tuple[tuple[str, int], ...]:
+    """The models' configured rows per request (the others' are derived by the server)."""
+    configured = [(spec.model, spec.server.max_rows_per_request)]
+    configured += [(t.key, t.max_rows_per_request) for t in spec.tenant_models]
+    return tuple((key, rows) for key, rows in configured if rows)
+
+
 def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _volumes(name, spec)
     control_mount = {"name": "control", "mountPath": argv.CONTROL_DIR}
@@ -307,13 +322,8 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             precision=spec.precision,
             max_batch_size=spec.server.batching.max_batch_size,
             max_queue_delay_us=spec.server.batching.max_queue_delay_us,
-            # spec.server.batching is the deployment's model's: it opts that model in
-            batch_models=(spec.model,) if spec.server.batching.max_batch_size else (),
-            max_rows=(
-                ((spec.model, spec.server.max_rows_per_request),)
-                if spec.server.max_rows_per_request
-                else ()
-            ),
+            batch_models=_batch_models(spec),
+            max_rows=_max_rows(spec),
             jwt=_jwt_args(spec),
             processes=spec.server.processes,
         )

@@ -194,6 +194,10 @@ class TenantModelSpec:
     model: str
     version: str
     signing_public_key_secret: str | None = None  # None: the deployment's key
+    # opted in to dynamic batching (under spec.server.batching's sizes): --batch-model
+    batching: bool = False
+    # its bound on rows per request (None: the server derives it): --max-rows
+    max_rows_per_request: int | None = None
 
     @property
     def key(self) -> str:
@@ -448,6 +452,12 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         MAX_ROWS_PER_REQUEST,
     )  # fmt: skip
     _range(problems, "spec.server.drainSeconds", server.drain_seconds, 0, MAX_DRAIN_SECONDS)
+    for i, tenant_model in enumerate(tenant_models):
+        if tenant_model.batching and not server.batching.max_batch_size:
+            problems.append(
+                f"spec.tenants.models[{i}].batching needs spec.server.batching.maxBatchSize "
+                "above 0 (the sizes every batched model runs under)"
+            )
     _range(problems, "spec.server.processes", server.processes, 1, MAX_SERVER_PROCESSES)
 
     if problems:
@@ -500,12 +510,15 @@ def _tenant_models(
         name = _name(entry, "model", problems, where)
         version = _name(entry, "version", problems, where)
         key_secret = _object_name(entry, "signingPublicKeySecret", problems, where)
+        batching = _get(entry, "batching", bool, problems, where, False)
+        rows = _get(entry, "maxRowsPerRequest", int, problems, where)
+        _range(problems, f"{where}maxRowsPerRequest", rows, 1, MAX_ROWS_PER_REQUEST)
         if tenant and tenant == model:
             problems.append(
                 f"{where}tenant {tenant!r} is the deployment's model: its directory would hold both"
             )
         if track and tenant and name and version:
-            out.append(TenantModelSpec(track, tenant, name, version, key_secret))
+            out.append(TenantModelSpec(track, tenant, name, version, key_secret, batching, rows))
     for what, values in (
         ("name", [t.track for t in out]),
         ("tenant and model", [t.key for t in out]),

@@ -16,7 +16,7 @@ from .auth import AccessPolicy
 from .backends import Backend, make_backend
 from .batching import BatchPolicy
 from .codec_workers import JsonCodec
-from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig
+from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
 from .control_socket import ControlSocketServer
 from .data_plane import DataPlane
 from .engine_manager import EngineManager
@@ -70,6 +70,7 @@ class ModelServer:
                 config.batch_models,
             ),
             quick_run_s=config.quick_run_us / 1e6,
+            row_limits=RowLimits(config.request_memory_mb * 2**20, config.max_rows),
             tenant_memory_caps={
                 t.name: int(t.memory_mb * 2**20 / share)
                 for t in self.policy.tenants.values()
@@ -82,9 +83,8 @@ class ModelServer:
         if seed is not None and config.worker_index is not None:
             seed += config.worker_index  # the same seed would split alike in every worker
         self.plane = DataPlane(
-            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows,
-            RowLimits(config.request_memory_mb * 2**20, config.max_rows),
-        )  # fmt: skip
+            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows
+        )
         self.peers: PoolPeers | None = None
         if config.worker_index is not None and config.pool_dir is not None:
             self.peers = PoolPeers(config.pool_dir, config.worker_index, config.pool_size)
@@ -92,6 +92,9 @@ class ModelServer:
                 f"this server runs {config.pool_size} processes: versions are swapped through "
                 "its control socket (the sidecar), which reaches every process"
             )
+        check_named_models(
+            (spec.key for spec in self.model_specs()), config.batch_models, config.max_rows
+        )
         self.in_flight = InFlightRequests()
         self.control = (
             ControlSocketServer(self.plane, config.control_socket)

@@ -16,7 +16,8 @@ but the first):
   every slot is busy requests keep queueing, so with a delay of 0 a lightly loaded model
   runs each request at once and a busy one runs what queued meanwhile together;
 * it takes queued requests oldest first while their rows fit (``max_batch_size``, or the
-  engine's own profile maximum when that is lower, as a TensorRT profile's);
+  engine's own profile maximum, or the model's rows per request, whichever is lowest: a
+  batch is one run, bounded as one request is, :mod:`.request_limits`);
 * its inputs are concatenated along axis 0, run once, and every output is split back by
   each request's rows.
 
@@ -60,6 +61,7 @@ import numpy as np
 from .backends.base import Engine
 from .errors import Unavailable
 from .model_slot import LoadedVersion
+from .request_limits import RowLimits
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -276,12 +278,16 @@ class VersionBatcher:
         observe_rows: Callable[[int], None],
         on_idle: Callable[[VersionBatcher], None],
         on_rows_mismatch: Callable[[LoadedVersion], None],
+        limits: RowLimits | None = None,
     ) -> None:
         self.version = version
         self.policy = policy
         self.executor = executor
+        self.limits = limits
         limit = engine_max_rows(version.engine)
         self.max_rows = min(policy.max_batch_size, limit) if limit else policy.max_batch_size
+        # the most rows of a run of each queue: max_rows, or less for the model's bound
+        self._caps: dict[Signature | None, int] = {}
         self._observe_rows = observe_rows
         self._on_idle = on_idle
         self._on_rows_mismatch = on_rows_mismatch
@@ -303,11 +309,13 @@ class VersionBatcher:
         if self._closed:
             raise Unavailable("the server is shutting down: the request was not run")
         rows = request_rows(feeds)
-        alone = rows is None or rows == 0 or rows > self.max_rows
+        cap = self._cap(feeds)
+        alone = rows is None or rows == 0 or rows > cap
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outputs] = loop.create_future()
         future.add_done_callback(_retrieve)  # a cancelled caller never reads its outcome
         key = None if alone else signature(feeds)
+        self._caps[key] = cap
         pending = _Pending(feeds, rows or 0, key, future, time.monotonic())
         self._queues.setdefault(pending.key, deque()).append(pending)
         self._queued_rows[pending.key] = self._queued_rows.get(pending.key, 0) + pending.rows
@@ -321,20 +329,31 @@ class VersionBatcher:
                 await _uninterruptibly(pending.batch.ended)
             raise
 
+    def _cap(self, feeds: Feeds) -> int:
+        """The most rows of a batch of requests like ``feeds``."""
+        bound = None
+        if self.limits is not None:
+            bound = self.limits.batch_rows(self.version.model, self.version.engine, feeds)
+        return min(self.max_rows, bound) if bound is not None else self.max_rows
+
+    def _forget(self, key: Signature | None) -> None:
+        del self._queues[key], self._queued_rows[key]
+        self._caps.pop(key, None)
+
     def _dequeue(self, pending: _Pending) -> None:
         queue = self._queues.get(pending.key)
         if queue is not None and pending in queue:
             queue.remove(pending)
             self._queued_rows[pending.key] -= pending.rows
             if not queue:
-                del self._queues[pending.key], self._queued_rows[pending.key]
+                self._forget(pending.key)
         pending.future.cancel()
         self._pump()
 
     def _ready(self, key: Signature | None, now: float) -> bool:
         return (
             key is None
-            or self._queued_rows[key] >= self.max_rows
+            or self._queued_rows[key] >= self._caps[key]
             or now - self._queues[key][0].queued_at >= self.policy.max_queue_delay_s
         )
 
@@ -343,12 +362,12 @@ class VersionBatcher:
         queue = self._queues[key]
         taken = [queue.popleft()]
         rows = taken[0].rows
-        while key is not None and queue and rows + queue[0].rows <= self.max_rows:
+        while key is not None and queue and rows + queue[0].rows <= self._caps[key]:
             rows += queue[0].rows
             taken.append(queue.popleft())
         self._queued_rows[key] -= rows
         if not queue:
-            del self._queues[key], self._queued_rows[key]
+            self._forget(key)
         return taken
 
     def _pump(self) -> None:
@@ -420,7 +439,7 @@ class VersionBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        queues, self._queues, self._queued_rows = self._queues, {}, {}
+        queues, self._queues, self._queued_rows, self._caps = self._queues, {}, {}, {}
         for queue in queues.values():
             for pending in queue:
                 _settle(pending, _Outcome(error=Unavailable(
@@ -451,9 +470,11 @@ class Batchers:
         policy: BatchPolicy,
         executor: Executor | None,
         observe_rows: Callable[[str, int], None],
+        limits: RowLimits | None = None,
     ) -> None:
         self.policy = policy
         self.executor = executor
+        self.limits = limits  # the models' bounds on rows per request: a batch's too
         self._observe_rows = observe_rows
         self._active: dict[LoadedVersion, VersionBatcher] = {}
         # versions whose outputs did not follow a batch's rows: they run unbatched
@@ -483,6 +504,7 @@ class Batchers:
                 lambda rows: self._observe_rows(model, rows),
                 self._idle,
                 self._refused.add,
+                self.limits,
             )
         return batcher.submit(feeds)
 

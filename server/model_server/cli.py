@@ -7,7 +7,7 @@ import logging
 import sys
 
 from .backends import BackendUnavailable
-from .config import parse_args
+from .config import ConfigError, parse_args
 from .pool_worker import end_with_supervisor
 from .serving import run
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_pool(config, list(sys.argv[1:] if argv is None else argv))
     try:
         run(config)
-    except BackendUnavailable as exc:
+    except (BackendUnavailable, ConfigError) as exc:
         print(f"model-server: {exc}", file=sys.stderr)
         return 2
     return 0

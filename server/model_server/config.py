@@ -4,6 +4,7 @@ from ``MODEL_SERVER_<FLAG>`` (the contract's configuration scheme)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,25 @@ GIL_SWITCH_INTERVAL_US = 5000
 # of eight runs of 9 loads each handed one client an answer matching no version (issue 27);
 # --quick-run-us 300 turns them on (only torch's graph replays qualify)
 QUICK_RUN_US = 0
+
+
+class ConfigError(ValueError):
+    """Flags that parse but contradict the models the server serves (known once the
+    tenants file and the repository are read): refused at startup, exit status 2."""
+
+
+def check_named_models(served: Iterable[str], batch_models: Iterable[str],
+                       max_rows: Iterable[str]) -> None:  # fmt: skip
+    """Refuse a ``--batch-model`` or ``--max-rows`` naming no model served (a typo would
+    leave the model it meant unbatched or unbounded, silently)."""
+    keys = set(served)
+    for flag, names in (("--batch-model", batch_models), ("--max-rows", max_rows)):
+        unknown = sorted(set(names) - keys)
+        if unknown:
+            raise ConfigError(
+                f"{flag} names {', '.join(map(repr, unknown))}, which this server does not "
+                f"serve (its models: {', '.join(sorted(keys)) or 'none'})"
+            )
 
 
 @dataclass(frozen=True)
@@ -217,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--body-read-timeout-seconds",
         type=float,
         default=ServerConfig.body_read_timeout_seconds,
-        help="how long a request's body may take to arrive; past it 408 and the "
-        "connection is closed (a stalled client holds no descriptor for ever)",
+        help="how long a request's body may go without a byte arriving; past it 408 and the "
+        "connection is closed (a stalled client holds no descriptor for ever; a large "
+        "upload that keeps moving is never cut)",
     )
     p.add_argument(
         "--json-workers",
@@ -286,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=ServerConfig.max_batch_size,
         help="run queued requests of one version together, up to this many rows (the first "
-        "axis) per engine run; 0: off. Only the models --batch-model names batch",
+        "axis) per engine run, and at most a model's rows per request; 0: off. Only the "
+        "models --batch-model names batch: a size without one is refused",
     )
     batching.add_argument(
         "--batch-model",
@@ -296,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model whose requests may run together (repeatable; none by default): its "
         "inputs and outputs all have a dynamic first axis, and its rows are independent "
         "(no output row depends on another row: else clients get answers mixed with "
-        "others' rows)",
+        "others' rows). A name the server does not serve (--model, the tenants file, or "
+        "the repository) is refused at startup",
     )
     batching.add_argument(
         "--max-queue-delay-us",
@@ -314,14 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[TENANT/]NAME=ROWS",
         help="the most rows (the first axis) one request may give this model (repeatable); "
         "more are refused with 400 before any run. Default: --request-memory-mb over the "
-        "model's estimated memory per row (ONNX Runtime's, from its graph)",
+        "model's estimated memory per row (ONNX Runtime's, from its graph). A name the "
+        "server does not serve is refused at startup",
     )
     limits.add_argument(
         "--request-memory-mb",
         type=int,
         default=ServerConfig.request_memory_mb,
         help="the memory one request may take while it runs: a model's most rows per request "
-        "unless --max-rows names it (each inference thread may run such a request)",
+        "unless --max-rows names it, and, for a model with an estimate per row, its rows "
+        "times the product of its other dynamic dims (a sequence length) whatever --max-rows "
+        "says (each inference thread may run such a request). A model with no estimate "
+        "(torch) is bounded by the element limit alone, said once in the log",
     )
     p.add_argument(
         "--gil-switch-interval-us",
@@ -441,6 +468,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         batch_models = tuple(dict.fromkeys(check_model_key(m) for m in a.batch_model))
     except InvalidName as exc:
         p.error(f"--batch-model: {exc}")
+    if a.max_batch_size > 0 and not batch_models:
+        p.error(
+            f"--max-batch-size {a.max_batch_size} batches only the models --batch-model names "
+            "(batching is opt-in per model): name one, or give --max-batch-size 0"
+        )
     jwt: JwtConfig | None = None
     if a.jwks_file or a.jwks_url:
         if not a.tenants_file:

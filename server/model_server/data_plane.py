@@ -24,7 +24,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from model_rollout_contract import defaults
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.control import StatusReply, SwapReply
 from model_rollout_contract.names import InvalidName, check_name
@@ -148,7 +147,7 @@ class DataPlane:
         limits: RowLimits | None = None,
     ) -> None:
         self.manager = manager
-        self.limits = limits or RowLimits(defaults.REQUEST_MEMORY_MB * 2**20)
+        self.limits = limits or manager.row_limits  # one for requests and their batches
         self.metrics = metrics
         self.codec = codec or JsonCodec()
         self.router = router or TrafficRouter()
@@ -389,7 +388,8 @@ class DataPlane:
             served.encode_ns = time.perf_counter_ns() - encoding
             code = "200"
             if route.shadow is not None and pinned.version == route.version:
-                return Answer(response, ShadowJob(slot, route.shadow, request.feeds, results))
+                job = ShadowJob(slot, route.shadow, request.feeds, results, self.limits)
+                return Answer(response, job)
             return Answer(response)
         except ServingError as exc:
             code = str(exc.status)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model_rollout_contract import defaults
 from model_rollout_contract.canary import TrafficPolicy
 
 from .audit import AuditEvent, AuditLog
@@ -45,6 +46,7 @@ from .metrics import ServerMetrics, VersionRow
 from .model_slot import LoadedVersion, ModelSlot
 from .reporting import LifecycleEvent, Reporter
 from .repository import ModelRepository
+from .request_limits import RowLimits
 from .version_metrics import VersionMetrics, VersionSeries
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class EngineManager:
         batching: BatchPolicy | None = None,
         tenant_memory_caps: Mapping[str, int] | None = None,
         quick_run_s: float = 0.0,
+        row_limits: RowLimits | None = None,
     ) -> None:
         """``quick_run_s``: the longest engine run the event loop may make itself (0:
         none, every run goes to an inference thread)."""
@@ -82,10 +85,13 @@ class EngineManager:
         self.audit = audit
         self.retain = retain
         self.executor = executor  # inference threads
+        # the models' bounds on a request (rows, memory): of a batch too
+        self.row_limits = row_limits or RowLimits(defaults.REQUEST_MEMORY_MB * 2**20)
         self.batchers = Batchers(
             batching or BatchPolicy(),
             executor,
             lambda model, rows: metrics.batch_size.labels(model).observe(rows),
+            self.row_limits,
         )
         self.pipeline = LoadPipeline(backend, repository)
         self.budget = MemoryBudget(memory_budget_bytes, self.memory_bytes, tenant_memory_caps)

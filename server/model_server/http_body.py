@@ -7,8 +7,10 @@ the binary tensor data after a JSON header of ``align_after`` bytes starts on an
 writable, instead of copies). A body without a length (chunked), or compressed (aiohttp
 inflates ``Content-Encoding: gzip/deflate`` bodies as it reads them), is gathered as it
 comes. Either way a body over ``max_bytes`` is aiohttp's own 413, at once when its
-Content-Length says so; a body that has not all arrived within ``timeout_s`` is 408
-(``RequestTimeout``), so a stalled client does not hold its connection for ever.
+Content-Length says so; a body of which no byte arrives for ``timeout_s`` is 408
+(``RequestTimeout``), so a stalled client does not hold its connection for ever, while a
+large upload that is slow but moving is never cut (an idle timeout, not one on the whole
+body).
 
 The memory a body holds follows the bytes that arrived, never the length a client
 announced (:class:`BodyBuffer`): a connection that announces 64 MiB and sends ten bytes
@@ -92,36 +94,36 @@ async def read_body(
     align_after: int | None = None,
     max_bytes: int = MAX_REQUEST_BYTES,
 ) -> memoryview:
-    """The request's whole body, within ``timeout_s``; with ``align_after``, the byte at
-    that offset is ``ALIGNMENT``-aligned when the body's length is known in advance."""
+    """The request's whole body, as long as none of its bytes takes over ``timeout_s``
+    to come; with ``align_after``, the byte at that offset is ``ALIGNMENT``-aligned when
+    the body's length is known in advance."""
     length = request.content_length
     if length is not None and length > max_bytes:  # refused before reading a byte
         raise _too_large(max_bytes, length)
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read(request, length, align_after, max_bytes)
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
-
-
-async def _read(
-    request: web.Request, length: int | None, align_after: int | None, max_bytes: int
-) -> memoryview:
     identity = request.headers.get("Content-Encoding", "identity").lower() == "identity"
     if length is None or not identity:
-        return await _gather(request, max_bytes)
+        return await _gather(request, timeout_s, max_bytes)
     buffer = BodyBuffer(length, align_after)
     while buffer.received < length:
-        chunk = await request.content.readany()
+        chunk = await _next_chunk(request, timeout_s)
         if not chunk:
             break  # the connection ended early: body() says so
         buffer.add(chunk)
     return buffer.body()
 
 
-async def _gather(request: web.Request, max_bytes: int) -> memoryview:
+async def _next_chunk(request: web.Request, timeout_s: float) -> bytes:
+    """The body's next bytes; 408 when none come for ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.content.readany()
+    except TimeoutError:
+        raise RequestTimeout(f"no byte of the request body arrived for {timeout_s:g} s") from None
+
+
+async def _gather(request: web.Request, timeout_s: float, max_bytes: int) -> memoryview:
     buffer = bytearray()
-    while chunk := await request.content.readany():
+    while chunk := await _next_chunk(request, timeout_s):
         buffer += chunk
         if len(buffer) > max_bytes:
             raise _too_large(max_bytes, len(buffer))

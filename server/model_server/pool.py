@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 START_POLL_S = 0.1  # how often a starting worker's control socket is tried
 BACKOFF_S = (0.5, 30.0)  # a restart's first and largest delay (doubling between)
 STABLE_S = 60.0  # a worker that ran this long restarts again after the first delay
+OPEN_ATTEMPTS = 4  # a worker's /open, tried this often (its private app coming up)
+OPEN_RETRY_S = 0.25  # before the second try, doubling after
 
 
 def worker_argv(argv: list[str], directory: Path, index: int, size: int) -> list[str]:
@@ -88,8 +90,19 @@ class Worker:
             await self._open()
 
     async def _open(self) -> None:
-        """Let the worker listen on the public ports; it counts as healthy from then."""
-        await open_worker(private_socket(self.pool.directory, self.index))
+        """Let the worker listen on the public ports; it counts as healthy from then. A
+        call that fails is tried again (``OPEN_ATTEMPTS``): one failure on the first
+        start would fail the whole pool."""
+        socket = private_socket(self.pool.directory, self.index)
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                await open_worker(socket)
+                break
+            except ReplayFailed as exc:
+                if attempt == OPEN_ATTEMPTS - 1 or self.pool.stopping:
+                    raise
+                log.warning("pool: worker %d: %s; trying again", self.index, exc)
+                await asyncio.sleep(OPEN_RETRY_S * 2**attempt)
         self.link.healthy_since = time.monotonic()
         self.link.healthy.set()
 
@@ -111,8 +124,13 @@ class Worker:
                         await self._open()
                     self.started_once = True
                 except ReplayFailed as exc:
-                    log.error("pool: worker %d could not catch up: %s; restarting", self.index, exc)
-                    self.process.kill()
+                    if self.pool.stopping:  # told to stop meanwhile: it drains and exits
+                        log.info("pool: worker %d stopped before it was opened (%s)",
+                                 self.index, exc)  # fmt: skip
+                    else:
+                        log.error("pool: worker %d could not catch up: %s; restarting",
+                                  self.index, exc)  # fmt: skip
+                        self.process.kill()
             code = await self.process.wait()
             self.link.healthy.clear()
             if self.pool.stopping:

@@ -8,8 +8,8 @@ and never stays split between versions.
   version is sent naming one: the worker healthy longest's most recently served
   retained version (a restarted worker's history is shorter). If only some did, those
   are put back where they were before (a rollback to the version they served — a
-  pointer swap; a load of it if it is no longer held — and the traffic policy they
-  held) and the first error is the reply.
+  pointer swap; a load of it, from the file it was loaded from, if it is no longer
+  held — and the traffic policy they held) and the first error is the reply.
 * ``status``: the workers' common answer when they serve the same version with the same
   digest and policy (``loaded``: the versions every worker holds, each one can swap to
   at once); while they disagree (one restarting, being replayed) ``busy``, which the
@@ -118,6 +118,9 @@ class ControlRelay:
         self.digest_of = digest_of  # of a version to load again: ``manifest_digests``
         self.wait_s = wait_s
         self._swapping = asyncio.Lock()
+        # the file each version was loaded from through the relay (None: its directory),
+        # for loading it again when a swap is undone
+        self._paths: dict[tuple[str, str], str | None] = {}
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -151,17 +154,22 @@ class ControlRelay:
             before = await self._ask_all(StatusRequest(request.model))
             if isinstance(request, RollbackRequest) and request.version is None:
                 request = RollbackRequest(request.model, self._rollback_target(before))
-            replies = [self._checked_swap(request, i, r) for i, r in
-                       enumerate(await self._ask_all(request))]  # fmt: skip
+            answered = await self._ask_all(request)
+            replies = [self._checked_swap(request, i, r) for i, r in enumerate(answered)]
             errors = [r for r in replies if isinstance(r, ErrorReply)]
             if not errors:
+                if isinstance(request, LoadRequest):
+                    self._paths[(request.model, request.version)] = request.path
                 return merged_swap(replies)
-            done = [i for i, r in enumerate(replies) if not isinstance(r, ErrorReply)]
+            # put back every worker that moved: one whose swap went elsewhere than asked
+            # (an error once checked) moved too
+            done = [i for i, r in enumerate(answered) if not isinstance(r, ErrorReply)]
             if done:
                 log.warning(
                     "pool: %s %s: refused by worker(s) %s (%s), done by %s: putting those back",
                     request.op, request.model,
-                    [i for i in range(len(replies)) if i not in done], errors[0].error, done,
+                    [i for i, r in enumerate(replies) if isinstance(r, ErrorReply)],
+                    errors[0].error, done,
                 )  # fmt: skip
                 await asyncio.gather(*(self._put_back(self.links[i], before[i]) for i in done))
             return errors[0]
@@ -199,8 +207,9 @@ class ControlRelay:
         if before.version is not None and now.version != before.version:
             back = await link.ask(RollbackRequest(before.model, before.version))
             if isinstance(back, ErrorReply) and before.sha256 is not None:  # no longer held
+                path = self._paths.get((before.model, before.version))
                 back = await link.ask(
-                    LoadRequest(before.model, before.version, None, before.sha256)
+                    LoadRequest(before.model, before.version, path, before.sha256)
                 )
             if isinstance(back, ErrorReply):
                 log.error("pool: worker %d: could not go back to %s: %s",
@@ -225,7 +234,7 @@ class ControlRelay:
                       link.index, now.model, stable)  # fmt: skip
             return
         for request in (
-            LoadRequest(now.model, stable, None, digest),
+            LoadRequest(now.model, stable, self._paths.get((now.model, stable)), digest),
             RollbackRequest(now.model, now.version),
         ):
             reply = await link.ask(request)

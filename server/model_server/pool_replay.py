@@ -3,7 +3,9 @@ healthy worker holds. A restarted worker loads CURRENT and TRAFFIC from the volu
 startup, as a restarted server does; the sidecar may have swapped since without writing
 them yet, so for every model whose versions or policy differ from the healthy worker's,
 the restarted one is sent the loads (its retained versions in the order served, then
-the serving one with the policy) or the traffic op that make it the same. A load names the file the
+the serving one with the policy) or the traffic op that make it the same. A retained
+version whose file is gone (the sidecar removed it since) is skipped, with a log line:
+its load would fail on every restart, and the worker would never catch up. A load names the file the
 healthy worker loaded (the sidecar may announce one outside ``<model>/<version>/``)."""
 
 from __future__ import annotations
@@ -86,7 +88,13 @@ async def replay(state: dict[str, Any], link: WorkerLink) -> None:
         if (now.version, now.sha256, list(now.loaded)) != (
             serving["version"], serving["sha256"], [v["version"] for v in wanted]
         ):  # fmt: skip
-            for version in held["retained"]:  # held already: a pointer swap
+            for version in held["retained"]:
+                if not Path(version["path"]).is_file():  # removed since: never loadable
+                    log.warning(
+                        "pool: worker %d not given %s %s: its file %s is gone",
+                        link.index, key, version["version"], version["path"],
+                    )  # fmt: skip
+                    continue
                 _checked(await link.ask(_load(key, version)), f"load of {key} {version}")
             request = _load(key, serving, policy)
             _checked(await link.ask(request), f"load of {key} {serving['version']}")

@@ -8,8 +8,10 @@ and counted (``model_server_shadow_skipped_total``), so a slow candidate cannot 
 memory. A run pins the candidate like a request, so its engine stays open until the run
 ends. What a run finds goes to the candidate's series (:mod:`.version_metrics`): the
 largest absolute difference (``SHADOW_DRIFT``), the argmax agreement of 2-D class-score
-outputs, its latency, its outputs, and a request counted 200, or 500 when the candidate
-failed, with its ``SHADOW_REQUESTS``, both once the run has ended (analysis takes live
+outputs, its latency, its outputs, and a request counted 200, 500 when the candidate
+failed, or the 4xx it would have answered a live request (over its own bound on rows,
+inputs its kernels refuse: the client's, never the candidate's failure, and not run),
+with its ``SHADOW_REQUESTS``, both once the run has ended (analysis takes live
 answers as the difference, so a run in flight at a scrape must count in neither); the
 client's answer is never affected."""
 
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import VersionNotFound
+from .errors import ServingError, VersionNotFound
 from .model_slot import LoadedVersion, ModelSlot
+from .request_limits import RowLimits
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ class ShadowJob:
     candidate: str
     feeds: Mapping[str, np.ndarray]
     stable_outputs: Mapping[str, np.ndarray]  # every output of the stable version's run
+    # the server's bounds on a request, checked against the candidate before it runs
+    limits: RowLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,13 @@ def _run(candidate: LoadedVersion, job: ShadowJob) -> None:
     metrics = candidate.metrics
     started = time.perf_counter()
     try:
+        if job.limits is not None:  # the candidate's own bounds, as a live request's
+            job.limits.check(job.slot.key, candidate.engine, job.feeds)
         outputs = candidate.infer(job.feeds)
+    except ServingError as exc:  # a 4xx is the request's, as it would be live
+        metrics.shadow_request(str(exc.status))
+        log.debug("shadow run of %s:%s refused: %s", candidate.model, candidate.version, exc)
+        return
     except Exception as exc:  # the runtime can raise anything; the client is unaffected
         metrics.shadow_request("500")
         log.debug("shadow run of %s:%s failed: %s", candidate.model, candidate.version, exc)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
 from ..device_info import cpu_name
 from ..engine_cache import CacheKey, EngineCache
@@ -42,6 +42,35 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
     return TensorSpec(arg.name, np.dtype(dtype), shape, symbols=symbols)
 
 
+# What a kernel's own shape checks say when inputs the server accepted (their dynamic
+# axes unnamed or named apart, or a row count a Reshape cannot take) do not fit the
+# graph: ONNX Runtime raises these as FAIL, not INVALID_ARGUMENT. Lower case.
+_KERNEL_FAILED = "non-zero status code returned while running"
+_SHAPE_CHECKS = (
+    "attempting to broadcast an axis",  # element-wise ops
+    "cannot be reshaped to the requested shape",  # Reshape
+    "dimension mismatch",  # MatMul, Gemm
+    "dimensions must match",  # Concat
+    "mismatched dimensions",  # Concat
+    "invalid input shape",
+)
+_SERVER_FAULTS = ("allocate", "bad allocation", "out of memory")
+
+
+def input_error(exc: Exception) -> str | None:
+    """The message of a run's failure that is the inputs' (a kernel's shape check: the
+    client's 400), else None: a memory, device or any other fault stays the server's."""
+    if not isinstance(exc, (Fail, RuntimeException)):
+        return None
+    message = str(exc)
+    lower = message.lower()
+    if _KERNEL_FAILED not in lower or any(fault in lower for fault in _SERVER_FAULTS):
+        return None
+    if not any(check in lower for check in _SHAPE_CHECKS):
+        return None
+    return f"the model cannot run these inputs: {message.strip()}"
+
+
 CPU = ["CPUExecutionProvider"]
 # a flatbuffer's file identifier, bytes 4 to 8 of an ORT-format model
 ORT_FORMAT_IDENTIFIER = b"ORTM"
@@ -67,6 +96,11 @@ class OnnxRuntimeEngine:
             results = session.run(names, dict(feeds))
         except InvalidArgument as exc:  # a shape or type it refuses: the client's inputs
             raise BadRequest(str(exc)) from None
+        except (Fail, RuntimeException) as exc:
+            message = input_error(exc)
+            if message is None:
+                raise
+            raise BadRequest(message) from None
         return dict(zip(names, results, strict=True))
 
     def close(self) -> None:
