@@ -6,6 +6,7 @@ and Downward API files and ends deleted pods gracefully."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.request
@@ -16,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from model_rollout_e2e.container_runtime import ProcessContainers
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.kubeconfig import write_kubeconfig
 from model_rollout_e2e.kubectl import Kubectl
+from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.processes import wait_until
 
 # a tiny HTTP server serving /shared (its readiness file among others); on SIGTERM it
@@ -328,6 +331,33 @@ def test_a_container_ignoring_sigterm_is_killed_after_the_grace_period(
     wait_until(lambda: gone(admin, namespace, "stubborn"), WAIT_S, 0.5, "the pod deleted")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+async def test_stopping_the_agent_kills_its_pods_processes(
+    control_plane: ControlPlane, admin: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """On this test's own loop, whose thread outlives the agent (an agent's thread that
+    ends takes its children with it: ``PR_SET_PDEATHSIG``)."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    agent = NodeAgent(control_plane.node_kubeconfig(name), ProcessContainers(tmp_path), name)
+    await agent.start()
+    try:
+        await asyncio.to_thread(
+            admin.apply, bare_pod(namespace, "long", {"containers": [sleeper()]})
+        )
+
+        def pid() -> int | None:
+            status = admin.get("pod", "long", "-n", namespace).get("status") or {}
+            found = (status.get("containerStatuses") or [{}])[0].get("containerID")
+            return int(found.removeprefix("process://")) if found else None
+
+        running = await asyncio.to_thread(wait_until, pid, WAIT_S, 0.5, "the pod's process")
+        os.kill(running, 0)
+    finally:
+        await agent.stop()
+        admin.run("delete", "node", name, "--wait=false")
+    with pytest.raises(ProcessLookupError):
+        os.kill(running, 0)
 
 
 def test_exited_containers_end_the_pod_or_restart_by_restart_policy(
