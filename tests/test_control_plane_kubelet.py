@@ -375,6 +375,8 @@ def test_exited_containers_end_the_pod_or_restart_by_restart_policy(
                  "containers": [sleeper()]}),
         bare_pod(namespace, "restarts", {"restartPolicy": "Always",
                  "containers": [sleeper(code=exits, args=["1"])]}),
+        bare_pod(namespace, "killed", {"restartPolicy": "Never", "containers": [sleeper(
+                 code="import os, signal; os.kill(os.getpid(), signal.SIGKILL)")]}),
         bare_pod(namespace, "no-program", {"containers": [{"name": "main", "image": "x",
                  "command": ["no-such-program-on-this-host"]}]}),
     )  # fmt: skip
@@ -385,8 +387,11 @@ def test_exited_containers_end_the_pod_or_restart_by_restart_policy(
     wait_until(lambda: phase("done") == "Succeeded", WAIT_S, 0.5, "done Succeeded")
     wait_until(lambda: phase("crashed") == "Failed", WAIT_S, 0.5, "crashed Failed")
     wait_until(lambda: phase("bad-init") == "Failed", WAIT_S, 0.5, "bad-init Failed")
+    wait_until(lambda: phase("killed") == "Failed", WAIT_S, 0.5, "killed Failed")
     crashed = admin.get("pod", "crashed", "-n", namespace)["status"]["containerStatuses"][0]
     assert crashed["state"]["terminated"]["exitCode"] == 3
+    killed = admin.get("pod", "killed", "-n", namespace)["status"]["containerStatuses"][0]
+    assert killed["state"]["terminated"]["exitCode"] == 128 + 9  # as runtimes report SIGKILL
     init = admin.get("pod", "bad-init", "-n", namespace)["status"]
     assert init["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 2
     assert "running" not in init["containerStatuses"][0]["state"]  # never started

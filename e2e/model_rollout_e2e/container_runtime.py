@@ -58,7 +58,9 @@ class ProcessContainer:
         return f"process://{self.process.pid}"
 
     async def wait(self) -> int:
-        return await self.process.wait()
+        """Its exit status; 128 + N when signal N ended it, as a container runtime says."""
+        code = await self.process.wait()
+        return 128 - code if code < 0 else code
 
     def signal(self, signum: int) -> None:
         if self.process.returncode is None:

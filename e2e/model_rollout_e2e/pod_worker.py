@@ -145,6 +145,9 @@ class PodWorker:
 
     async def run(self) -> None:
         try:
+            if self._deleting.is_set():  # deleted before this node ran it: nothing to start
+                await self._terminate()
+                return
             life = self._spawn(self._live())
             deleting = self._spawn(self._deleting.wait())
             await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
@@ -256,8 +259,11 @@ class PodWorker:
             run.terminated(code)
             policy = self.restart_policy
             if policy == "Always" or (policy == "OnFailure" and code != 0):
-                await self._back_off(run)
-                await self._launch(run)
+                while True:
+                    await self._back_off(run)
+                    with contextlib.suppress(OSError, ValueError):  # RunContainerError
+                        await self._launch(run)
+                        break
                 await self.publish()
                 continue
             await self.publish()
