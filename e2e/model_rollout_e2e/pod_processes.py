@@ -1,6 +1,8 @@
-"""Run a pod from its real pod spec as local processes: its init containers one after
-the other, then the server and the sidecars (the deployment's, and one per tenant model),
-sharing a directory as their volumes and a Unix socket.
+"""Run a pod from its real pod spec as local processes (through the node agent's
+:class:`~.container_runtime.ProcessContainers`), for the emulated API's stand-in
+(:mod:`.kubelet`): its init containers one after the other, then the server and the
+sidecars (the deployment's, and one per tenant model), sharing a directory as their
+volumes and a Unix socket.
 
 Container paths are mapped to per-pod directories; each pod gets an IP of its own (a
 loopback address, :mod:`.loopback`) on which its server listens at the pod spec's port,
@@ -17,9 +19,11 @@ at a random phase per pod. A new annotation reaches the file that late, never at
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +34,9 @@ from model_rollout_contract.defaults import SERVER_PORT
 
 from . import loopback
 from .api_client import HarnessApi
+from .container_runtime import ProcessContainer, ProcessContainers, log_name
 from .pod_sandbox import Sandbox, atomic_write
-from .processes import ChildProcess, http_ok
+from .processes import http_ok
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +46,9 @@ class RunningPod:
     name: str
     sandbox: Sandbox
     port: int = SERVER_PORT
-    init: ChildProcess | None = None
-    init_task: asyncio.Task[int] | None = None
-    containers: dict[str, ChildProcess] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None  # its init containers, then its containers
+    init: ProcessContainer | None = None  # the init container running now
+    containers: dict[str, ProcessContainer] = field(default_factory=dict)
     annotations_text: str = ""
     next_volume_sync: float = 0.0  # monotonic time of this pod's next volume refresh
 
@@ -85,16 +90,8 @@ class ProcessPods:
         self.env = env or {}
         self.volume_refresh_s = volume_refresh_s
         self.rng = rng or random.Random()
+        self.runtime = ProcessContainers(work, self.env)  # how each container is run
         self.pods: dict[str, RunningPod] = {}
-
-    def _process(
-        self, pod: RunningPod, obj: dict[str, Any], container: dict[str, Any], log_name: str
-    ) -> ChildProcess:
-        """The container as ``python -m program``: the project's pods run its programs."""
-        _python, flag, module, *args = pod.sandbox.argv(container)
-        assert flag == "-m", f"container {container['name']!r} does not run a project program"
-        env = pod.sandbox.environment(obj, container, self.env)
-        return ChildProcess(module, args, pod.root / log_name, env)
 
     async def start(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -106,33 +103,27 @@ class ProcessPods:
         running = self.pods[name] = RunningPod(name, sandbox)
         await self._project(running, pod)  # at start, before any container runs
         running.next_volume_sync = time.monotonic() + self.rng.uniform(0, self.volume_refresh_s)
-        running.init_task = asyncio.create_task(self._run_inits(running, pod))
-        running.init_task.add_done_callback(lambda task: self._start_containers(running, pod, task))
+        running.task = asyncio.create_task(self._run(running, pod))
 
-    async def _run_inits(self, pod: RunningPod, obj: dict[str, Any]) -> int:
-        """Every init container to its end, in order, as a kubelet runs them; the first
-        that fails stops the pod (its exit status)."""
-        for i, init_spec in enumerate(obj["spec"]["initContainers"]):
-            log_name = "init.log" if i == 0 else f"init-{init_spec['name']}.log"
-            pod.init = self._process(pod, obj, init_spec, log_name).start()
-            code = await asyncio.to_thread(pod.init.run_to_end, 300)
+    async def _run(self, pod: RunningPod, obj: dict[str, Any]) -> None:
+        """Every init container to its end, in order, as a kubelet runs them (the first
+        that fails stops the pod), then the containers."""
+        for init in obj["spec"].get("initContainers") or []:
+            pod.init = await self.runtime.start(obj, pod.sandbox, init)
+            try:
+                code = await asyncio.wait_for(pod.init.wait(), 300)
+            except asyncio.TimeoutError:
+                code = -1
             if code != 0:
-                return code
-        return 0
-
-    def _start_containers(
-        self, pod: RunningPod, obj: dict[str, Any], init: asyncio.Task[int]
-    ) -> None:
-        if init.cancelled() or init.exception() is not None or init.result() != 0:
-            log.error(
-                "pod %s: init container failed:\n%s",
-                pod.name,
-                pod.init.log_tail() if pod.init else "",
-            )
-            return
+                text = (pod.root / log_name(init)).read_text(errors="replace")
+                tail = "\n".join(text.splitlines()[-30:])
+                log.error("pod %s: init container %s failed:\n%s", pod.name, init["name"], tail)
+                return
+        pod.init = None
         for container in obj["spec"]["containers"]:
-            log_name = f"{container['name']}.log"
-            pod.containers[container["name"]] = self._process(pod, obj, container, log_name).start()
+            pod.containers[container["name"]] = await self.runtime.start(
+                obj, pod.sandbox, container
+            )
 
     async def _project(self, pod: RunningPod, obj: dict[str, Any]) -> None:
         """Write the Downward API annotations and the ConfigMap files, atomically."""
@@ -171,8 +162,20 @@ class ProcessPods:
         running = self.pods.pop(name, None)
         if running is None:
             return
-        if running.init is not None:
-            running.init.stop()
-        for process in running.containers.values():
-            await asyncio.to_thread(process.stop)
+        if running.task is not None:
+            running.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running.task
+        processes = [running.init, *running.containers.values()]
+        await asyncio.gather(*(_stop(p) for p in processes if p is not None))
         loopback.release(running.address)
+
+
+async def _stop(process: ProcessContainer, grace_s: float = 10.0) -> None:
+    """SIGTERM, SIGKILL after ``grace_s``."""
+    process.signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except asyncio.TimeoutError:
+        process.signal(signal.SIGKILL)
+        await process.wait()
