@@ -3,6 +3,7 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -88,6 +89,44 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
         pytest.skip(str(exc))
     with ControlPlane(tmp_path_factory.mktemp("control-plane")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def node_agents(control_plane, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start kubelet stand-ins (``model_rollout_e2e.node_agent``) on the session's control
+    plane: ``node_agents(processes=True, mounts=..., **NodeAgent options)``; simulated
+    (no processes) unless ``processes``. Each is stopped (its processes killed) and its
+    Node deleted when the test ends, so the next test's pods go to the next test's node."""
+    import uuid
+
+    from model_rollout_e2e.container_runtime import ProcessContainers, SimulatedContainers
+    from model_rollout_e2e.node_agent import AgentThread, NodeAgent
+
+    threads: list[AgentThread] = []
+
+    def start(
+        processes: bool = False, mounts: dict[str, Path] | None = None, **options: Any
+    ) -> NodeAgent:
+        name = f"node-{uuid.uuid4().hex[:8]}"
+        runtime = (
+            ProcessContainers(tmp_path / name, mounts=mounts)
+            if processes
+            else SimulatedContainers()
+        )
+        agent = NodeAgent(control_plane.node_kubeconfig(name), runtime, name, **options)
+        threads.append(AgentThread(agent).start())
+        return agent
+
+    yield start
+    for thread in reversed(threads):
+        thread.stop()
+        control_plane.kubectl.run("delete", "node", thread.agent.name, "--wait=false")
+
+
+@pytest.fixture
+def node_agent(node_agents):  # type: ignore[no-untyped-def]
+    """One simulated node for this test (pods run nowhere, turn Ready at once)."""
+    return node_agents()
 
 
 @pytest.fixture

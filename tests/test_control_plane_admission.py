@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,10 @@ def policy(control_plane: ControlPlane) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(control_plane: ControlPlane, policy: dict[str, Any]) -> dict[str, Any]:
+def cluster(control_plane: ControlPlane, policy: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A namespace with the operator's pod RBAC, two of its pods, and the sidecar's
-    token bound to the first (what the kubelet mounts into it)."""
+    token bound to the first (what the kubelet mounts into it); deleted afterwards, so
+    that a later test's node agent is not given these pods to run."""
     admin = control_plane.kubectl
     namespace = f"ml-{uuid.uuid4().hex[:8]}"
     admin("create", "namespace", namespace)
@@ -90,7 +92,8 @@ def cluster(control_plane: ControlPlane, policy: dict[str, Any]) -> dict[str, An
         interval_s=0.5,
         what="the policy to be enforced",
     )
-    return {"ns": namespace, "admin": admin, "sidecar": sidecar, "unbound": unbound}
+    yield {"ns": namespace, "admin": admin, "sidecar": sidecar, "unbound": unbound}
+    admin.run("delete", "namespace", namespace, "--wait=false")
 
 
 def test_the_api_server_type_checks_the_policy_cleanly(policy: dict[str, Any]) -> None:

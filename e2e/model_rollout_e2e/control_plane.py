@@ -4,8 +4,9 @@ and kube-scheduler, built by ``make install`` from the Go modules pinned in
 
 Unlike the emulators (kmock, ``kube_emulator``) it validates against the real CRD schema,
 runs admission (ValidatingAdmissionPolicy's CEL included) and authorizes with RBAC, so a
-test sees what a cluster would answer. There is no kubelet: pods are created and
-scheduled but run nowhere.
+test sees what a cluster would answer. There is no kubelet of its own: pods are created
+and scheduled, and run once a node agent (:mod:`.node_agent`, the kubelet stand-in, with
+:meth:`ControlPlane.node_kubeconfig`) has registered a Node.
 
 Every process is started in a session of its own and stopped by its process id (its
 process group), newest first; the kernel kills them too if the test process dies
@@ -15,7 +16,6 @@ process group), newest first; the kernel kills them too if the test process dies
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import ssl
@@ -32,11 +32,10 @@ from model_rollout_e2e.cluster_pki import SERVICE_RANGE, CertPair, ClusterPKI
 from model_rollout_e2e.identities import Identity, service_account
 from model_rollout_e2e.kubeconfig import write_kubeconfig
 from model_rollout_e2e.kubectl import Kubectl
-from model_rollout_e2e.processes import free_port, wait_until
+from model_rollout_e2e.processes import die_with_parent, free_port, wait_until
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-_PR_SET_PDEATHSIG = 1
 
 
 def control_plane_bin() -> Path:
@@ -52,12 +51,6 @@ def control_plane_binary(name: str) -> str:
             " e2e/controlplane/go.mod (needs Go)"
         )
     return str(path)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the process that started it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -76,7 +69,7 @@ class Component:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def running(self) -> bool:
@@ -181,6 +174,12 @@ class ControlPlane:
             cluster_role=cluster_role, role=role, pod=pod,
         )  # fmt: skip
 
+    def node_kubeconfig(self, node: str) -> Path:
+        """A kubelet's credentials for ``node`` (``system:node:<node>`` in
+        ``system:nodes``): the Node authorizer and NodeRestriction limit it to that node
+        and its pods, as they limit a real kubelet."""
+        return self._component_kubeconfig(f"node-{node}", f"system:node:{node}", "system:nodes")
+
     def ssl_context(self, client: CertPair | None = None) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         pair = client or self._admin
@@ -251,9 +250,9 @@ class ControlPlane:
             "--v=1",
         ], f"{self.server}/readyz"
 
-    def _component_kubeconfig(self, name: str, user: str) -> Path:
+    def _component_kubeconfig(self, name: str, user: str, group: str | None = None) -> Path:
         path = self.dir / f"{name}.kubeconfig"
-        pair = self.pki.client(name, user)
+        pair = self.pki.client(name, user, group)
         write_kubeconfig(path, self.server, self.pki.ca.cert, client=pair)
         return path
 

@@ -19,7 +19,7 @@ import copy
 import itertools
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
 from model_rollout_contract.argv import CONFIGMAP_VERSION_KEY
@@ -30,23 +30,10 @@ from model_rollout_contract.states import SidecarState
 
 from . import loopback
 from .api_client import HarnessApi
+from .pod_runtime import PodRuntime
 from .simulated_servers import Behaviour, SimulatedServer
 
 log = logging.getLogger(__name__)
-
-
-class PodRuntime(Protocol):
-    async def start(self, pod: dict[str, Any]) -> None: ...
-
-    async def sync(self, pod: dict[str, Any]) -> bool:
-        """Bring the pod's processes in line with its object; return readiness."""
-        ...
-
-    async def stop(self, name: str) -> None: ...
-
-    def address(self, name: str) -> str | None:
-        """The pod's IP (``None``: it has none)."""
-        ...
 
 
 def _labels_match(selector: dict[str, str], labels: dict[str, str] | None) -> bool:

@@ -1,6 +1,8 @@
-"""Run a pod from its real pod spec as local processes: its init containers one after
-the other, then the server and the sidecars (the deployment's, and one per tenant model),
-sharing a directory as their volumes and a Unix socket.
+"""Run a pod from its real pod spec as local processes (through the node agent's
+:class:`~.container_runtime.ProcessContainers`), for the emulated API's stand-in
+(:mod:`.kubelet`): its init containers one after the other, then the server and the
+sidecars (the deployment's, and one per tenant model), sharing a directory as their
+volumes and a Unix socket.
 
 Container paths are mapped to per-pod directories; each pod gets an IP of its own (a
 loopback address, :mod:`.loopback`) on which its server listens at the pod spec's port,
@@ -17,10 +19,11 @@ at a random phase per pod. A new annotation reaches the file that late, never at
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,24 +34,31 @@ from model_rollout_contract.defaults import SERVER_PORT
 
 from . import loopback
 from .api_client import HarnessApi
-from .processes import ChildProcess, free_port, http_ok
+from .container_runtime import ProcessContainer, ProcessContainers, log_name
+from .pod_sandbox import Sandbox, atomic_write
+from .processes import http_ok
 
 log = logging.getLogger(__name__)
-PROGRAMS = {"model-server": "model_server", "model-sidecar": "model_sidecar"}
 
 
 @dataclass
 class RunningPod:
     name: str
-    root: Path
-    address: str = "127.0.0.1"  # the pod's IP
+    sandbox: Sandbox
     port: int = SERVER_PORT
-    init: ChildProcess | None = None
-    init_task: asyncio.Task[int] | None = None
-    containers: dict[str, ChildProcess] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None  # its init containers, then its containers
+    init: ProcessContainer | None = None  # the init container running now
+    containers: dict[str, ProcessContainer] = field(default_factory=dict)
     annotations_text: str = ""
     next_volume_sync: float = 0.0  # monotonic time of this pod's next volume refresh
-    mounts: dict[str, str] = field(default_factory=dict)  # container path -> host path
+
+    @property
+    def root(self) -> Path:
+        return self.sandbox.root
+
+    @property
+    def address(self) -> str:
+        return self.sandbox.address
 
     @property
     def url(self) -> str:
@@ -80,122 +90,46 @@ class ProcessPods:
         self.env = env or {}
         self.volume_refresh_s = volume_refresh_s
         self.rng = rng or random.Random()
+        self.runtime = ProcessContainers(work, self.env)  # how each container is run
         self.pods: dict[str, RunningPod] = {}
-
-    def _mount_map(self, pod: RunningPod, spec: dict[str, Any]) -> dict[str, str]:
-        """Container path -> host path for every volume mount in the pod spec."""
-        mapping: dict[str, str] = {}
-        for container in spec.get("initContainers", []) + spec.get("containers", []):
-            for mount in container.get("volumeMounts", []):
-                path = mount["mountPath"]
-                host = self.extra_mounts.get(path) or pod.root / mount["name"]
-                mapping[path] = str(host)
-        return mapping
-
-    def _args(
-        self,
-        pod: RunningPod,
-        container: dict[str, Any],
-        mapping: dict[str, str],
-        ports: dict[str, int],
-    ) -> tuple[str, list[str]]:
-        program, *args = container["args"]
-        out: list[str] = []
-        for i, arg in enumerate(args):
-            flag = args[i - 1] if i else ""
-            if flag == "--metrics-port":
-                arg = str(ports.setdefault(container["name"], free_port()))
-            elif flag == "--host":
-                arg = pod.address
-            for container_path in sorted(mapping, key=len, reverse=True):
-                if (
-                    arg == container_path
-                    or arg.startswith(container_path + "/")
-                    or arg.startswith(f"file://{container_path}")
-                ):
-                    arg = arg.replace(container_path, mapping[container_path], 1)
-                    break
-            out.append(arg)
-        return PROGRAMS[program], out
-
-    def _environment(self, pod_name: str, container: dict[str, Any]) -> dict[str, str]:
-        env = dict(self.env)
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = item["value"]
-            elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
-                env[item["name"]] = pod_name
-            elif (
-                item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-                == "metadata.namespace"
-            ):
-                env[item["name"]] = self.namespace
-        return env
 
     async def start(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
-        running = RunningPod(name, self.work / name)
-        shutil.rmtree(running.root, ignore_errors=True)
-        running.root.mkdir(parents=True)
-        self.pods[name] = running
+        root = self.work / name
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
         spec = pod["spec"]
-        mapping = running.mounts = self._mount_map(running, spec)
-        for host in mapping.values():
-            Path(host).mkdir(parents=True, exist_ok=True)
+        sandbox = Sandbox.create(root, loopback.allocate(SERVER_PORT), spec, self.extra_mounts)
+        running = self.pods[name] = RunningPod(name, sandbox)
         await self._project(running, pod)  # at start, before any container runs
         running.next_volume_sync = time.monotonic() + self.rng.uniform(0, self.volume_refresh_s)
-        running.address = loopback.allocate(SERVER_PORT)
-        ports: dict[str, int] = {}  # container -> its metrics port
-        running.init_task = asyncio.create_task(self._run_inits(running, spec, mapping, ports))
-        running.init_task.add_done_callback(
-            lambda task: self._start_containers(running, spec, mapping, ports, task)
-        )
+        running.task = asyncio.create_task(self._run(running, pod))
 
-    async def _run_inits(
-        self, pod: RunningPod, spec: dict[str, Any], mapping: dict[str, str], ports: dict[str, int]
-    ) -> int:
-        """Every init container to its end, in order, as a kubelet runs them; the first
-        that fails stops the pod (its exit status)."""
-        for i, init_spec in enumerate(spec["initContainers"]):
-            module, args = self._args(pod, init_spec, mapping, ports)
-            log_name = "init.log" if i == 0 else f"init-{init_spec['name']}.log"
-            pod.init = ChildProcess(
-                module, args, pod.root / log_name, self._environment(pod.name, init_spec)
-            ).start()
-            code = await asyncio.to_thread(pod.init.run_to_end, 300)
+    async def _run(self, pod: RunningPod, obj: dict[str, Any]) -> None:
+        """Every init container to its end, in order, as a kubelet runs them (the first
+        that fails stops the pod), then the containers."""
+        for init in obj["spec"].get("initContainers") or []:
+            pod.init = await self.runtime.start(obj, pod.sandbox, init)
+            try:
+                code = await asyncio.wait_for(pod.init.wait(), 300)
+            except asyncio.TimeoutError:
+                code = -1
             if code != 0:
-                return code
-        return 0
-
-    def _start_containers(
-        self,
-        pod: RunningPod,
-        spec: dict[str, Any],
-        mapping: dict[str, str],
-        ports: dict[str, int],
-        init: asyncio.Task[int],
-    ) -> None:
-        if init.cancelled() or init.exception() is not None or init.result() != 0:
-            log.error(
-                "pod %s: init container failed:\n%s",
-                pod.name,
-                pod.init.log_tail() if pod.init else "",
+                text = (pod.root / log_name(init)).read_text(errors="replace")
+                tail = "\n".join(text.splitlines()[-30:])
+                log.error("pod %s: init container %s failed:\n%s", pod.name, init["name"], tail)
+                return
+        pod.init = None
+        for container in obj["spec"]["containers"]:
+            pod.containers[container["name"]] = await self.runtime.start(
+                obj, pod.sandbox, container
             )
-            return
-        for container in spec["containers"]:
-            module, args = self._args(pod, container, mapping, ports)
-            pod.containers[container["name"]] = ChildProcess(
-                module,
-                args,
-                pod.root / f"{container['name']}.log",
-                self._environment(pod.name, container),
-            ).start()
 
     async def _project(self, pod: RunningPod, obj: dict[str, Any]) -> None:
         """Write the Downward API annotations and the ConfigMap files, atomically."""
         text = format_downward_annotations(obj["metadata"].get("annotations") or {})
         if text != pod.annotations_text:
-            _atomic_write(pod.root / "podinfo" / "annotations", text)
+            atomic_write(pod.root / "podinfo" / "annotations", text)
             pod.annotations_text = text
         for volume in obj["spec"].get("volumes", []):
             if "configMap" in volume:
@@ -206,7 +140,7 @@ class ProcessPods:
                 for key, value in ((cm or {}).get("data") or {}).items():
                     target = pod.root / volume["name"] / key
                     if not target.exists() or target.read_text() != value:
-                        _atomic_write(target, value)
+                        atomic_write(target, value)
 
     async def sync(self, pod: dict[str, Any]) -> bool:
         running = self.pods.get(pod["metadata"]["name"])
@@ -228,15 +162,20 @@ class ProcessPods:
         running = self.pods.pop(name, None)
         if running is None:
             return
-        if running.init is not None:
-            running.init.stop()
-        for process in running.containers.values():
-            await asyncio.to_thread(process.stop)
+        if running.task is not None:
+            running.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running.task
+        processes = [running.init, *running.containers.values()]
+        await asyncio.gather(*(_stop(p) for p in processes if p is not None))
         loopback.release(running.address)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+async def _stop(process: ProcessContainer, grace_s: float = 10.0) -> None:
+    """SIGTERM, SIGKILL after ``grace_s``."""
+    process.signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except asyncio.TimeoutError:
+        process.signal(signal.SIGKILL)
+        await process.wait()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -19,6 +21,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the operator is imported where it runs: the server's benches
     # use this module on machines without the operator's dependencies (the GPU host)
     from model_operator.config import OperatorConfig
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGKILL the child when the thread that started it ends (the test
+    process dies), so no run leaves a process behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:

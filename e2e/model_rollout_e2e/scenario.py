@@ -217,7 +217,8 @@ class Scenario:
         assert self.pods is not None
         events = {}
         for name, pod in self.pods.pods.items():
-            log = Path(pod.mounts[AUDIT_DIR]) / Path(AUDIT_LOG).name  # the server's own volume
+            # the server's own volume
+            log = Path(pod.sandbox.host_path(AUDIT_DIR)) / Path(AUDIT_LOG).name
             lines = log.read_text().splitlines() if log.exists() else []
             events[name] = [json.loads(line) for line in lines]
         return events

@@ -1,0 +1,376 @@
+"""The kubelet stand-in on a real API server (:mod:`.control_plane`): one Node whose pods
+run as processes on this machine (:class:`~.container_runtime.ProcessContainers`) or
+nowhere (:class:`~.container_runtime.SimulatedContainers`, for scale tests).
+
+It acts as a node does, with a node's credentials (``system:node:<name>``, so the Node
+authorizer and NodeRestriction judge every call): registers its Node (capacity and
+allocatable cpu, memory, pods, ``nvidia.com/gpu``; the Ready condition; the
+``kubernetes.io/hostname``/``os``/``arch`` labels), renews its Lease in
+``kube-node-lease`` every ``lease_renew_s`` (10 s, as a kubelet) so the node-lifecycle
+controller keeps it Ready and untainted, watches the pods the scheduler binds to it
+(``spec.nodeName``) and gives each a :class:`~.pod_worker.PodWorker`: containers,
+readiness probes, status, projected token and Downward API files refreshed every
+``volume_refresh_s`` (a real kubelet's sync period is about a minute), graceful deletion.
+
+Not a kubelet: no images, cgroups, resource limits or namespaces (a container's command
+runs on the host, see :mod:`.pod_sandbox`); volumes are only emptyDir, ConfigMap,
+Downward API and the projected token; no liveness or startup probes, native sidecars,
+ephemeral containers, events, evictions or node status beyond registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from .pod_runtime import ContainerRuntime
+from .pod_worker import HOST_IP, PodWorker, WorkerSettings, now
+from .raw_api import check, json_call
+
+log = logging.getLogger(__name__)
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40  # a kubelet's
+KUBELET_VERSION = "v1.37.2"
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class WatchGone(Exception):
+    """The watch's resourceVersion was compacted away (410): list again."""
+
+
+def _micro_time() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class NodeAgent:
+    """``async with NodeAgent(kubeconfig, runtime) as agent:`` (or :class:`AgentThread`)."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        runtime: ContainerRuntime,
+        name: str = "stand-in-node",
+        *,
+        cpu: str = "32",
+        memory: str = "128Gi",
+        pods: int = 1100,
+        gpus: int = 8,
+        labels: dict[str, str] | None = None,
+        volume_refresh_s: float = 60.0,
+        token_max_age_s: float | None = None,
+        restart_backoff_s: float = 10.0,
+        lease_renew_s: float = 10.0,
+    ) -> None:
+        """``kubeconfig``: the node's (``ControlPlane.node_kubeconfig``). Downward API
+        and ConfigMap files and tokens are refreshed every ``volume_refresh_s`` (a real
+        kubelet: about 60 s); tokens are renewed at 80 % of their lifetime or after
+        ``token_max_age_s``; a crashed container restarts after ``restart_backoff_s``,
+        doubling up to 300 s (a kubelet: 10 s)."""
+        self.kubeconfig = kubeconfig
+        self.runtime = runtime
+        self.name = name
+        resources = {"cpu": cpu, "memory": memory, "pods": str(pods),
+                     "nvidia.com/gpu": str(gpus), "ephemeral-storage": "100Gi"}  # fmt: skip
+        self.resources = resources
+        self.labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **(labels or {}),
+        }
+        self.volume_refresh_s = volume_refresh_s
+        self.token_max_age_s = token_max_age_s
+        self.restart_backoff_s = restart_backoff_s
+        self.lease_renew_s = lease_renew_s
+        self.workers: dict[str, PodWorker] = {}  # by pod uid
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._api: k8s.ApiClient | None = None
+        self._core: Any = None
+        self._coordination: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> NodeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Register the Node and its Lease, then run the pods bound to it."""
+        configuration = k8s.Configuration()
+        await k8s_config.load_kube_config(
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
+        configuration.connection_pool_maxsize = 32
+        self._api = k8s.ApiClient(configuration)
+        self._core = k8s.CoreV1Api(self._api)
+        self._coordination = k8s.CoordinationV1Api(self._api)
+        uid = await self._register()
+        await self._renew_lease(uid)
+        self._tasks = [
+            asyncio.create_task(self._heartbeat(uid)),
+            asyncio.create_task(self._watch_pods()),
+        ]
+
+    async def stop(self) -> None:
+        """Cancel every task and kill every process; the Node stays (a node that went
+        away: the node-lifecycle controller marks it NotReady)."""
+        for task in [*self._tasks, *self._runs.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._runs.values(), return_exceptions=True)
+        self._tasks, self._runs = [], {}
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    # -- the Node and its Lease ----------------------------------------------------------
+
+    async def _register(self) -> str:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.name, "labels": self.labels},
+        }
+        try:
+            created = await json_call(self._core.create_node(node, _preload_content=False))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = await json_call(self._core.read_node(self.name, _preload_content=False))
+        uid = str(created["metadata"]["uid"])
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "the model-rollout node agent is running pods",
+                 "lastHeartbeatTime": now(), "lastTransitionTime": now()}  # fmt: skip
+        pressure = [
+            {"type": kind, "status": "False", "reason": f"KubeletHasSufficient{what}",
+             "lastHeartbeatTime": now(), "lastTransitionTime": now()}
+            for kind, what in (("MemoryPressure", "Memory"), ("DiskPressure", "Disk"),
+                               ("PIDPressure", "PID"))
+        ]  # fmt: skip
+        status = {
+            "capacity": self.resources,
+            "allocatable": self.resources,
+            "conditions": [*pressure, ready],
+            "addresses": [
+                {"type": "InternalIP", "address": HOST_IP},
+                {"type": "Hostname", "address": self.name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "nodeInfo": {
+                "machineID": uid, "systemUUID": uid, "bootID": uid,
+                "kernelVersion": "", "osImage": "model-rollout node agent",
+                "containerRuntimeVersion": "process://1", "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+            },
+        }  # fmt: skip
+        await json_call(
+            self._core.patch_node_status(
+                self.name,
+                {"status": status},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        )
+        return uid
+
+    async def _renew_lease(self, node_uid: str) -> None:
+        spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_DURATION_S,
+                "renewTime": _micro_time()}  # fmt: skip
+        try:
+            await json_call(
+                self._coordination.patch_namespaced_lease(
+                    self.name,
+                    LEASE_NAMESPACE,
+                    {"spec": spec},
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": self.name,
+                    "namespace": LEASE_NAMESPACE,
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node_uid}
+                    ],
+                },
+                "spec": spec,
+            }
+            await json_call(
+                self._coordination.create_namespaced_lease(
+                    LEASE_NAMESPACE, lease, _preload_content=False
+                )
+            )
+
+    async def _heartbeat(self, node_uid: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_renew_s)
+            try:
+                await self._renew_lease(node_uid)
+            except (ApiException, *_TRANSPORT_ERRORS) as exc:
+                log.warning("node %s: lease renewal failed: %r", self.name, exc)
+
+    # -- the pods bound to it ------------------------------------------------------------
+
+    async def _watch_pods(self) -> None:
+        """List, then watch from the list's resourceVersion; list again when the watch
+        ends badly (a pod gone meanwhile has its worker stopped)."""
+        selector = f"spec.nodeName={self.name}"
+        resource_version: str | None = None
+        while True:
+            try:
+                if resource_version is None:
+                    listed = await json_call(
+                        self._core.list_pod_for_all_namespaces(
+                            field_selector=selector, _preload_content=False
+                        )
+                    )
+                    pods = listed.get("items") or []
+                    for gone in set(self.workers) - {p["metadata"]["uid"] for p in pods}:
+                        self._forget(gone)
+                    for pod in pods:
+                        self._dispatch("ADDED", pod)
+                    resource_version = str(listed["metadata"]["resourceVersion"])
+                async for kind, pod in self._events(selector, resource_version):
+                    resource_version = str(pod["metadata"].get("resourceVersion"))
+                    if kind != "BOOKMARK":
+                        self._dispatch(kind, pod)
+            except WatchGone:
+                resource_version = None
+            except (ApiException, *_TRANSPORT_ERRORS, json.JSONDecodeError) as exc:
+                log.warning("node %s: pod watch failed: %r", self.name, exc)
+                resource_version = None
+                await asyncio.sleep(1)
+
+    async def _events(
+        self, selector: str, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        response = await self._core.list_pod_for_all_namespaces(
+            field_selector=selector,
+            watch="true",
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=300,
+            _preload_content=False,
+            _request_timeout=330,
+        )
+        try:
+            if not 200 <= response.status <= 299:
+                check(response, await response.read())
+            while line := await response.content.readline():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    if (event.get("object") or {}).get("code") == 410:
+                        raise WatchGone()
+                    raise ApiException(status=event["object"].get("code"), reason=str(event))
+                yield str(event["type"]), event["object"]
+        finally:
+            response.release()
+
+    def _dispatch(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = str(pod["metadata"]["uid"])
+        if kind == "DELETED":
+            self._forget(uid)
+            return
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.update(pod)
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed") and not pod["metadata"].get("deletionTimestamp"):
+            return  # ended before this agent started: nothing to run
+        settings = WorkerSettings(
+            self._core,
+            self.runtime,
+            self.volume_refresh_s,
+            self.token_max_age_s,
+            self.restart_backoff_s,
+        )
+        worker = self.workers[uid] = PodWorker(settings, pod)
+        self._runs[uid] = asyncio.create_task(worker.run())
+
+    def _forget(self, uid: str) -> None:
+        """The pod is gone from the API: stop its worker (killing what still runs)."""
+        self.workers.pop(uid, None)
+        run = self._runs.pop(uid, None)
+        if run is not None:
+            run.cancel()
+
+
+class AgentThread:
+    """A :class:`NodeAgent` on a thread of its own with its own event loop, for tests
+    that drive the cluster synchronously (kubectl). ``start()`` returns once the Node is
+    registered; ``stop()`` kills every pod's processes."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name=f"node-{agent.name}", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._started.set()
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            await self.agent.start()
+            self._started.set()
+            await self._stop.wait()
+        finally:
+            await self.agent.stop()
+
+    def start(self, timeout_s: float = 60.0) -> AgentThread:
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise TimeoutError(f"node agent {self.agent.name} did not register")
+        if self._error is not None:
+            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"node agent {self.agent.name} still running")
+        if self._error is not None:
+            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+
+    def __enter__(self) -> AgentThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
