@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from model_operator.config import OperatorConfig
 from model_operator.errors import ApiError
 from model_operator.handlers import follow_rollouts
-from model_operator.kube_client import ApiEndpoint, KubeClient
+from model_operator.kube_client import KubeClient, load_configuration
 from model_operator.spec import parse_spec
 from model_operator.store_check import VersionCheck, check_version
 from model_rollout_e2e.processes import free_port
@@ -47,7 +47,7 @@ class NeverStopped:
 
 async def run_reconcile(api_url: str) -> None:
     body = kopf.Body(BODY)
-    api = KubeClient(ApiEndpoint(api_url))
+    api = KubeClient(await load_configuration(api_url, None))
     try:
         await asyncio.wait_for(
             follow_rollouts(

@@ -40,7 +40,7 @@ from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
 from .errors import SpecError, TransientApiError
 from .history import record
-from .kube_client import ApiEndpoint, KubeClient
+from .kube_client import KubeClient, connection_info, load_configuration
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
@@ -68,7 +68,7 @@ def _config(memo: Any) -> OperatorConfig:
     return getattr(memo, "config", None) or OperatorConfig()
 
 
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = _config(memo)
     # kopf's own log lines ("Handler ... succeeded", on every pod event) are not posted as
     # Kubernetes Events; the rollout's events are posted explicitly (see _post)
@@ -77,12 +77,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     memo.metrics = metrics = OperatorMetrics()
-    endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
+    configuration = await load_configuration(config.kube_api, config.kubeconfig)
 
     def count_error(status: int) -> None:
         metrics.api_errors.labels(str(status)).inc()
 
-    memo.api = KubeClient(endpoint, on_error=count_error) if endpoint is not None else None
+    memo.api = KubeClient(configuration, on_error=count_error)
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's daemon
 
 
@@ -100,13 +100,11 @@ async def close_api(memo: kopf.Memo, **_: Any) -> None:
         await runner.cleanup()
 
 
-def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's connection: the same API server and credentials as the operator's own
+    calls, read anew at each login (kopf logs in again on a 401 or at expiry)."""
     config = _config(memo)
-    if config.kube_api:
-        return kopf.ConnectionInfo(server=config.kube_api, insecure=True)
-    return kopf.login_via_client(memo=memo, **kwargs) or kopf.login_with_service_account(
-        memo=memo, **kwargs
-    )
+    return await connection_info(await load_configuration(config.kube_api, config.kubeconfig))
 
 
 def adopted(obj: dict[str, Any], owner: kopf.Body) -> dict[str, Any]:

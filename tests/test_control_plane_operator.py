@@ -1,0 +1,187 @@
+"""The operator against a real API server (issue 28), run as the Helm chart's
+ServiceAccount with a kubeconfig: RBAC enforced by the API server, children collected by
+the real controller-manager's garbage collector, status writes counted by the API server
+itself. There is no kubelet: the Deployment's pods are created and stay Pending."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control_plane_operator import (
+    RELEASE,
+    Operator,
+    get,
+    install_chart,
+    model_deployment,
+    new_namespace,
+    role_without,
+    status_writes,
+    wait_for,
+)
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
+
+CHILDREN = (
+    ("deployment", "mlp"),
+    ("configmap", "mlp-rollout"),
+    ("service", "mlp"),
+    ("poddisruptionbudget", "mlp"),
+    ("serviceaccount", "model-sidecar-mlp"),
+)
+
+
+@pytest.fixture(scope="module")
+def operator_identity(control_plane: ControlPlane) -> Identity:
+    return install_chart(control_plane)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, operator_identity: Identity) -> str:
+    return new_namespace(control_plane.kubectl)
+
+
+@pytest.fixture
+def operators(tmp_path: Path) -> Iterator[list[Operator]]:
+    """Operators a test starts; stopped whatever the test did."""
+    started: list[Operator] = []
+    yield started
+    for operator in started:
+        operator.stop()
+
+
+def _start(operators: list[Operator], operator: Operator) -> Operator:
+    operators.append(operator)
+    return operator.start()
+
+
+def _apply_md(control_plane: ControlPlane, namespace: str, **spec: Any) -> dict[str, Any]:
+    control_plane.kubectl.apply(model_deployment(namespace, **spec))
+    md = get(control_plane.kubectl, "md", "mlp", "-n", namespace)
+    assert md is not None
+    return md
+
+
+def _settled(control_plane: ControlPlane, namespace: str, replicas: int) -> Any:
+    """The ModelDeployment's status once the operator has seen its generation and the
+    Deployment's pods (Pending: nothing runs them)."""
+    md = get(control_plane.kubectl, "md", "mlp", "-n", namespace) or {}
+    status = md.get("status") or {}
+    seen = status.get("observedGeneration") == md["metadata"]["generation"]
+    return status if seen and status.get("replicas") == replicas else None
+
+
+def test_a_create_settle_delete_cycle_as_the_charts_service_account(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """With a kubeconfig (no ``--kube-api``), bound to exactly the chart's ClusterRole:
+    every call allowed; deleting the ModelDeployment collects its children through their
+    ownerReferences (the controller-manager's garbage collector, not the operator)."""
+    admin = control_plane.kubectl
+    operator = _start(
+        operators, Operator(operator_identity.kubeconfig, namespace, tmp_path / "op.log")
+    )
+    md = _apply_md(control_plane, namespace)
+    status = wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
+    assert status["currentVersion"] == "v1"
+    for kind, name in CHILDREN:
+        child = get(admin, kind, name, "-n", namespace)
+        assert child is not None, (kind, name)
+        [owner] = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "ModelDeployment", md["metadata"]["uid"], True,
+        )  # fmt: skip
+    header, row = admin("get", "md", "-n", namespace).splitlines()
+    assert header.split()[:7] == ["NAME", "MODEL", "VERSION", "TARGET", "READY", "UPDATED", "PHASE"]
+    assert row.split()[:7] == ["mlp", "resnet50", "v1", "v1", "0", "0", status["phase"]]
+
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for(
+        "the garbage collector",
+        lambda: all(get(admin, kind, name, "-n", namespace) is None for kind, name in CHILDREN),
+        operator,
+    )
+    assert operator.running(), operator.log_tail()
+    log = operator.log_path.read_text()
+    assert "forbidden" not in log.lower() and "Traceback" not in log, log[-3000:]
+
+
+def test_an_idle_model_deployment_gets_no_status_writes(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """Settled, with its pods Pending: the resync passes find nothing new, and the API
+    server counts no status write (PATCH or UPDATE of modeldeployments/status)."""
+    interval_s = 0.5
+    operator = _start(
+        operators,
+        Operator(operator_identity.kubeconfig, namespace, tmp_path / "op.log", interval_s),
+    )
+    _apply_md(control_plane, namespace)
+    wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
+    time.sleep(4 * interval_s)  # the pods' last events (scheduling attempts) seen
+    writes_before, passes_before = status_writes(control_plane), operator.passes(namespace, "mlp")
+    started = time.monotonic()
+    time.sleep(12 * interval_s)
+    writes = status_writes(control_plane) - writes_before
+    passes = operator.passes(namespace, "mlp") - passes_before
+    elapsed = time.monotonic() - started
+    assert passes >= 2, operator.log_tail()  # the resync ran...
+    assert writes == 0, f"{writes} status writes in {elapsed:.1f}s ({passes} passes)"
+    assert passes <= elapsed / interval_s + 2  # ...and nothing else woke it
+
+
+def test_a_forbidden_call_is_a_condition_not_a_crash_loop(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """The chart's ClusterRole without ``create`` on Services: the API server's refusal
+    becomes a condition on the ModelDeployment with its message; what is allowed is done,
+    and the operator keeps running. Given the verb back, it recovers."""
+    admin = control_plane.kubectl
+    role = f"{namespace}-no-service-create"
+    admin.apply(role_without("create", "services", role))
+    control_plane.service_account(namespace, "operator", cluster_role=f"{RELEASE}-discovery")
+    restricted = control_plane.service_account(namespace, "operator", cluster_role=role)
+    operator = _start(operators, Operator(restricted.kubeconfig, namespace, tmp_path / "op.log"))
+    _apply_md(control_plane, namespace)
+
+    def refused() -> dict[str, Any] | None:
+        md = get(admin, "md", "mlp", "-n", namespace) or {}
+        conditions = (md.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c["type"] == "Ready"), None)
+        return ready if ready and ready["reason"] == "Forbidden" else None
+
+    ready = wait_for("the refusal as a condition", refused, operator)
+    assert ready["status"] == "False"
+    assert 'services "mlp" is forbidden' in ready["message"], ready
+    assert 'cannot create resource "services"' in ready["message"], ready
+    assert get(admin, "deployment", "mlp", "-n", namespace) is not None  # allowed: done
+    assert get(admin, "service", "mlp", "-n", namespace) is None
+    assert operator.running(), operator.log_tail()
+    assert "Traceback" not in operator.log_path.read_text(), operator.log_tail(60)
+
+    admin("patch", "clusterrole", role, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/rules", "value": role_without("", "", role)["rules"]}]
+    ))  # fmt: skip
+    wait_for(
+        "the Service once allowed",
+        lambda: get(admin, "service", "mlp", "-n", namespace) is not None,
+        operator,
+    )
+    wait_for("the condition cleared", lambda: refused() is None, operator)
