@@ -54,6 +54,7 @@ from .status import (
     merge_patch,
     rollout_from_status,
     was_unsigned,
+    without_nulls,
 )
 from .store_check import VersionCheck, boto_credentials, check_version
 
@@ -506,8 +507,9 @@ async def follow_rollouts(
             )  # fmt: skip
             if check:
                 children_checked = time.monotonic()
-            if _changed(status, result.status):
-                patch = merge_patch(status, result.status)
+            new_status = without_nulls(result.status)
+            if _changed(status, new_status):
+                patch = merge_patch(status, new_status)
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
             if result.cleared:  # acted on, and the status that says so is written
                 await cluster.clear_annotations(memo.api, namespace, name, result.cleared)

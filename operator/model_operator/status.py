@@ -231,6 +231,17 @@ def invalid_status(
     return status
 
 
+def without_nulls(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` as the API server stores it: a null in a merge patch deletes its key, so
+    a status that carries nulls (``rollout.batchStartedAt``, ``previousVersion``, …) would
+    never equal the stored one and every pass would write it again."""
+    return {
+        key: without_nulls(value) if isinstance(value, dict) else value
+        for key, value in status.items()
+        if value is not None
+    }
+
+
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` as an RFC 7386 merge patch over ``old``: keys that disappeared become
     ``None`` (deletions), recursively; lists are replaced whole."""
