@@ -46,16 +46,28 @@ def install_chart(cluster: ControlPlane) -> Identity:
     return cluster.service_account(NAMESPACE, OPERATOR_ACCOUNT)
 
 
-def role_without(verb: str, resource: str, name: str) -> dict[str, Any]:
-    """A copy of the chart's operator ClusterRole with ``verb`` on ``resource`` removed."""
+def chart_role(name: str) -> dict[str, Any]:
+    """A copy of the chart's operator ClusterRole under another name."""
     roles = [o for o in chart_rbac() if o["kind"] == "ClusterRole"]
     [role] = [o for o in roles if o["metadata"]["name"] == OPERATOR_ROLE]
-    role = copy.deepcopy(role)
-    role["metadata"] = {"name": name}
+    return {**copy.deepcopy(role), "metadata": {"name": name}}
+
+
+def role_without(verb: str, resource: str, name: str) -> dict[str, Any]:
+    """:func:`chart_role` with ``verb`` on ``resource`` (core or named group) removed."""
+    role = chart_role(name)
+    rules: list[dict[str, Any]] = []
     for rule in role["rules"]:
-        if resource in rule["resources"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v != verb]
-    return dict(role)
+        if resource not in rule["resources"]:
+            rules.append(rule)
+            continue
+        others = [r for r in rule["resources"] if r != resource]
+        if others:
+            rules.append({**rule, "resources": others})
+        rules.append(
+            {**rule, "resources": [resource], "verbs": [v for v in rule["verbs"] if v != verb]}
+        )
+    return {**role, "rules": rules}
 
 
 def new_namespace(admin: Kubectl, prefix: str = "op") -> str:

@@ -38,7 +38,7 @@ from .analysis_sources import read_canary
 from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
-from .errors import SpecError, TransientApiError
+from .errors import ApiError, SpecError, TransientApiError
 from .history import record
 from .kube_client import KubeClient, connection_info, load_configuration
 from .manifests import children, configmap, digest
@@ -52,6 +52,7 @@ from .status import (
     build_status,
     invalid_status,
     merge_patch,
+    refused_status,
     rollout_from_status,
     was_unsigned,
     without_nulls,
@@ -474,6 +475,31 @@ async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: floa
             waiter.cancel()
 
 
+async def _report_refusal(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    namespace: str,
+    name: str,
+    status: dict[str, Any],
+    refusal: ApiError,
+    logger: kopf.Logger,
+) -> dict[str, Any]:
+    """A call the API server refused (a verb RBAC does not grant, an admission policy)
+    is no reason to restart: it becomes the Ready condition, with the server's message,
+    and a Warning event once. Returns the status now stored."""
+    new = without_nulls(refused_status(status, refusal.status, refusal.reason, time.time()))
+    if not _changed(status, new):
+        return status
+    logger.error("the API server refused a call: %s", refusal)
+    _post(body, "ApiRefused", refusal.reason, warning=True)
+    try:
+        patch = merge_patch(status, new)
+        return await cluster.patch_status(memo.api, namespace, name, patch) or new
+    except ApiError as exc:
+        logger.error("and the condition could not be written: %s", exc)
+        return status
+
+
 async def follow_rollouts(
     *,
     stopped: kopf.DaemonStopped,
@@ -522,6 +548,10 @@ async def follow_rollouts(
             metrics.observe(namespace, name, str(result.status.get("phase")), versions)
         except TransientApiError as exc:
             raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
+        except ApiError as exc:  # refused: said on the resource, asked again at the resync
+            status = await _report_refusal(body, memo, namespace, name, status, exc, logger)
+            await _sleep(stopped, wake, interval)
+            continue
         wait = interval if result.wake_in is None else min(result.wake_in, interval)
         await _sleep(stopped, wake, wait)
 
