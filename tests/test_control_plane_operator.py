@@ -5,6 +5,8 @@ itself. There is no kubelet: the Deployment's pods are created and stay Pending.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from control_plane_operator import (
+    NAMESPACE,
     RELEASE,
     Operator,
     chart_role,
@@ -185,3 +188,70 @@ def test_a_forbidden_call_is_a_condition_not_a_crash_loop(
         operator,
     )
     wait_for("the condition cleared", lambda: refused() is None, operator)
+
+
+LEASE = "model-rollout-operator"  # leader.LeaseSettings' default name
+
+
+def _holder(control_plane: ControlPlane) -> str | None:
+    lease = get(control_plane.kubectl, "lease", LEASE, "-n", NAMESPACE)
+    return None if lease is None else lease["spec"].get("holderIdentity")
+
+
+def _replicas_become(control_plane: ControlPlane, namespace: str, replicas: int) -> bool:
+    deployment = get(control_plane.kubectl, "deployment", "mlp", "-n", namespace) or {}
+    return bool((deployment.get("spec") or {}).get("replicas") == replicas)
+
+
+def test_two_operators_elect_one_leader_on_a_real_lease(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """Two replicas on the chart's Lease (its Role in the release namespace): one leads
+    and reconciles, the other waits; stopped, the leader is replaced once its Lease
+    expires; paused (SIGSTOP), it is replaced all the same, and on waking it finds the
+    Lease taken and exits (to come back as a candidate)."""
+    admin = control_plane.kubectl
+
+    def replica(identity: str) -> Operator:
+        election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "3"]
+        log = tmp_path / f"{identity}.log"
+        extra = [*election, "--identity", identity]
+        return _start(
+            operators, Operator(operator_identity.kubeconfig, namespace, log, extra=extra)
+        )
+
+    replicas = {name: replica(name) for name in ("op-a", "op-b")}
+    any_op = replicas["op-a"]
+    _apply_md(control_plane, namespace)
+    wait_for("the status", lambda: _settled(control_plane, namespace, 2), any_op)
+    leader = _holder(control_plane)
+    assert leader in replicas
+    standby = next(name for name in replicas if name != leader)
+    assert replicas[leader].serving_metrics()
+    assert not replicas[standby].serving_metrics()  # kopf not started: no pass runs there
+    assert replicas[standby].running()
+
+    replicas[leader].stop()  # SIGTERM
+    wait_for("the standby to lead", lambda: _holder(control_plane) == standby, any_op)
+    admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+    wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 3),
+             replicas[standby])  # fmt: skip
+
+    paused, replicas[leader] = replicas[standby], replica(leader)  # a new standby
+    assert paused.proc is not None
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for("the Lease to expire", lambda: _holder(control_plane) == leader, replicas[leader])
+        admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
+              '{"spec": {"replicas": 2}}')  # fmt: skip
+        wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 2),
+                 replicas[leader])  # fmt: skip
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    assert paused.run_to_end(60) == 0, paused.log_tail()  # woke, found it lost: exits
+    assert _holder(control_plane) == leader
+    assert "taken by another replica" in paused.log_path.read_text()
