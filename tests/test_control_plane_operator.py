@@ -5,17 +5,25 @@ itself. There is no kubelet: the Deployment's pods are created and stay Pending.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
+from kubernetes_asyncio.config import incluster_config
 
 from control_plane_operator import (
     NAMESPACE,
+    OPERATOR_ACCOUNT,
     RELEASE,
     Operator,
     chart_role,
@@ -27,8 +35,11 @@ from control_plane_operator import (
     status_writes,
     wait_for,
 )
+from model_operator import handlers, kube_client
+from model_operator.config import OperatorConfig
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.processes import wait_until
 
 CHILDREN = (
     ("deployment", "mlp"),
@@ -255,3 +266,67 @@ def test_two_operators_elect_one_leader_on_a_real_lease(
     assert paused.run_to_end(60) == 0, paused.log_tail()  # woke, found it lost: exits
     assert _holder(control_plane) == leader
     assert "taken by another replica" in paused.log_path.read_text()
+
+
+def _refused(server: str, ca: Path, token: str) -> bool:
+    """Does the API server refuse ``token`` (401)?"""
+    request = urllib.request.Request(f"{server}/api", headers={"Authorization": f"Bearer {token}"})
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context):
+            return False
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
+
+
+async def test_the_operator_follows_a_rotated_service_account_token(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a cluster the kubelet rotates the projected token in place; the old one stops
+    working (here: bound to a Secret that is then deleted). The operator's calls and
+    kopf's login read the file anew (the in-cluster loader's period, made 0 here)."""
+    admin = control_plane.kubectl
+    mount = tmp_path / "serviceaccount"
+    mount.mkdir()
+    (mount / "ca.crt").write_bytes(control_plane.pki.ca.cert.read_bytes())
+
+    def token(secret: str) -> str:
+        admin("create", "secret", "generic", secret, "-n", NAMESPACE)
+        bound = ["--bound-object-kind=Secret", f"--bound-object-name={secret}"]
+        return admin("create", "token", OPERATOR_ACCOUNT, "-n", NAMESPACE, *bound).strip()
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(control_plane.port))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr(kube_client, "SERVICE_ACCOUNT", mount)
+    monkeypatch.setattr(kube_client, "DEFAULT_KUBECONFIG", tmp_path / "no-kubeconfig")
+    monkeypatch.setattr(incluster_config, "TOKEN_REFRESH_PERIOD", timedelta(0))
+    first, second = f"{namespace}-first", f"{namespace}-second"
+    first_token = token(first)
+    (mount / "token").write_text(first_token)
+    memo = kopf.Memo(config=OperatorConfig())
+    await handlers.configure(kopf.OperatorSettings(), memo)
+    api: kube_client.KubeClient = memo.api
+    absent = f"/api/v1/namespaces/{namespace}/configmaps/absent"
+    try:
+        assert await api.request("GET", absent) is None  # allowed, and not there
+        rotated = token(second)
+        (mount / "token").write_text(rotated)
+        admin("delete", "secret", first, "-n", NAMESPACE)
+        await asyncio.to_thread(
+            wait_until, lambda: _refused(control_plane.server, mount / "ca.crt", first_token),
+            30, 0.3, "the first token to be refused",
+        )  # fmt: skip
+        assert await api.request("GET", absent) is None
+        login = await handlers.login(memo)
+        assert (login.scheme, login.token, login.server) == (
+            "Bearer",
+            rotated,
+            control_plane.server,
+        )
+    finally:
+        await api.close()
