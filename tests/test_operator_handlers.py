@@ -1,22 +1,23 @@
 """The rollout daemon's error discipline, outside a running operator: a transient
 Kubernetes API failure becomes ``kopf.TemporaryError`` (kopf restarts the daemon a little
-later), while a refusal stays an error."""
+later), while a refusal becomes a condition on the resource."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import kopf
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from model_operator import handlers
 from model_operator.config import OperatorConfig
-from model_operator.errors import ApiError
 from model_operator.handlers import follow_rollouts
-from model_operator.kube_client import ApiEndpoint, KubeClient
+from model_operator.kube_client import KubeClient, load_configuration
 from model_operator.spec import parse_spec
 from model_operator.store_check import VersionCheck, check_version
 from model_rollout_e2e.processes import free_port
@@ -45,9 +46,9 @@ class NeverStopped:
         await asyncio.sleep(3600)
 
 
-async def run_reconcile(api_url: str) -> None:
+async def run_reconcile(api_url: str, interval_s: float = 30.0) -> None:
     body = kopf.Body(BODY)
-    api = KubeClient(ApiEndpoint(api_url))
+    api = KubeClient(await load_configuration(api_url, None))
     try:
         await asyncio.wait_for(
             follow_rollouts(
@@ -55,7 +56,11 @@ async def run_reconcile(api_url: str) -> None:
                 body=body,
                 name="m",
                 namespace="ns",
-                memo=kopf.Memo(config=OperatorConfig(check_store=False), api=api, wakers={}),
+                memo=kopf.Memo(
+                    config=OperatorConfig(check_store=False, interval_s=interval_s),
+                    api=api,
+                    wakers={},
+                ),
                 logger=logging.getLogger("test"),
                 pods_by_deployment={},  # type: ignore[arg-type]
             ),
@@ -94,11 +99,40 @@ async def test_overloaded_api_is_a_temporary_error(answering: dict[str, int], st
         await run_reconcile(f"http://127.0.0.1:{answering['port']}")
 
 
-async def test_a_refusal_is_not_retried_as_temporary(answering: dict[str, int]) -> None:
-    answering["status"] = 403
-    with pytest.raises(ApiError, match="HTTP 403") as caught:
-        await run_reconcile(f"http://127.0.0.1:{answering['port']}")
-    assert not isinstance(caught.value, kopf.TemporaryError)
+async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 403 (RBAC) is no reason to restart the daemon (kopf would, every 60 s): the API
+    server's message becomes the Ready condition, and a Warning event, once."""
+    message = 'serviceaccounts is forbidden: User "op" cannot create resource'
+    patches: list[dict[str, Any]] = []
+    events: list[str] = []
+    written = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.method == "PATCH" and request.path.endswith("/status"):
+            patches.append(await request.json())
+            written.set()
+            return web.json_response({**BODY, **patches[-1]})
+        return web.json_response({"kind": "Status", "message": message}, status=403)
+
+    monkeypatch.setattr(handlers, "_post", lambda body, reason, text, warning=False: events.append(
+        f"{'Warning' if warning else 'Normal'} {reason}: {text}"))  # fmt: skip
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    reconciling = asyncio.ensure_future(run_reconcile(f"http://127.0.0.1:{server.port}", 0.05))
+    try:
+        await asyncio.wait_for(written.wait(), 30)
+        await asyncio.sleep(0.3)  # several resyncs: the same refusal is not written again
+        assert not reconciling.done(), reconciling.exception()
+    finally:
+        reconciling.cancel()
+        await server.close()
+    [patch] = patches
+    [ready] = patch["status"]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "Forbidden")
+    assert ready["message"] == message
+    assert events == [f"Warning ApiRefused: {message}"]
 
 
 # --- the store check's messages (issue 13 follow-up) --------------------------------

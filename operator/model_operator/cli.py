@@ -12,7 +12,7 @@ import kopf
 
 from .config import OperatorConfig, parse_args
 from .handlers import register
-from .kube_client import ApiEndpoint, KubeClient
+from .kube_client import KubeClient, NoApiServer, load_configuration
 from .leader import LeaderElection, LeaseSettings
 
 
@@ -21,7 +21,9 @@ async def run(
     liveness: str | None = None,
     stop: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run the operator until ``stop``; with leader election, only while leading."""
+    """Run the operator until ``stop``; with leader election, only while leading.
+    Raises :class:`NoApiServer` at once when nothing says where the API server is."""
+    await load_configuration(config.kube_api, config.kubeconfig)
     stopping = asyncio.Event()
     watchers: list[asyncio.Future[Any]] = []
     if stop is not None:
@@ -53,10 +55,7 @@ async def run(
 
 async def _lead(config: OperatorConfig) -> asyncio.Future[None]:
     """Wait for the Lease; return the task that renews it (done once it is lost)."""
-    endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
-    if endpoint is None:
-        raise SystemExit("model-operator: --leader-election needs an API server")
-    api = KubeClient(endpoint)
+    api = KubeClient(await load_configuration(config.kube_api, config.kubeconfig))
     settings = LeaseSettings(
         config.lease_namespace,
         identity=config.identity,
@@ -81,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = parse_args(argv)
-    asyncio.run(run(config, config.liveness))
+    try:
+        asyncio.run(run(config, config.liveness))
+    except NoApiServer as exc:
+        print(f"model-operator: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -24,6 +24,7 @@ class OperatorConfig:
     lease_namespace: str = "default"  # where the Lease lives (the operator's namespace)
     identity: str = ""  # this replica in the Lease (its pod name; default: the host name)
     lease_seconds: float = 15.0  # a silent leader is replaced this long after its renewal
+    kubeconfig: str | None = None  # default: KUBECONFIG, in-cluster, then ~/.kube/config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="namespace to watch (repeatable); default: all namespaces",
     )
-    p.add_argument("--kube-api", help="API server URL (default: in-cluster or kubeconfig)")
+    p.add_argument(
+        "--kube-api", help="API server URL, no credentials (default: kubeconfig or in-cluster)"
+    )
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
     p.add_argument("--interval", type=float, default=OperatorConfig.interval_s)
     p.add_argument(
         "--no-store-check",
@@ -65,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     a = parse_with_environment(build_parser(), OPERATOR_ENV_PREFIX, argv)
     return OperatorConfig(
         kube_api=a.kube_api,
+        kubeconfig=a.kubeconfig,
         namespaces=a.namespace,
         interval_s=a.interval,
         check_store=not a.no_store_check,

@@ -22,11 +22,12 @@ class SpecError(OperatorError, ValueError):
 
 
 class ApiError(OperatorError):
-    """The API server refused a request."""
+    """The API server refused a request; ``reason``: its own message (a Status's)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason or message
 
 
 class TransientApiError(ApiError):

@@ -38,9 +38,9 @@ from .analysis_sources import read_canary
 from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, PLURAL, VERSION
-from .errors import SpecError, TransientApiError
+from .errors import ApiError, SpecError, TransientApiError
 from .history import record
-from .kube_client import ApiEndpoint, KubeClient
+from .kube_client import KubeClient, connection_info, load_configuration
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
@@ -52,8 +52,10 @@ from .status import (
     build_status,
     invalid_status,
     merge_patch,
+    refused_status,
     rollout_from_status,
     was_unsigned,
+    without_nulls,
 )
 from .store_check import VersionCheck, boto_credentials, check_version
 
@@ -68,7 +70,7 @@ def _config(memo: Any) -> OperatorConfig:
     return getattr(memo, "config", None) or OperatorConfig()
 
 
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = _config(memo)
     # kopf's own log lines ("Handler ... succeeded", on every pod event) are not posted as
     # Kubernetes Events; the rollout's events are posted explicitly (see _post)
@@ -77,12 +79,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     memo.metrics = metrics = OperatorMetrics()
-    endpoint = ApiEndpoint.from_url_or_cluster(config.kube_api)
+    configuration = await load_configuration(config.kube_api, config.kubeconfig)
 
     def count_error(status: int) -> None:
         metrics.api_errors.labels(str(status)).inc()
 
-    memo.api = KubeClient(endpoint, on_error=count_error) if endpoint is not None else None
+    memo.api = KubeClient(configuration, on_error=count_error)
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's daemon
 
 
@@ -100,13 +102,11 @@ async def close_api(memo: kopf.Memo, **_: Any) -> None:
         await runner.cleanup()
 
 
-def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's connection: the same API server and credentials as the operator's own
+    calls, read anew at each login (kopf logs in again on a 401 or at expiry)."""
     config = _config(memo)
-    if config.kube_api:
-        return kopf.ConnectionInfo(server=config.kube_api, insecure=True)
-    return kopf.login_via_client(memo=memo, **kwargs) or kopf.login_with_service_account(
-        memo=memo, **kwargs
-    )
+    return await connection_info(await load_configuration(config.kube_api, config.kubeconfig))
 
 
 def adopted(obj: dict[str, Any], owner: kopf.Body) -> dict[str, Any]:
@@ -475,6 +475,31 @@ async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: floa
             waiter.cancel()
 
 
+async def _report_refusal(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    namespace: str,
+    name: str,
+    status: dict[str, Any],
+    refusal: ApiError,
+    logger: kopf.Logger,
+) -> dict[str, Any]:
+    """A call the API server refused (a verb RBAC does not grant, an admission policy)
+    is no reason to restart: it becomes the Ready condition, with the server's message,
+    and a Warning event once. Returns the status now stored."""
+    new = without_nulls(refused_status(status, refusal.status, refusal.reason, time.time()))
+    if not _changed(status, new):
+        return status
+    logger.error("the API server refused a call: %s", refusal)
+    _post(body, "ApiRefused", refusal.reason, warning=True)
+    try:
+        patch = merge_patch(status, new)
+        return await cluster.patch_status(memo.api, namespace, name, patch) or new
+    except ApiError as exc:
+        logger.error("and the condition could not be written: %s", exc)
+        return status
+
+
 async def follow_rollouts(
     *,
     stopped: kopf.DaemonStopped,
@@ -508,8 +533,9 @@ async def follow_rollouts(
             )  # fmt: skip
             if check:
                 children_checked = time.monotonic()
-            if _changed(status, result.status):
-                patch = merge_patch(status, result.status)
+            new_status = without_nulls(result.status)
+            if _changed(status, new_status):
+                patch = merge_patch(status, new_status)
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
             if result.cleared:  # acted on, and the status that says so is written
                 await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
@@ -522,6 +548,10 @@ async def follow_rollouts(
             metrics.observe(namespace, name, str(result.status.get("phase")), versions)
         except TransientApiError as exc:
             raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
+        except ApiError as exc:  # refused: said on the resource, asked again at the resync
+            status = await _report_refusal(body, memo, namespace, name, status, exc, logger)
+            await _sleep(stopped, wake, interval)
+            continue
         wait = interval if result.wake_in is None else min(result.wake_in, interval)
         await _sleep(stopped, wake, wait)
 

@@ -1,10 +1,18 @@
-"""The operator's Kubernetes REST client: one long-lived HTTP session for all of its
-calls (opened at start-up, closed at clean-up), against a cluster or an emulated API.
+"""The operator's Kubernetes API client: ``kubernetes_asyncio``'s ApiClient (as the
+sidecar's), one long-lived HTTP session for all of its calls (opened at start-up, closed
+at clean-up), against a cluster or an emulated API.
+
+Where the credentials come from, first found (as controller-runtime): ``--kube-api URL``
+(an API server without credentials: kmock in tests), ``--kubeconfig``, ``KUBECONFIG``,
+the pod's ServiceAccount (its token re-read as the kubelet rotates it: the library's
+in-cluster loader checks the file every minute, as client-go does), ``~/.kube/config``.
+kopf's own connection is made from the same configuration (:func:`connection_info`).
 
 Errors follow one rule: 404 is ``None`` (absent), a refusal the caller can act on
-(403, 409, 422, …) is :class:`ApiError`, and anything transient — a 429/5xx answer, a
-connection failure, a time-out — is :class:`TransientApiError`, which the handlers turn
-into ``kopf.TemporaryError`` so that kopf retries the reconcile later.
+(401, 403, 409, 422, …) is :class:`ApiError` with the API server's own message, and
+anything transient — a 429/5xx answer, a connection failure, a time-out — is
+:class:`TransientApiError`, which the handlers turn into ``kopf.TemporaryError`` so that
+kopf retries the reconcile later.
 """
 
 from __future__ import annotations
@@ -12,84 +20,135 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import kopf
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.config import incluster_config
 
 from .errors import ApiError, TransientApiError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
 _TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-@dataclass(frozen=True)
-class ApiEndpoint:
-    url: str
-    token: str | None = None
-    ssl_context: ssl.SSLContext | None = None
+class NoApiServer(Exception):
+    """Nothing says where the API server is."""
 
-    @classmethod
-    def from_url_or_cluster(cls, url: str | None) -> ApiEndpoint | None:
-        if url:
-            return cls(url.rstrip("/"))
-        if "KUBERNETES_SERVICE_HOST" in os.environ and (SERVICE_ACCOUNT / "token").exists():
-            host = os.environ["KUBERNETES_SERVICE_HOST"]
-            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-            context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-            token = (SERVICE_ACCOUNT / "token").read_text().strip()
-            return cls(f"https://{host}:{port}", token, context)
-        return None
+
+def _in_cluster() -> bool:
+    return "KUBERNETES_SERVICE_HOST" in os.environ and (SERVICE_ACCOUNT / "token").exists()
+
+
+async def load_configuration(kube_api: str | None, kubeconfig: str | None) -> k8s.Configuration:
+    """The API server and credentials (see the module's docstring); each call reads the
+    files anew. Raises :class:`NoApiServer` when there is nothing to read."""
+    configuration = k8s.Configuration()
+    if kube_api:
+        configuration.host = kube_api.rstrip("/")
+        return configuration
+    kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+    if not kubeconfig and not _in_cluster() and DEFAULT_KUBECONFIG.expanduser().exists():
+        kubeconfig = str(DEFAULT_KUBECONFIG.expanduser())
+    if kubeconfig:
+        await k8s_config.load_kube_config(kubeconfig, client_configuration=configuration)
+    elif _in_cluster():
+        k8s_config.load_incluster_config(
+            client_configuration=configuration,
+            token_filename=str(SERVICE_ACCOUNT / "token"),
+            cert_filename=str(SERVICE_ACCOUNT / "ca.crt"),
+        )
+    else:
+        raise NoApiServer(
+            "no Kubernetes API server: give --kube-api or --kubeconfig, set KUBECONFIG,"
+            " or run in a cluster"
+        )
+    return configuration
+
+
+async def connection_info(configuration: k8s.Configuration) -> kopf.ConnectionInfo:
+    """kopf's login from the same configuration. A token that the in-cluster loader
+    re-reads expires for kopf as often, so kopf logs in again and follows a rotation."""
+    token = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, value = (token or "").partition(" ")
+    rotated = configuration.refresh_api_key_hook is not None
+    return kopf.ConnectionInfo(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme if value else None,
+        token=value or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        expiration=(
+            datetime.now(timezone.utc) + incluster_config.TOKEN_REFRESH_PERIOD if rotated else None
+        ),
+    )
+
+
+def _api_message(text: str) -> str:
+    """The ``message`` of the API server's Status answer, else the text itself."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return text[:300]
+    message = answer.get("message") if isinstance(answer, dict) else None
+    return str(message) if message else text[:300]
 
 
 class KubeClient:
     def __init__(
         self,
-        endpoint: ApiEndpoint,
+        configuration: k8s.Configuration,
         timeout_s: float = 15.0,
         on_error: Callable[[int], None] | None = None,
     ) -> None:
         """``on_error(status)`` is told of every failed call (0: the API was not reached)."""
-        self.endpoint = endpoint
+        self.configuration = configuration
         self.on_error = on_error or (lambda status: None)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self.timeout_s = timeout_s
+        self._client: k8s.ApiClient | None = None
 
     @property
     def url(self) -> str:
-        return self.endpoint.url
+        return str(self.configuration.host)
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = (
-                {"Authorization": f"Bearer {self.endpoint.token}"} if self.endpoint.token else {}
-            )
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=headers)
-        return self._session
+    def _open(self) -> k8s.ApiClient:
+        if self._client is None:  # in the running loop: its HTTP session belongs to it
+            self._client = k8s.ApiClient(self.configuration)
+        return self._client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Any:
         """One API call: the decoded JSON, ``None`` for 404; raises :class:`ApiError`."""
         try:
-            async with self._open().request(
+            response = await self._open().call_api(
+                path,
                 method,
-                f"{self.endpoint.url}{path}",
-                data=json.dumps(body) if body is not None else None,
-                headers={"Content-Type": content_type},
-                ssl=self.endpoint.ssl_context or True,
-            ) as response:
-                text = await response.text()
-                status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            )
+            try:
+                status, text = response.status, await response.text()
+            finally:
+                response.release()
+        except _TRANSPORT_ERRORS as exc:
             self.on_error(0)
             raise TransientApiError(0, f"{method} {path}: {exc or type(exc).__name__}") from exc
         if status == 404:
@@ -97,7 +156,8 @@ class KubeClient:
         if status >= 300:
             self.on_error(status)
             error = TransientApiError if status in _TRANSIENT_STATUSES else ApiError
-            raise error(status, f"{method} {path}: HTTP {status} {text[:300]}")
+            message = _api_message(text)
+            raise error(status, f"{method} {path}: HTTP {status}: {message}", message)
         return json.loads(text) if text else {}
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:

@@ -231,6 +231,29 @@ def invalid_status(
     return status
 
 
+def refused_status(
+    status: dict[str, Any], http_status: int, message: str, now: float
+) -> dict[str, Any]:
+    """The API server refused one of the operator's calls (RBAC, admission): ``Ready``
+    is False with the server's own message; the rest of the status stays as it was."""
+    existing = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    reason = "Forbidden" if http_status == 403 else "ApiRefused"
+    ready = condition(ConditionType.READY, False, reason, message, now, existing)
+    kept = [c for c in existing if c.get("type") != ConditionType.READY]
+    return {**status, "conditions": [*kept, ready]}
+
+
+def without_nulls(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` as the API server stores it: a null in a merge patch deletes its key, so
+    a status that carries nulls (``rollout.batchStartedAt``, ``previousVersion``, …) would
+    never equal the stored one and every pass would write it again."""
+    return {
+        key: without_nulls(value) if isinstance(value, dict) else value
+        for key, value in status.items()
+        if value is not None
+    }
+
+
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` as an RFC 7386 merge patch over ``old``: keys that disappeared become
     ``None`` (deletions), recursively; lists are replaced whole."""

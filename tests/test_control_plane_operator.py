@@ -1,0 +1,332 @@
+"""The operator against a real API server (issue 28), run as the Helm chart's
+ServiceAccount with a kubeconfig: RBAC enforced by the API server, children collected by
+the real controller-manager's garbage collector, status writes counted by the API server
+itself. There is no kubelet: the Deployment's pods are created and stay Pending."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes_asyncio.config import incluster_config
+
+from control_plane_operator import (
+    NAMESPACE,
+    OPERATOR_ACCOUNT,
+    RELEASE,
+    Operator,
+    chart_role,
+    get,
+    install_chart,
+    model_deployment,
+    new_namespace,
+    role_without,
+    status_writes,
+    wait_for,
+)
+from model_operator import handlers, kube_client
+from model_operator.config import OperatorConfig
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.processes import wait_until
+
+CHILDREN = (
+    ("deployment", "mlp"),
+    ("configmap", "mlp-rollout"),
+    ("service", "mlp"),
+    ("poddisruptionbudget", "mlp"),
+    ("serviceaccount", "model-sidecar-mlp"),
+)
+
+
+@pytest.fixture(scope="module")
+def operator_identity(control_plane: ControlPlane) -> Identity:
+    return install_chart(control_plane)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, operator_identity: Identity) -> str:
+    return new_namespace(control_plane.kubectl)
+
+
+@pytest.fixture
+def operators(tmp_path: Path) -> Iterator[list[Operator]]:
+    """Operators a test starts; stopped whatever the test did."""
+    started: list[Operator] = []
+    yield started
+    for operator in started:
+        operator.stop()
+
+
+def _start(operators: list[Operator], operator: Operator) -> Operator:
+    operators.append(operator)
+    return operator.start()
+
+
+def _apply_md(control_plane: ControlPlane, namespace: str, **spec: Any) -> dict[str, Any]:
+    control_plane.kubectl.apply(model_deployment(namespace, **spec))
+    md = get(control_plane.kubectl, "md", "mlp", "-n", namespace)
+    assert md is not None
+    return md
+
+
+def _settled(control_plane: ControlPlane, namespace: str, replicas: int) -> Any:
+    """The ModelDeployment's status once the operator has seen its generation and the
+    Deployment's pods (Pending: nothing runs them)."""
+    md = get(control_plane.kubectl, "md", "mlp", "-n", namespace) or {}
+    status = md.get("status") or {}
+    seen = status.get("observedGeneration") == md["metadata"]["generation"]
+    return status if seen and status.get("replicas") == replicas else None
+
+
+def test_a_create_settle_delete_cycle_as_the_charts_service_account(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """With a kubeconfig (no ``--kube-api``), bound to exactly the chart's ClusterRole:
+    every call allowed; deleting the ModelDeployment collects its children through their
+    ownerReferences (the controller-manager's garbage collector, not the operator)."""
+    admin = control_plane.kubectl
+    operator = _start(
+        operators, Operator(operator_identity.kubeconfig, namespace, tmp_path / "op.log")
+    )
+    md = _apply_md(control_plane, namespace)
+    status = wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
+    assert status["currentVersion"] == "v1"
+    for kind, name in CHILDREN:
+        child = get(admin, kind, name, "-n", namespace)
+        assert child is not None, (kind, name)
+        [owner] = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "ModelDeployment", md["metadata"]["uid"], True,
+        )  # fmt: skip
+    header, row = admin("get", "md", "-n", namespace).splitlines()
+    assert header.split()[:7] == ["NAME", "MODEL", "VERSION", "TARGET", "READY", "UPDATED", "PHASE"]
+    assert row.split()[:7] == ["mlp", "resnet50", "v1", "v1", "0", "0", status["phase"]]
+
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for(
+        "the garbage collector",
+        lambda: all(get(admin, kind, name, "-n", namespace) is None for kind, name in CHILDREN),
+        operator,
+    )
+    assert operator.running(), operator.log_tail()
+    log = operator.log_path.read_text()
+    assert "forbidden" not in log.lower() and "Traceback" not in log, log[-3000:]
+
+
+def test_an_idle_model_deployment_gets_no_status_writes(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """Settled, with its pods Pending: the resync passes find nothing new, and the API
+    server counts no status write (PATCH or UPDATE of modeldeployments/status)."""
+    interval_s = 0.5
+    operator = _start(
+        operators,
+        Operator(operator_identity.kubeconfig, namespace, tmp_path / "op.log", interval_s),
+    )
+    _apply_md(control_plane, namespace)
+    wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
+    time.sleep(4 * interval_s)  # the pods' last events (scheduling attempts) seen
+    writes_before, passes_before = status_writes(control_plane), operator.passes(namespace, "mlp")
+    started = time.monotonic()
+    time.sleep(12 * interval_s)
+    writes = status_writes(control_plane) - writes_before
+    passes = operator.passes(namespace, "mlp") - passes_before
+    elapsed = time.monotonic() - started
+    assert passes >= 2, operator.log_tail()  # the resync ran...
+    assert writes == 0, f"{writes} status writes in {elapsed:.1f}s ({passes} passes)"
+    assert passes <= elapsed / interval_s + 2  # ...and nothing else woke it
+
+
+def test_a_forbidden_call_is_a_condition_not_a_crash_loop(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """The chart's ClusterRole without ``create`` on Services: the API server's refusal
+    becomes a condition on the ModelDeployment with its message; what comes before it is
+    done, and the operator keeps running (no daemon restarts). Given the verb back, it
+    recovers."""
+    admin = control_plane.kubectl
+    role = f"{namespace}-no-service-create"
+    admin.apply(role_without("create", "services", role))
+    control_plane.service_account(namespace, "operator", cluster_role=f"{RELEASE}-discovery")
+    restricted = control_plane.service_account(namespace, "operator", cluster_role=role)
+    operator = _start(operators, Operator(restricted.kubeconfig, namespace, tmp_path / "op.log"))
+    _apply_md(control_plane, namespace)
+
+    def refused() -> dict[str, Any] | None:
+        md = get(admin, "md", "mlp", "-n", namespace) or {}
+        conditions = (md.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c["type"] == "Ready"), None)
+        return ready if ready and ready["reason"] == "Forbidden" else None
+
+    ready = wait_for("the refusal as a condition", refused, operator)
+    assert ready["status"] == "False"
+    assert 'services is forbidden: User "system:serviceaccount:' in ready["message"], ready
+    assert 'cannot create resource "services"' in ready["message"], ready
+    assert get(admin, "deployment", "mlp", "-n", namespace) is not None  # allowed: done
+    assert get(admin, "service", "mlp", "-n", namespace) is None
+    assert operator.running(), operator.log_tail()
+    log = operator.log_path.read_text()
+    assert "Traceback" not in log and "failed with an exception" not in log, log[-3000:]
+
+    admin.apply(chart_role(role))  # the verb given back
+    wait_for(
+        "the Service once allowed",
+        lambda: get(admin, "service", "mlp", "-n", namespace) is not None,
+        operator,
+    )
+    wait_for("the condition cleared", lambda: refused() is None, operator)
+
+
+LEASE = "model-rollout-operator"  # leader.LeaseSettings' default name
+
+
+def _holder(control_plane: ControlPlane) -> str | None:
+    lease = get(control_plane.kubectl, "lease", LEASE, "-n", NAMESPACE)
+    return None if lease is None else lease["spec"].get("holderIdentity")
+
+
+def _replicas_become(control_plane: ControlPlane, namespace: str, replicas: int) -> bool:
+    deployment = get(control_plane.kubectl, "deployment", "mlp", "-n", namespace) or {}
+    return bool((deployment.get("spec") or {}).get("replicas") == replicas)
+
+
+def test_two_operators_elect_one_leader_on_a_real_lease(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """Two replicas on the chart's Lease (its Role in the release namespace): one leads
+    and reconciles, the other waits; stopped, the leader is replaced once its Lease
+    expires; paused (SIGSTOP), it is replaced all the same, and on waking it finds the
+    Lease taken and exits (to come back as a candidate)."""
+    admin = control_plane.kubectl
+
+    def replica(identity: str) -> Operator:
+        election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "3"]
+        log = tmp_path / f"{identity}.log"
+        extra = [*election, "--identity", identity]
+        return _start(
+            operators, Operator(operator_identity.kubeconfig, namespace, log, extra=extra)
+        )
+
+    replicas = {name: replica(name) for name in ("op-a", "op-b")}
+    any_op = replicas["op-a"]
+    _apply_md(control_plane, namespace)
+    wait_for("the status", lambda: _settled(control_plane, namespace, 2), any_op)
+    leader = _holder(control_plane)
+    assert leader in replicas
+    standby = next(name for name in replicas if name != leader)
+    assert replicas[leader].serving_metrics()
+    assert not replicas[standby].serving_metrics()  # kopf not started: no pass runs there
+    assert replicas[standby].running()
+
+    replicas[leader].stop()  # SIGTERM
+    wait_for("the standby to lead", lambda: _holder(control_plane) == standby, any_op)
+    admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+    wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 3),
+             replicas[standby])  # fmt: skip
+
+    paused, replicas[leader] = replicas[standby], replica(leader)  # a new standby
+    assert paused.proc is not None
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for("the Lease to expire", lambda: _holder(control_plane) == leader, replicas[leader])
+        admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
+              '{"spec": {"replicas": 2}}')  # fmt: skip
+        wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 2),
+                 replicas[leader])  # fmt: skip
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    assert paused.run_to_end(60) == 0, paused.log_tail()  # woke, found it lost: exits
+    assert _holder(control_plane) == leader
+    assert "taken by another replica" in paused.log_path.read_text()
+
+
+def _refused(server: str, ca: Path, token: str) -> bool:
+    """Does the API server refuse ``token`` (401)?"""
+    request = urllib.request.Request(f"{server}/api", headers={"Authorization": f"Bearer {token}"})
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context):
+            return False
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
+
+
+async def test_the_operator_follows_a_rotated_service_account_token(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a cluster the kubelet rotates the projected token in place; the old one stops
+    working (here: bound to a Secret that is then deleted). The operator's calls and
+    kopf's login read the file anew (the in-cluster loader's period, made 0 here)."""
+    admin = control_plane.kubectl
+    mount = tmp_path / "serviceaccount"
+    mount.mkdir()
+    (mount / "ca.crt").write_bytes(control_plane.pki.ca.cert.read_bytes())
+
+    def token(secret: str) -> str:
+        admin("create", "secret", "generic", secret, "-n", NAMESPACE)
+        bound = ["--bound-object-kind=Secret", f"--bound-object-name={secret}"]
+        return admin("create", "token", OPERATOR_ACCOUNT, "-n", NAMESPACE, *bound).strip()
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(control_plane.port))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr(kube_client, "SERVICE_ACCOUNT", mount)
+    monkeypatch.setattr(kube_client, "DEFAULT_KUBECONFIG", tmp_path / "no-kubeconfig")
+    monkeypatch.setattr(incluster_config, "TOKEN_REFRESH_PERIOD", timedelta(0))
+    first, second = f"{namespace}-first", f"{namespace}-second"
+    first_token = token(first)
+    (mount / "token").write_text(first_token)
+    memo = kopf.Memo(config=OperatorConfig())
+    await handlers.configure(kopf.OperatorSettings(), memo)
+    api: kube_client.KubeClient = memo.api
+    absent = f"/api/v1/namespaces/{namespace}/configmaps/absent"
+    try:
+        assert await api.request("GET", absent) is None  # allowed, and not there
+        rotated = token(second)
+        (mount / "token").write_text(rotated)
+        admin("delete", "secret", first, "-n", NAMESPACE)
+        await asyncio.to_thread(
+            wait_until, lambda: _refused(control_plane.server, mount / "ca.crt", first_token),
+            30, 0.3, "the first token to be refused",
+        )  # fmt: skip
+        assert await api.request("GET", absent) is None
+        login = await handlers.login(memo)
+        assert (login.scheme, login.token, login.server) == (
+            "Bearer",
+            rotated,
+            control_plane.server,
+        )
+    finally:
+        await api.close()
