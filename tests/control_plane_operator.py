@@ -113,7 +113,7 @@ class Operator(ChildProcess):
     def passes(self, namespace: str, name: str) -> int:
         """Reconcile passes run so far for one ModelDeployment."""
         pattern = (
-            r"modeldeployment_reconcile_duration_seconds_count\{"
+            r"model_operator_reconcile_duration_seconds_count\{"
             rf'name="{name}",namespace="{namespace}"\}} (\d+)'
         )
         found = re.search(pattern, self.metrics())
