@@ -303,3 +303,42 @@ def write_gate(path: Path) -> None:
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
+
+
+def _save_graph(graph: onnx.GraphProto, path: Path) -> None:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    write_manifest(path)
+
+
+def write_apart(path: Path) -> None:
+    """``y = a + b``, ``a: [n, 3]`` and ``b: [m, 3]``: their first axes are named apart,
+    so the server cannot tell they must agree; ONNX Runtime's Add fails when they do not."""
+    _save_graph(
+        helper.make_graph(
+            [helper.make_node("Add", ["a", "b"], ["y"])],
+            "apart",
+            [
+                helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 3]),
+                helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 3]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        ),
+        path,
+    )
+
+
+def write_pairs(path: Path) -> None:
+    """``x: [batch, 3]`` reshaped to ``[3]``: one row can be (the warm-up's), more cannot."""
+    _save_graph(
+        helper.make_graph(
+            [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+            "pairs",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+            [helper.make_tensor("shape", TensorProto.INT64, [1], [3])],
+        ),
+        path,
+    )

@@ -12,58 +12,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from onnx import TensorProto, helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
-from helpers import sample, samples, write_manifest
+from helpers import sample, samples, write_apart, write_pairs
 from model_rollout_contract.canary import PIN_HEADER, REQUESTS
 from model_server.app import ModelServer
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend, input_error
 from model_server.config import ModelSpec, ServerConfig
 from model_server.errors import BadRequest
-
-
-def _save(graph: onnx.GraphProto, path: Path) -> None:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
-    write_manifest(path)
-
-
-def write_apart(path: Path) -> None:
-    """``y = a + b``, ``a: [n, 3]`` and ``b: [m, 3]``: their first axes are named apart,
-    so the server cannot tell they must agree; ONNX Runtime's Add fails when they do not."""
-    _save(
-        helper.make_graph(
-            [helper.make_node("Add", ["a", "b"], ["y"])],
-            "apart",
-            [
-                helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 3]),
-                helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m", 3]),
-            ],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
-        ),
-        path,
-    )
-
-
-def write_pairs(path: Path) -> None:
-    """``x: [batch, 3]`` reshaped to ``[3]``: one row can be (the warm-up's), more cannot."""
-    _save(
-        helper.make_graph(
-            [helper.make_node("Reshape", ["x", "shape"], ["y"])],
-            "pairs",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
-            [helper.make_tensor("shape", TensorProto.INT64, [1], [3])],
-        ),
-        path,
-    )
 
 
 @pytest.fixture
@@ -129,3 +88,31 @@ def test_other_runtime_failures_stay_the_servers(message: str) -> None:
     """Memory, device or kernel faults are the server's (500): only the runtime's own
     shape checks are the client's."""
     assert input_error(Fail(message)) is None
+
+
+@pytest.mark.parametrize(
+    ("message", "inputs"),
+    [
+        ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", True),
+        (
+            "The size of tensor a (2) must match the size of tensor b (3) at non-singleton "
+            "dimension 0",
+            True,
+        ),
+        ("shape '[3]' is invalid for input of size 9", True),
+        ("CUDA out of memory. Tried to allocate 4.00 GiB (GPU 0; 79.10 GiB total capacity)", False),
+        ("CUDA error: an illegal memory access was encountered", False),
+        (
+            "CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, "
+            "&alpha, a, lda, b, ldb, &beta, c, ldc)`",
+            False,
+        ),
+        ("engine is closed", False),
+    ],
+)
+def test_torch_shape_checks_are_the_clients_and_its_faults_the_servers(
+    message: str, inputs: bool
+) -> None:
+    from model_server.backends.torch_backend import input_error as torch_input_error
+
+    assert (torch_input_error(RuntimeError(message)) is not None) is inputs

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import add_version
+from helpers import add_version, write_apart
 from model_server.backends.base import ModelFile
+from model_server.errors import BadRequest
 
 pytestmark = pytest.mark.gpu
 
@@ -362,3 +363,21 @@ def test_a_torch_without_external_events_captures_kernels_alone_and_answers(
     assert captured is not None and not captured.whole and captured.gpu_seconds is not None
     graphs.give_back(key, captured)
     engine.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_torch_engine_raises_bad_request_for_a_shape_failure(
+    tmp_path: Path, device: str
+) -> None:
+    torch = pytest.importorskip("torch", reason="torch not installed (GPU tier)")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA and a GPU (run on the device machine)")
+    from model_server.backends.torch_backend import TorchBackend
+
+    path = tmp_path / "apart" / "v1" / "model.onnx"
+    write_apart(path)
+    engine = TorchBackend(device).load(ModelFile.read(path))
+    with pytest.raises(BadRequest, match="must match the size of tensor"):
+        engine.infer({"a": np.ones((2, 3), np.float32), "b": np.ones((3, 3), np.float32)})
+    fine = engine.infer({"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)})
+    assert np.array_equal(fine["y"], np.full((2, 3), 2, np.float32))  # the engine still runs

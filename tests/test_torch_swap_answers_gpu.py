@@ -120,6 +120,7 @@ async def serve_and_swap(
             x = rng.standard_normal((rows, IN_DIM)).astype(np.float32)
             version, out = await manager.infer("mlp", {"input": x})
             answers.add(version.version, x, np.asarray(out["output"]))
+            await asyncio.sleep(0)  # a quick run answers inline: let the loads run
 
     clients = [asyncio.create_task(client(seed)) for seed in range(CLIENTS)]
     loads = 0

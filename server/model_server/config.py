@@ -25,10 +25,9 @@ from .jwt_auth import (
 
 # Python's own switch interval (5 ms), until the H200 figures say otherwise
 GIL_SWITCH_INTERVAL_US = 5000
-# off until a swap under load is shown to give no wrong answer with them on: on an H100 two
-# of eight runs of 9 loads each handed one client an answer matching no version (issue 27);
-# --quick-run-us 300 turns them on (only torch's graph replays qualify)
-QUICK_RUN_US = 0
+# the longest engine run the event loop makes itself (only torch's graph replays qualify);
+# every answer stays its version's with them on (tests/test_torch_swap_answers_gpu.py)
+QUICK_RUN_US = 300
 
 
 class ConfigError(ValueError):

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..errors import BadRequest
 from . import onnx_weights, torch_gpu
 from .base import BackendUnavailable, ModelFile, TensorSpec
 from .replay_times import ReplayTimes
@@ -54,6 +55,34 @@ REPLAYS_TIMED = 7  # at warm-up: they seed the replay times (see replay_times)
 # scratch buffer across threads. Without a workspace no two runs share scratch memory.
 # Read by torch when cuBLAS first runs, so set before any GEMM; an operator's own value wins.
 CUBLAS_ENVIRONMENT = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
+
+
+# What torch's own shape checks say when inputs the server accepted (dynamic axes unnamed
+# or named apart, a row count a Reshape cannot take) do not fit the graph: torch raises
+# them as RuntimeError, like its memory and device faults, which stay the server's.
+_SHAPE_CHECKS = (
+    "shapes cannot be multiplied",  # MatMul, Gemm
+    "must match the size of tensor",  # element-wise broadcasting
+    "is invalid for input of size",  # Reshape
+    "sizes of tensors must match",  # Concat
+    "size mismatch",
+    "expected size for first two dimensions",  # batched MatMul
+)
+_SERVER_FAULTS = ("out of memory", "cuda error", "cublas", "cudnn", "illegal", "device-side")
+
+
+def input_error(exc: Exception) -> str | None:
+    """The message of a run's failure that is the inputs' (a shape check: the client's
+    400), else None: a memory, device or any other fault stays the server's."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    message = str(exc)
+    lower = message.lower()
+    if any(fault in lower for fault in _SERVER_FAULTS):
+        return None
+    if not any(check in lower for check in _SHAPE_CHECKS):
+        return None
+    return f"the model cannot run these inputs: {message.strip()}"
 
 
 def import_torch() -> Any:
@@ -234,10 +263,16 @@ class TorchEngine:
         if steps is None:
             raise RuntimeError("engine is closed")
         arrays = {name: np.ascontiguousarray(array) for name, array in feeds.items()}
-        with self._torch.inference_mode():
-            if self._io is None:
-                return self._infer_cpu(steps, arrays)
-            return self._infer_gpu(steps, arrays, self._io.get())
+        try:
+            with self._torch.inference_mode():
+                if self._io is None:
+                    return self._infer_cpu(steps, arrays)
+                return self._infer_gpu(steps, arrays, self._io.get())
+        except RuntimeError as exc:  # shape checks run on the host, before any kernel
+            message = input_error(exc)
+            if message is None:
+                raise
+            raise BadRequest(message) from None
 
     def _infer_cpu(
         self, steps: list[_Step], arrays: dict[str, np.ndarray]
