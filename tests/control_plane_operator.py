@@ -1,6 +1,6 @@
-"""The operator on a real control plane, as the Helm chart installs it: the chart's CRD
-and RBAC applied, the operator run as its ServiceAccount (a TokenRequest token in a
-kubeconfig of its own), ``python -m model_operator`` as a child process."""
+"""The operator on a real control plane, as the Helm chart installs it (the install and
+the operator's process: :mod:`model_rollout_e2e.chart_install`), and what its tests ask
+of the cluster."""
 
 from __future__ import annotations
 
@@ -9,41 +9,34 @@ import json
 import re
 import urllib.request
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from helm_chart import NAMESPACE, RELEASE, render_chart
+from model_rollout_e2e.chart_install import (
+    CHART,
+    CRD,
+    OPERATOR_ACCOUNT,
+    OPERATOR_ROLE,
+    RBAC_KINDS,
+    Operator,
+    chart_rbac,
+    install_chart,
+)
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.helm_chart import NAMESPACE, RELEASE
 from model_rollout_e2e.kubectl import Kubectl
-from model_rollout_e2e.processes import ChildProcess, free_port, http_ok, wait_until
+from model_rollout_e2e.processes import ChildProcess, wait_until
+
+__all__ = [
+    "CHART", "CRD", "NAMESPACE", "OPERATOR_ACCOUNT", "OPERATOR_ROLE", "RBAC_KINDS", "RELEASE",
+    "Operator", "chart_rbac", "chart_role", "get", "install_chart", "model_deployment",
+    "new_namespace", "role_without", "status_writes", "wait_for",
+]  # fmt: skip
 
 ROOT = Path(__file__).parent.parent
-CHART = ROOT / "deploy" / "helm" / "model-rollout"
-CRD = ROOT / "deploy" / "crds" / "modeldeployment.yaml"
 EXAMPLE = ROOT / "examples" / "modeldeployment.yaml"
-OPERATOR_ACCOUNT = f"{RELEASE}-operator"
-OPERATOR_ROLE = f"{RELEASE}-operator"  # the chart's ClusterRole for what the operator does
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-
-
-def chart_rbac() -> list[dict[str, Any]]:
-    """The chart's ServiceAccount and RBAC objects, as ``helm install`` renders them."""
-    return [o for o in render_chart(CHART) if o.get("kind") in RBAC_KINDS]
-
-
-def install_chart(cluster: ControlPlane) -> Identity:
-    """The CRD and the chart's RBAC applied; the operator's identity (its token)."""
-    admin = cluster.kubectl
-    admin("apply", "--server-side", "-f", str(CRD))
-    admin("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
-    if admin.run("get", "namespace", NAMESPACE).code != 0:
-        admin("create", "namespace", NAMESPACE)
-    admin.apply(*chart_rbac())
-    return cluster.service_account(NAMESPACE, OPERATOR_ACCOUNT)
 
 
 def chart_role(name: str) -> dict[str, Any]:
@@ -88,39 +81,6 @@ def model_deployment(namespace: str, name: str = "mlp", **spec: Any) -> dict[str
     doc["spec"]["resources"] = {"memory": "1Gi"}
     doc["spec"].update(spec)
     return dict(doc)
-
-
-class Operator(ChildProcess):
-    """``python -m model_operator`` with a kubeconfig (``KUBECONFIG``), as a user runs it
-    outside a cluster; its /metrics on a port of its own."""
-
-    def __init__(
-        self, kubeconfig: Path, namespace: str, log_path: Path, interval_s: float = 1.0,
-        extra: Sequence[str] = (),
-    ) -> None:  # fmt: skip
-        self.metrics_port = free_port()
-        args = [
-            "--namespace", namespace, "--interval", str(interval_s), "--liveness", "",
-            "--metrics-port", str(self.metrics_port), *extra,
-        ]  # fmt: skip
-        super().__init__("model_operator", args, log_path, env={"KUBECONFIG": str(kubeconfig)})
-
-    def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return str(response.read().decode())
-
-    def passes(self, namespace: str, name: str) -> int:
-        """Reconcile passes run so far for one ModelDeployment."""
-        pattern = (
-            r"model_operator_reconcile_duration_seconds_count\{"
-            rf'name="{name}",namespace="{namespace}"\}} (\d+)'
-        )
-        found = re.search(pattern, self.metrics())
-        return int(float(found.group(1))) if found else 0
-
-    def serving_metrics(self) -> bool:
-        return http_ok(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 
 def status_writes(cluster: ControlPlane) -> int:

@@ -1,36 +1,6 @@
-"""The project's Helm chart through real Helm: ``helm-python-sdk`` loads Helm v4's own Go
-SDK (through ctypes), so rendering and linting are exactly what ``helm template`` and
-``helm lint`` do, with no helm binary."""
+"""The tests' name for :mod:`model_rollout_e2e.helm_chart` (the chart rendered by real
+Helm), which the demo and the end-to-end scenario use too."""
 
-from __future__ import annotations
+from model_rollout_e2e.helm_chart import NAMESPACE, RELEASE, lint_chart, render_chart
 
-from pathlib import Path
-from typing import Any
-
-import helm_python as helm
-import yaml
-
-RELEASE = "model-rollout"
-NAMESPACE = "model-rollout-system"
-
-
-def render_chart(chart: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every object ``helm install`` would send: the CRDs under ``crds/``, then the
-    rendered templates, parsed."""
-    with helm.Chart.load(chart) as loaded:
-        crds = [crd["data"] for crd in loaded.crds]
-        rendered = loaded.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    manifests = [  # as `helm template`: no NOTES.txt, no partials (_helpers.tpl)
-        rendered[path]
-        for path in sorted(rendered)
-        if not path.endswith("NOTES.txt") and not Path(path).name.startswith("_")
-    ]
-    texts = [*crds, *manifests]
-    return [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
-
-
-def lint_chart(chart: Path, values: dict[str, Any] | None = None) -> list[str]:
-    """``helm lint --strict``: every finding at warning level or above, as text."""
-    report = helm.lint(chart, values or {}, strict=True, namespace=NAMESPACE)
-    findings = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
-    return [*findings, *report["errors"]]
+__all__ = ["NAMESPACE", "RELEASE", "lint_chart", "render_chart"]
