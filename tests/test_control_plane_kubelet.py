@@ -412,6 +412,36 @@ def test_exited_containers_end_the_pod_or_restart_by_restart_policy(
     assert "no-such-program-on-this-host" in waiting()["message"]
 
 
+def test_a_pod_waits_for_its_config_map_and_starts_once_it_exists(
+    node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """A volume the API does not give yet (a ConfigMap created after the pod; or, just
+    after binding, the Node authorizer not yet knowing the pod) is retried, the pod
+    ContainerCreating meanwhile, as a kubelet's volume manager does: not given up."""
+    config = tmp_path / "config"
+    node_agents(processes=True, mounts={"/etc/config": config})
+    spec = {
+        "containers": [sleeper(volumeMounts=[{"name": "config", "mountPath": "/etc/config"}])],
+        "volumes": [{"name": "config", "configMap": {"name": "late"}}],
+    }
+    admin.apply(bare_pod(namespace, "waits", spec))
+
+    def waiting() -> str | None:
+        status = admin.get("pod", "waits", "-n", namespace).get("status") or {}
+        state = (status.get("containerStatuses") or [{}])[0].get("state") or {}
+        return (state.get("waiting") or {}).get("reason")
+
+    wait_until(lambda: waiting() == "ContainerCreating", WAIT_S, 0.5, "the pod on the node")
+    admin("create", "configmap", "late", "-n", namespace, "--from-literal=key=value")
+
+    def ready() -> dict[str, Any] | None:
+        pod = admin.get("pod", "waits", "-n", namespace)
+        return pod if is_ready(pod) else None
+
+    wait_until(ready, WAIT_S, 0.5, "the pod running once its ConfigMap exists")
+    assert (config / "key").read_text() == "value"
+
+
 def test_a_downward_api_annotation_change_reaches_the_file_on_the_next_refresh(
     node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
 ) -> None:

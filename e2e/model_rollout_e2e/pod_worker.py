@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from .pod_runtime import Container, ContainerRuntime
@@ -31,6 +33,8 @@ from .raw_api import json_call
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 300.0  # a kubelet's cap on the restart back-off
 HOST_IP = "127.0.0.1"
+MOUNT_RETRY_S, MAX_MOUNT_RETRY_S = 0.5, 8.0  # the back-off while a volume cannot be projected
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 def now() -> str:
@@ -178,7 +182,7 @@ class PodWorker:
             self.volumes = PodVolumes(
                 self.settings.core, self.sandbox, self.settings.token_max_age_s
             )
-            await self.volumes.project(self.pod)  # before any container runs
+            await self._mount_volumes()  # before any container runs
             self._spawn(self._refresh_volumes())
         for run in self.inits:
             if not await self._run_init(run):
@@ -296,11 +300,29 @@ class PodWorker:
                 await self.publish()
             await asyncio.sleep(period)
 
+    async def _mount_volumes(self) -> None:
+        """Project the volumes, again after a back-off while the API refuses (a ConfigMap
+        not there yet; just after binding, the Node authorizer not yet knowing the pod),
+        as a kubelet's volume manager retries a mount: the pod stays ContainerCreating."""
+        assert self.volumes is not None
+        delay = MOUNT_RETRY_S
+        while True:
+            try:
+                await self.volumes.project(self.pod)
+                return
+            except (ApiException, *TRANSPORT_ERRORS) as exc:
+                reason = getattr(exc, "reason", None) or repr(exc)
+                log.warning("pod %s/%s: volumes not ready: %s", self.namespace, self.name, reason)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_MOUNT_RETRY_S)
+
     async def _refresh_volumes(self) -> None:
-        """The kubelet's periodic sync of the pod's volumes."""
+        """The kubelet's periodic sync of the pod's volumes, each after the period and a
+        random half of it more (a kubelet's resync jitter), so pods started together do
+        not refresh together."""
         assert self.volumes is not None
         while True:
-            await asyncio.sleep(self.settings.volume_refresh_s)
+            await asyncio.sleep(self.settings.volume_refresh_s * random.uniform(1.0, 1.5))
             try:
                 await self.volumes.project(self.pod)
             except Exception:
