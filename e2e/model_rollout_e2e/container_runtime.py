@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import os
 import signal
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,21 @@ class ProcessContainers:
         work: Path,
         env: dict[str, str] | None = None,
         mounts: dict[str, Path] | None = None,
+        api_server: str | None = None,
     ) -> None:
         """``env``: added to every container's environment (over this process's own);
-        ``mounts``: container paths given host directories (secrets, PVCs)."""
+        ``mounts``: container paths given host directories (secrets, PVCs);
+        ``api_server``: the API server's URL, given to every container as
+        ``KUBERNETES_SERVICE_HOST``/``PORT``, as a kubelet gives the ``kubernetes``
+        Service's address (here the server's own: there is no Service network)."""
         self.work = work
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        if api_server is not None:
+            address = urllib.parse.urlsplit(api_server)
+            if address.scheme != "https" or not address.hostname or not address.port:
+                raise ValueError(f"api_server must be https://host:port, not {api_server!r}")
+            self.env["KUBERNETES_SERVICE_HOST"] = address.hostname
+            self.env["KUBERNETES_SERVICE_PORT"] = str(address.port)
         self.mounts = mounts or {}
 
     def sandbox(self, pod: dict[str, Any]) -> Sandbox:

@@ -6,7 +6,9 @@ process runtimes (:mod:`.pod_processes`, :mod:`.container_runtime`).
 There are no images and no mount namespaces: a container's command runs on the host, so
 every argument naming a container path (a volume mount) is rewritten to its host
 directory; ``python``/``python3`` and the project's programs (``model-server``,
-``model-sidecar``) run on this interpreter.
+``model-sidecar``) run on this interpreter. A project program whose container mounts the
+ServiceAccount volume at Kubernetes' own path is started through :mod:`.in_pod`, which
+shows the in-cluster client that volume's host directory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from .processes import free_port
 # the project's container programs, run as ``python -m module`` on this interpreter
 PROGRAMS = {"model-server": "model_server", "model-sidecar": "model_sidecar"}
 PYTHONS = ("python", "python3")
+# where Kubernetes mounts a pod's API credentials (token, ca.crt, namespace), and where
+# the in-cluster clients read them
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass
@@ -72,7 +77,8 @@ class Sandbox:
     def argv(self, container: dict[str, Any]) -> list[str]:
         """The container's ``command`` + ``args`` as a host command line. The project's
         pods give only ``args``, the program first; ``--host`` becomes the pod's IP and a
-        sidecar's ``--metrics-port`` (it binds every address) a free port of its own."""
+        sidecar's ``--metrics-port`` (it binds every address) a free port of its own; a
+        project program with the ServiceAccount volume runs through :mod:`.in_pod`."""
         words = [*(container.get("command") or []), *(container.get("args") or [])]
         if not words:
             raise ValueError(f"container {container.get('name')!r} has no command: no images here")
@@ -86,10 +92,21 @@ class Sandbox:
                 arg = self.address
             out.append(self.host_path(arg))
         if program in PROGRAMS:
+            account = self._mounted(container, SERVICE_ACCOUNT_DIR)
+            if account is not None:
+                module = [sys.executable, "-m", "model_rollout_e2e.in_pod", account]
+                return [*module, PROGRAMS[program], *out]
             return [sys.executable, "-m", PROGRAMS[program], *out]
         if program in PYTHONS:
             return [sys.executable, *out]
         return [self.host_path(program), *out]
+
+    def _mounted(self, container: dict[str, Any], path: str) -> str | None:
+        """The host directory of the volume ``container`` mounts at ``path``, if it does."""
+        for mount in container.get("volumeMounts") or []:
+            if mount["mountPath"] == path:
+                return str(self.volume_dir(mount["name"]))
+        return None
 
     def environment(
         self, pod: dict[str, Any], container: dict[str, Any], base: dict[str, str] | None = None
