@@ -1,8 +1,12 @@
-"""End to end: operator + emulated API server + real pod processes + SeaweedFS.
+"""End to end on a real control plane: the operator (a process, as its ServiceAccount),
+the real controller-manager and scheduler making and placing the pods of its Deployment,
+the node agent running each pod's init container, server and sidecar as processes, and
+SeaweedFS as the store.
 
 A ModelDeployment of 4 replicas at v1 takes traffic on every pod; v2 is rolled out with a
-25% canary and batches, then rolled back; no request may fail. The kubelet stand-in
-refreshes Downward API files every 60 s, as a real kubelet does."""
+25% canary and batches by ``kubectl patch`` of spec.version, then rolled back; no request
+may fail and no pod is replaced or restarted. The node agent refreshes Downward API files
+every 60 s, as a real kubelet does."""
 
 from __future__ import annotations
 
@@ -11,16 +15,20 @@ from collections import Counter
 
 import pytest
 
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.s3_scenario import s3_scenario
 from model_rollout_e2e.scenario import available
+from model_rollout_e2e.seaweed import SeaweedFS
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
 
 
-async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
-    scenario = s3_scenario(s3_env, "e2e")
+async def test_rollout_and_rollback_under_load_lose_nothing(
+    s3_env: SeaweedFS, control_plane: ControlPlane
+) -> None:
+    scenario = s3_scenario(s3_env, "e2e", cluster=control_plane)
     scenario.publish("v1", seed=1)
     scenario.publish("v2", seed=2)
     phases: list[str] = []
@@ -39,6 +47,11 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
         await scenario.wait(available("v1", REPLICAS), 120)
         urls = scenario.pod_urls()
         assert len(urls) == REPLICAS
+        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
+        assert len(lives) == REPLICAS and all(len(c) == 2 for c in lives.values()), lives
+        assert all(
+            started and restarts == 0 for c in lives.values() for _, started, restarts in c.values()
+        ), lives
         load = LoadGenerator(urls, "mlp", scenario.in_dim, concurrency=6)
         load.start_clock()
         traffic = asyncio.create_task(load.run())
@@ -66,6 +79,7 @@ async def test_rollout_and_rollback_under_load_lose_nothing(s3_env) -> None:
         assert versions["v1"] > 0 and versions["v2"] > 0, versions
         assert len({s.target for s in result.samples}) == REPLICAS  # traffic hit every pod
         assert set(scenario.serving_versions().values()) == {"v1"}
+        assert await scenario.pod_lives() == lives  # the same pods, no container restarted
 
         for pod, events in scenario.audit_events().items():
             loads = [(e["version"], e["result"], e["source"]) for e in events]

@@ -1,12 +1,15 @@
-"""End to end, canary analysis: operator + emulated API server + real pod processes
-(init, sidecar, server) + SeaweedFS, under load. Each pod has an IP of its own (a
-loopback address) and its server listens on port 8000, where the operator reads its
-/metrics. The canary pod holds both versions and splits requests itself (trafficPercent)
-and mirrors some of the stable answers to the candidate (shadowPercent).
+"""End to end, canary analysis, on a real control plane: the operator (a process, as its
+ServiceAccount), the pods of its Deployment made by the real controller-manager and run
+by the node agent as processes (init, sidecar, server), SeaweedFS as the store, under
+load. Each pod has an IP of its own (a loopback address) and its server listens on port
+8000, where the operator reads its /metrics. The canary pod holds both versions and
+splits requests itself (trafficPercent) and mirrors some of the stable answers to the
+candidate (shadowPercent).
 
 A v2 that answers NaN, then one whose outputs are not v1's (seen in the shadow), are
 each caught at the canary and rolled back automatically; a good v2 is promoted. No
-request fails, and the bad versions answer only the canary's share."""
+request fails, the bad versions answer only the canary's share, and no pod is replaced
+or restarted."""
 
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ from typing import Any
 import pytest
 
 from model_rollout_contract.canary import TRAFFIC_POLICY
-from model_rollout_e2e.kube_emulator import list_objects
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.s3_scenario import s3_scenario
-from model_rollout_e2e.scenario import NAMESPACE, available
+from model_rollout_e2e.scenario import available
+from model_rollout_e2e.seaweed import SeaweedFS
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
@@ -45,8 +49,10 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == kind)
 
 
-async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(s3_env) -> None:
-    scenario = s3_scenario(s3_env, "canary")
+async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(
+    s3_env: SeaweedFS, control_plane: ControlPlane
+) -> None:
+    scenario = s3_scenario(s3_env, "canary", cluster=control_plane)
     scenario.publish("v1", seed=1)
     scenario.publish("v2-nan", seed=1, nan_above=0.5)  # NaN on real inputs (ones), not zeros
     scenario.publish("v2-other", seed=2)  # a model, but not the one v1 is
@@ -59,6 +65,8 @@ async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(s3_env) ->
         await scenario.wait(available("v1", REPLICAS), 180)
         urls = scenario.pod_urls()
         assert len(urls) == REPLICAS and not any("127.0.0.1" in u for u in urls)
+        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
+        assert len(lives) == REPLICAS, lives
         load = LoadGenerator(urls, "mlp", scenario.in_dim, concurrency=4, think_s=0.01)
         load.start_clock()
         traffic = asyncio.create_task(load.run())
@@ -83,7 +91,8 @@ async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(s3_env) ->
         await asyncio.sleep(1)
         load.stop()
         result = await traffic
-        events = await list_objects(scenario.api, f"/api/v1/namespaces/{NAMESPACE}/events")
+        assert await scenario.pod_lives() == lives  # the same pods, no container restarted
+        events = await scenario.events()
     failures = [e for e in events if e.get("reason") == "AnalysisFailed"]
     assert [e.get("type") for e in failures] == ["Warning", "Warning"], failures
 

@@ -1,10 +1,12 @@
-"""End to end, two tenants on the same pods: operator + emulated API server + real pod
-processes (a sidecar per tenant model) + a volume store. Tenant acme's model is rolled
-a1 -> a2 (canary, then every pod) and back, on its own, while tenant globex keeps
-serving g1 under load with 0 failed requests and no answer from acme's model, and the
-deployment's own model stays on v1. globex calls with JWTs (the issuer's JWKS a Secret
-the operator mounts, spec.tenants.jwt), acme with its API key. The kubelet stand-in
-refreshes Downward API files every 60 s, as a real kubelet does."""
+"""End to end, two tenants on the same pods, on a real control plane: the operator (a
+process, as its ServiceAccount), the pods of its Deployment run by the node agent as
+processes (a sidecar per tenant model) and a volume store (a PersistentVolume). Tenant
+acme's model is rolled a1 -> a2 (canary, then every pod) and back, on its own, while
+tenant globex keeps serving g1 under load with 0 failed requests and no answer from
+acme's model, and the deployment's own model stays on v1. globex calls with JWTs (the
+issuer's JWKS a Secret the operator mounts, spec.tenants.jwt), acme with its API key; no
+pod is replaced or restarted. The node agent refreshes Downward API files every 60 s, as
+a real kubelet does."""
 
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ from jwt.algorithms import OKPAlgorithm
 
 from model_rollout_contract.argv import JWKS_DIR, JWKS_KEY, TENANTS_DIR
 from model_rollout_contract.tracks import DEFAULT_TRACK, track_keys
-from model_rollout_e2e.kube_emulator import list_objects, patch_model_deployment
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.onnx_models import write_mlp
-from model_rollout_e2e.scenario import NAMESPACE, Scenario, StoreSetup, available
+from model_rollout_e2e.scenario import Scenario, StoreSetup, available
 from model_sidecar.publish import publish
 
 pytestmark = [pytest.mark.slow]
@@ -78,7 +80,7 @@ async def answers(urls: list[str], key: str, stop: asyncio.Event, out: list[tupl
 
 
 async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
-    tmp_path: Path,
+    tmp_path: Path, control_plane: ControlPlane
 ) -> None:
     tenants_dir = tmp_path / "tenants"
     tenants_dir.mkdir()
@@ -100,6 +102,7 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
     scenario = Scenario(
         StoreSetup.local(tmp_path / "store"),
         mounts={TENANTS_DIR: tenants_dir, JWKS_DIR: jwks_dir},
+        cluster=control_plane,
     )
     scenario.publish("v1", seed=1)
     tenant_versions = [("acme/mlp", "a1", 11), ("acme/mlp", "a2", 12), ("globex/mlp", "g1", 21)]
@@ -131,6 +134,8 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
         await scenario.wait(tenant_available("globex-mlp", "g1"), 60)
         urls = scenario.pod_urls()
         assert len(urls) == REPLICAS
+        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
+        assert len(lives) == REPLICAS, lives
         stop = asyncio.Event()
         globex: list[tuple[int, str]] = []
         acme: list[tuple[int, str]] = []
@@ -140,8 +145,7 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
         ]
         await asyncio.sleep(1)
 
-        patch = {"spec": {"tenants": {"models": tenant_models("a2")}}}
-        await patch_model_deployment(scenario.api, NAMESPACE, scenario.model, patch)
+        await scenario.patch({"spec": {"tenants": {"models": tenant_models("a2")}}})
         status = await scenario.wait(tenant_available("acme-mlp", "a2"), 120, record)
         assert "Canary" in acme_phases and acme_phases[-1] == "Available", acme_phases
         acme_status = status["tenants"]["acme-mlp"]
@@ -150,8 +154,7 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
         assert acme_status["history"][0]["version"] == "a2"
         assert acme_status["history"][0]["result"] == "Succeeded"
 
-        patch = {"spec": {"tenants": {"models": tenant_models("a1")}}}
-        await patch_model_deployment(scenario.api, NAMESPACE, scenario.model, patch)
+        await scenario.patch({"spec": {"tenants": {"models": tenant_models("a1")}}})
         status = await scenario.wait(tenant_available("acme-mlp", "a1"), 60, record)
         assert status["tenants"]["acme-mlp"]["rollout"]["fast"] is True  # a pointer swap
         await asyncio.sleep(1)
@@ -181,13 +184,13 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
         assert status["currentVersion"] == "v1" and status["versions"] == {"v1": REPLICAS}
         assert status["tenants"]["globex-mlp"]["history"][0]["version"] == "g1"
         assert len(status["tenants"]["globex-mlp"]["history"]) == 1
-        pods = await list_objects(scenario.api, f"/api/v1/namespaces/{NAMESPACE}/pods")
-        for pod in pods:
+        assert await scenario.pod_lives() == lives  # the same pods, no container restarted
+        for pod in await scenario.pod_objects():
             annotations = pod["metadata"]["annotations"]
             assert annotations[DEFAULT_TRACK.target] == "v1"
             assert annotations[track_keys("globex-mlp").target] == "g1"
             assert annotations[track_keys("acme-mlp").target] == "a1"
-        events = await list_objects(scenario.api, f"/api/v1/namespaces/{NAMESPACE}/events")
+        events = await scenario.events()
         messages = [e.get("message", "") for e in events]
         assert any(m.startswith("tenant acme, model mlp (acme-mlp): ") for m in messages), messages[
             -10:
