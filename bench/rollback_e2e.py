@@ -1,13 +1,18 @@
-"""Rollback and rollout end to end, with a kubelet as slow as a real one.
+"""Rollback and rollout end to end on a real control plane, with a kubelet as slow as a
+real one.
 
-Real pods (each the init container, server and sidecar as processes, from the operator's
-pod spec), the operator, an emulated API server and a local-directory store; a kubelet
-stand-in that refreshes Downward API and ConfigMap files only every ``--kubelet-delay``
-seconds (a real kubelet: about a minute). Under load, it measures the time from editing
-``spec.version`` until every pod's server serves that version (read from each pod's
-``model_server_version_serving`` metric), for a forward rollout (25% canary, then batches) and
-for ``--rollbacks`` rollbacks, and counts failed requests. Then the operator's planner,
-alone on a virtual clock, rolls out 64 and 1000 pods (``bench/rollout_scale.py``).
+A real Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler:
+``make install`` builds them), the operator as a process with its ServiceAccount, and
+real pods: the operator's Deployment made into pods by the controller-manager, placed by
+the scheduler and run by the node agent (each pod's init container, server and sidecar
+as processes, the sidecar with its pod's token), with a local-directory store. The node
+agent refreshes Downward API and ConfigMap files only every ``--kubelet-delay`` seconds
+(a real kubelet: about a minute). Under load, it measures the time from ``kubectl
+patch`` of ``spec.version`` (once the API server has it) until every pod's server
+serves that version (read from each pod's ``model_server_version_serving`` metric), for
+a forward rollout (25% canary, then batches) and for ``--rollbacks`` rollbacks, and
+counts failed requests. Then the operator's planner, alone on a virtual clock, rolls out
+64 and 1000 pods (``bench/rollout_scale.py``).
 
     python bench/rollback_e2e.py [--rollbacks 5] [--kubelet-delay 60]
 """
@@ -33,7 +38,7 @@ from rollout_scale import simulate
 
 class LoadInThread:
     """The load generator on a thread with its own event loop, so that its clients do not
-    share a loop with the emulated API server (in a cluster they are other machines)."""
+    share a loop with the benchmark's waits (in a cluster they are other machines)."""
 
     def __init__(self, load: LoadGenerator) -> None:
         self.load = load
@@ -57,8 +62,9 @@ class LoadInThread:
 async def breakdown(
     scenario: Scenario, edited: float, status: dict[str, object]
 ) -> dict[str, float]:
-    """Where a rollback's time went: the operator's reaction (edit -> rollout started), the
-    signal (-> the last sidecar saw its new target), the swap and report (-> Available)."""
+    """Where a rollback's time went: the edit and the operator's reaction (``kubectl
+    patch`` started -> rollout started, kubectl's own start included), the signal (-> the
+    last sidecar saw its new target)."""
     started = float(status["rollout"]["startedAt"])  # type: ignore[index]
     seen = []
     for pod in await scenario.pod_objects():
@@ -87,10 +93,7 @@ async def until_all_serve(scenario: Scenario, version: str, timeout_s: float) ->
 async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="mr-bench-", dir="/tmp"))
     scenario = Scenario(
-        StoreSetup.local(work / "store"),
-        work=work,
-        volume_refresh_s=kubelet_delay_s,
-        api_process=True,  # an API server has its own CPU, not the benchmark's event loop
+        StoreSetup.local(work / "store"), work=work, volume_refresh_s=kubelet_delay_s
     )
     scenario.publish("v1", seed=1)
     scenario.publish("v2", seed=2)
@@ -130,6 +133,7 @@ async def measure(replicas: int, rollbacks: int, kubelet_delay_s: float) -> dict
         result = await asyncio.to_thread(load.stop)
     failed = [s for s in result.samples if not s.ok]
     return {
+        "api": "a real control plane (etcd, kube-apiserver, controller-manager, scheduler)",
         "replicas": replicas,
         "kubelet_delay_s": kubelet_delay_s,
         "forward_s": round(forward_s, 3),
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     planner = [simulate(n, strategy, seed=0) for n in (64, 1000) for strategy in ("staged",)]
     report["planner"] = planner
     print(
-        f"{args.replicas} real pods, kubelet refresh {args.kubelet_delay:.0f} s, "
+        f"{args.replicas} real pods on a real control plane, kubelet refresh "
+        f"{args.kubelet_delay:.0f} s, "
         f"{report['requests']} requests, {report['failed_requests']} failed"
     )
     print(f"{'what':<28} {'seconds':>8}")
