@@ -71,8 +71,11 @@ prometheus:
 
 install: $(BIN)/.installed $(CONTROLPLANE)/.built prometheus
 
+# on its own control plane; after the scripted rollouts the cluster stays up 300 s (Ctrl-C
+# ends it) for kubectl in another terminal: `make demo DEMO_ARGS="--hold 0"` ends at once
+DEMO_ARGS ?=
 demo: install
-	$(BIN)/python -m model_rollout_e2e.demo
+	$(BIN)/python -m model_rollout_e2e.demo $(DEMO_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -174,6 +174,13 @@ class ControlPlane:
             cluster_role=cluster_role, role=role, pod=pod,
         )  # fmt: skip
 
+    def admin_kubeconfig(self, path: Path, namespace: str) -> Path:
+        """The admin's credentials with ``namespace`` as the default, for a user's own
+        kubectl (the demo's ``export KUBECONFIG=...``)."""
+        return write_kubeconfig(
+            path, self.server, self.pki.ca.cert, client=self._admin, namespace=namespace
+        )
+
     def node_kubeconfig(self, node: str) -> Path:
         """A kubelet's credentials for ``node`` (``system:node:<node>`` in
         ``system:nodes``): the Node authorizer and NodeRestriction limit it to that node

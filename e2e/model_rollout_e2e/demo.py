@@ -1,12 +1,18 @@
 """``make demo``: the whole system on this machine, with a live view.
 
 Publishes two signed versions of a small model to a local-directory store (the embedded
-default), starts the emulated API server, the operator and 4 pods (init container,
-server and sidecar each as a real process), sends traffic to every pod, rolls out v2
+default), starts a real Kubernetes control plane (etcd, kube-apiserver,
+controller-manager, scheduler: ``make install`` builds them), the operator as its
+ServiceAccount and a node agent that runs the operator's 4 pods (init container, server
+and sidecar each as a real process); prints the ``KUBECONFIG`` to follow it with
+``kubectl get md -w`` and ``kubectl model status mlp --watch`` in another terminal;
+sends traffic to every pod, rolls out v2
 with a 25% canary (which holds both versions, sends v2 20% of its requests and mirrors
 half of the rest to it, and is judged on its own figures) and jittered batches, rolls
 back to v1 by editing the version, then rolls out a broken v3 (NaN on real inputs): its
-canary analysis fails and the canary is rolled back automatically.
+canary analysis fails and the canary is rolled back automatically. Then the cluster
+stays up, under load, for ``--hold`` seconds (Ctrl-C ends it sooner) for the user's own
+edits; ``--hold 0`` ends at once.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -98,12 +105,41 @@ def traffic_table(result: LoadResult, now: float) -> Table:
     return table
 
 
-async def run_demo(replicas: int, console: Console) -> int:
+async def hold(seconds: float) -> None:
+    """Until ``seconds`` have passed or Ctrl-C (which then ends only the wait)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def follow_it(scenario: Scenario, console: Console) -> None:
+    """How to watch the demo's cluster from another terminal."""
+    assert scenario.cluster is not None
+    kubeconfig = scenario.cluster.admin_kubeconfig(scenario.work / "kubeconfig", scenario.namespace)
+    tools = Path(sys.executable).parent  # the venv's kubectl and kubectl-model plugin
+    console.print(
+        "[bold]follow it in another terminal[/] (namespace "
+        f"{scenario.namespace}, the kubeconfig's default):\n"
+        f"  export KUBECONFIG={kubeconfig}\n"
+        f"  export PATH={tools}:$PATH\n"
+        f"  kubectl get md -w\n"
+        f"  kubectl model status {scenario.model} --watch",
+        soft_wrap=True,
+    )
+
+
+async def run_demo(replicas: int, hold_s: float, console: Console) -> int:
     work = Path(tempfile.mkdtemp(prefix="mr-demo-", dir="/tmp"))  # short: socket paths
-    scenario = Scenario(StoreSetup.local(work / "store"), work=work)
+    scenario = Scenario(StoreSetup.local(work / "store"), work=work, namespace="ml")
     console.print(f"[bold]model-rollout demo[/] - working directory {scenario.work}")
     console.print(
-        f"the kubelet stand-in refreshes Downward API files every "
+        f"the node agent (the kubelet stand-in) refreshes Downward API files every "
         f"{scenario.volume_refresh_s:.0f} s, as a real kubelet does; sidecars follow "
         "their pods through the API instead"
     )
@@ -112,7 +148,13 @@ async def run_demo(replicas: int, console: Console) -> int:
     scenario.publish("v3", seed=3, hidden=256, depth=4, nan_above=0.5)  # NaN on real inputs
     console.print("published signed versions v1, v2 and a broken v3 to the local model store")
     view: dict[str, Any] = {"status": {}, "pods": []}
+    console.print(
+        "starting a Kubernetes control plane (etcd, kube-apiserver, controller-manager,"
+        " scheduler), the Helm chart's CRD, RBAC and admission policy, the operator and a"
+        " node agent"
+    )
     async with scenario.running():
+        follow_it(scenario, console)
         await scenario.apply(
             "v1",
             replicas,
@@ -178,6 +220,13 @@ async def run_demo(replicas: int, console: Console) -> int:
             console.log(f"caught at the canary and rolled back: {status.get('message')}")
             await scenario.wait(lambda s: s.get("versions") == {"v1": replicas}, 60)
             await asyncio.sleep(2)
+            if hold_s > 0:
+                console.log(
+                    f"the cluster stays up {hold_s:.0f} s more (Ctrl-C ends it): try"
+                    f" kubectl patch md {scenario.model} --type=merge"
+                    """ -p '{"spec": {"version": "v2"}}'"""
+                )
+                await hold(hold_s)
         finally:
             done.set()
             await painter
@@ -201,9 +250,20 @@ async def run_demo(replicas: int, console: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_rollout_e2e.demo", description=__doc__)
     parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument(
+        "--hold", type=float, default=300.0,
+        help="seconds the cluster stays up after the scripted rollouts (0: end at once)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.replicas < 1 or args.hold < 0:
+        parser.error("--replicas must be at least 1 and --hold not negative")
     logging.basicConfig(level=logging.WARNING)
-    return asyncio.run(run_demo(args.replicas, Console()))
+    console = Console()
+    try:
+        return asyncio.run(run_demo(args.replicas, args.hold, console))
+    except KeyboardInterrupt:  # everything it started is stopped by then
+        console.print("interrupted: the cluster and its processes are stopped")
+        return 130
 
 
 if __name__ == "__main__":
