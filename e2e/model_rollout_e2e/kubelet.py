@@ -6,10 +6,10 @@ its processes stopped and is replaced; an evicted pod (:meth:`Kubelet.evict`) st
 phase ``Failed``, and is replaced, since Failed and Succeeded pods do not count as
 replicas; a pod named in :attr:`Kubelet.never_ready` runs but never turns Ready.
 
-Two runtimes exist: :class:`SimulatedPods` (the sidecar's report is faked, for operator
-tests) and, in :mod:`.pod_processes`, real init/sidecar/server processes (for the
-end-to-end test and the demo). Each pod gets an IP of its own (:mod:`.loopback`), which
-the stand-in writes to ``status.podIP`` as a kubelet does.
+Its runtime is :class:`SimulatedPods` (the sidecar's report is faked, for the operator
+tests on the emulated API); the end-to-end tests and the demo run real processes on a
+real control plane (:mod:`.node_agent`). Each pod gets an IP of its own
+(:mod:`.loopback`), which the stand-in writes to ``status.podIP`` as a kubelet does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What runs the pods of the two kubelet stand-ins.
 
-:class:`PodRuntime` (whole pods: :class:`~.kubelet.SimulatedPods`,
-:class:`~.pod_processes.ProcessPods`) serves the emulated API's stand-in
+:class:`PodRuntime` (whole pods: :class:`~.kubelet.SimulatedPods`) serves the emulated
+API's stand-in
 (:mod:`.kubelet`), which also plays the Deployment controller. :class:`ContainerRuntime`
 (one container at a time: :mod:`.container_runtime`) serves the node agent on a real
 API server (:mod:`.node_agent`), which owns the pod's lifecycle itself: init containers,

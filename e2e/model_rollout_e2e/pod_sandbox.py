@@ -1,7 +1,7 @@
 """What a pod's processes see instead of a container: a directory per pod holding its
 volumes, an IP of its own (a loopback address, :mod:`.loopback`), and its command line
-with container paths rewritten to those directories. Shared by both kubelet stand-ins'
-process runtimes (:mod:`.pod_processes`, :mod:`.container_runtime`).
+with container paths rewritten to those directories, for the node agent's process
+runtime (:mod:`.container_runtime`).
 
 There are no images and no mount namespaces: a container's command runs on the host, so
 every argument naming a container path (a volume mount) is rewritten to its host
