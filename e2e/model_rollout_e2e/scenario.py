@@ -377,14 +377,19 @@ class Scenario:
         return lives
 
     def _sandboxes(self) -> dict[str, Sandbox]:
-        """The node agent's running pods (not being deleted) by name: what each has on
-        this machine (its address, its volumes' directories)."""
+        """The node agent's running pods of this namespace (not being deleted) by name:
+        what each has on this machine (its address, its volumes' directories). Another
+        namespace's pod may land on this node too: the scheduler places any pod left
+        Pending on a shared control plane."""
         assert self.agent is not None, "not running"
         workers = list(self.agent.workers.values())  # a copy: the agent's thread changes it
         return {
             w.name: w.sandbox
             for w in workers
-            if w.sandbox is not None and w.phase == "Running" and not w.terminating
+            if w.namespace == self.namespace
+            and w.sandbox is not None
+            and w.phase == "Running"
+            and not w.terminating
         }
 
     def pod_urls(self) -> list[str]:
