@@ -29,10 +29,11 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from helm_chart import RELEASE, render_chart
+from model_operator import admission_policy
 from model_rollout_cli.kube import GROUP, PLURAL, VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
-from model_rollout_e2e.processes import free_port
+from model_rollout_e2e.processes import free_port, wait_until
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "model-rollout"
@@ -107,6 +108,20 @@ def install_tools(cluster: ControlPlane) -> None:
     admin("apply", "--server-side", "-f", str(CRD))
     admin("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
     admin.apply(*user_roles().values())
+
+
+def install_sidecar_policy(cluster: ControlPlane) -> None:
+    """The chart's sidecar admission policy, once the API server has type-checked it: a
+    (simulated) sidecar's writes are judged as in a cluster the chart installed."""
+    admin = cluster.kubectl
+    admin.apply(*admission_policy.objects())
+
+    def checked() -> bool:
+        vap = admin.get("validatingadmissionpolicy", admission_policy.POLICY_NAME)
+        generation = vap["metadata"]["generation"]
+        return bool(vap.get("status", {}).get("observedGeneration") == generation)
+
+    wait_until(checked, 60, interval_s=0.5, what="the sidecar policy's type check")
 
 
 @contextlib.contextmanager

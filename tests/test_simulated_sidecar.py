@@ -20,7 +20,7 @@ import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from model_operator import admission_policy
+from cli_helpers import install_sidecar_policy
 from model_operator.manifests import configmap, deployment, pod_rbac
 from model_operator.spec import parse_spec
 from model_rollout_contract.canary import TRAFFIC_POLICY
@@ -28,7 +28,6 @@ from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.processes import wait_until
 from model_rollout_e2e.simulated_sidecar import (
     PodServer,
     SidecarBehaviour,
@@ -56,17 +55,7 @@ def _spec() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sidecar_policy(control_plane: ControlPlane) -> None:
-    """The chart's sidecar admission policy, once the API server has type-checked it."""
-    admin = control_plane.kubectl
-    admin.apply(*admission_policy.objects())
-
-    def checked() -> bool:
-        vap = admin.get("validatingadmissionpolicy", admission_policy.POLICY_NAME)
-        return bool(
-            vap.get("status", {}).get("observedGeneration") == vap["metadata"]["generation"]
-        )
-
-    wait_until(checked, 60, interval_s=0.5, what="the policy's type check")
+    install_sidecar_policy(control_plane)
 
 
 @pytest.fixture
