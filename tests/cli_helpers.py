@@ -55,25 +55,6 @@ REQUIRED_SPEC = {
 }
 
 
-def write_kubeconfig(path: Path, server: str, namespace: str | None) -> Path:
-    """A kubeconfig for the emulated API (``model_rollout_e2e.kube_emulator``), which
-    takes any token: ``tests/test_release.py`` until its scenario runs on the control
-    plane."""
-    context: dict[str, str] = {"cluster": "emulated", "user": "tester"}
-    if namespace is not None:
-        context["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulated", "cluster": {"server": server}}],
-        "users": [{"name": "tester", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "test", "context": context}],
-        "current-context": "test",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 async def run_tool(
     program: str, *args: str, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
