@@ -95,25 +95,35 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 def node_agents(control_plane, tmp_path: Path):  # type: ignore[no-untyped-def]
     """Start kubelet stand-ins (``model_rollout_e2e.node_agent``) on the session's control
     plane: ``node_agents(processes=True, mounts=..., **NodeAgent options)``; simulated
-    (no processes) unless ``processes``. Each is stopped (its processes killed) and its
+    (no processes) unless ``processes``, the operator's pods with their sidecars' reports
+    faked (``model_rollout_e2e.simulated_sidecar``) when given ``sidecars=
+    SidecarBehaviour(...)``. Each is stopped (its processes killed) and its
     Node deleted when the test ends, so the next test's pods go to the next test's node."""
     import uuid
 
     from model_rollout_e2e.container_runtime import ProcessContainers, SimulatedContainers
     from model_rollout_e2e.node_agent import AgentThread, NodeAgent
+    from model_rollout_e2e.pod_runtime import ContainerRuntime
+    from model_rollout_e2e.simulated_sidecar import SidecarBehaviour, SimulatedModelContainers
 
     threads: list[AgentThread] = []
 
     def start(
-        processes: bool = False, mounts: dict[str, Path] | None = None, **options: Any
+        processes: bool = False,
+        mounts: dict[str, Path] | None = None,
+        sidecars: SidecarBehaviour | None = None,
+        **options: Any,
     ) -> NodeAgent:
         name = f"node-{uuid.uuid4().hex[:8]}"
-        runtime = (
+        kubeconfig = control_plane.node_kubeconfig(name)
+        runtime: ContainerRuntime = (
             ProcessContainers(tmp_path / name, mounts=mounts)
             if processes
             else SimulatedContainers()
+            if sidecars is None
+            else SimulatedModelContainers(kubeconfig, sidecars)
         )
-        agent = NodeAgent(control_plane.node_kubeconfig(name), runtime, name, **options)
+        agent = NodeAgent(kubeconfig, runtime, name, **options)
         threads.append(AgentThread(agent).start())
         return agent
 

@@ -1,27 +1,46 @@
-"""The ``kubectl-model`` plugin as a process against the emulated API server: found and
-run by the real kubectl, the user's kubeconfig and its namespace honoured, and clear
-errors (exit 4) for an RBAC denial, a missing resource and an unreachable API."""
+"""The ``kubectl-model`` plugin and ``model-rollout release`` as processes against a real
+API server (the session's control plane), with a user's kubeconfig: a ServiceAccount
+bound to the chart's rollout-editor role in its namespace, as the README binds it. Found
+and run by the real kubectl, the kubeconfig and its namespace honoured; what the API
+server refuses (RBAC, the CRD's schema, an admission policy, a token) reaches the user
+with the server's own words, and clear errors (exit 4) for a missing resource, a missing
+CRD and an unreachable API. No operator runs: the test writes the status it would.
+
+A proxy sits in front of the API server only for what a real server does not do on
+demand: answer 500, lose a race at a chosen moment (the test writes in between, the
+server answers the real 409), or serve without the CRD (the proxy asks the server for
+a group it has not, the server answers its real 404)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import kmock
 import pytest
+from aiohttp import web
 
 from cli_helpers import (
     BIN,
+    EDITOR,
     TENANT_MODELS,
     TOOL_TIMEOUT_S,
+    VIEWER,
+    Admin,
+    api_ssl,
+    bound_user,
     flaky_proxy,
+    install_tools,
+    intercepting_proxy,
+    kubeconfig_through,
+    namespace_of_its_own,
     run_tool,
-    write_kubeconfig,
+    user_roles,
 )
+from model_rollout_cli.kube import GROUP
 from model_rollout_contract.annotations import (
     ABORT,
     CHANGE_CAUSE,
@@ -33,12 +52,13 @@ from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
-from model_rollout_e2e.kube_emulator import MD_PATH, create_model_deployment, kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.kubeconfig import write_kubeconfig
 from model_rollout_e2e.onnx_models import write_mlp
-from model_rollout_e2e.processes import free_port
+from model_rollout_e2e.processes import free_port, wait_until
 from sidecar_helpers import make_keys
 
-NAMESPACE = "ml"
 STATUS = {
     "phase": "Canary",
     "message": "canary healthy; promote with annotation ...",
@@ -72,14 +92,44 @@ STATUS = {
 }
 
 
-async def deployment(api: Any, name: str = "mlp", manual: bool = True) -> None:
+@pytest.fixture(scope="module")
+def tools(control_plane: ControlPlane) -> ControlPlane:
+    install_tools(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def namespace(tools: ControlPlane) -> Iterator[str]:
+    with namespace_of_its_own(tools, "cli") as name:
+        yield name
+
+
+@pytest.fixture
+async def admin(tools: ControlPlane, namespace: str) -> AsyncIterator[Admin]:
+    async with Admin.connect(tools, namespace) as cluster_admin:
+        yield cluster_admin
+
+
+@pytest.fixture
+def user(tools: ControlPlane, namespace: str) -> Identity:
+    """The README's user of the tools: the rollout editor in this namespace."""
+    return bound_user(tools, namespace, "alice", EDITOR)
+
+
+@pytest.fixture
+def kubeconfig(user: Identity) -> str:
+    return str(user.kubeconfig)
+
+
+async def deployment(admin: Admin, name: str = "mlp", manual: bool = True) -> None:
     spec = {"model": "mlp", "version": "v2", "replicas": 2, "canary": {"manualPromote": manual}}
-    await create_model_deployment(api, NAMESPACE, {"metadata": {"name": name}, "spec": spec})
-    path = f"{MD_PATH.format(ns=NAMESPACE)}/{name}/status"
-    await api.merge_patch(path, {"status": STATUS})
+    await admin.create(name, spec)
+    await admin.set_status(name, STATUS)
 
 
-async def test_kubectl_finds_the_plugin_and_runs_it(tmp_path: Path) -> None:
+async def test_kubectl_finds_the_plugin_and_runs_it(
+    tools: ControlPlane, namespace: str, admin: Admin, tmp_path: Path
+) -> None:
     try:
         kubectl = kubectl_binary()
     except BinaryNotFound as exc:
@@ -88,9 +138,9 @@ async def test_kubectl_finds_the_plugin_and_runs_it(tmp_path: Path) -> None:
     code, out, err = await run_tool(kubectl, "plugin", "list", env=env)
     assert code == 0, err
     assert str(BIN / "kubectl-model") in out
-    async with kube_emulator() as api:
-        await deployment(api)
-        kubeconfig = write_kubeconfig(tmp_path / "config", api.url, NAMESPACE)
+    await deployment(admin)
+    with namespace_of_its_own(tools, "other") as other:  # the user may read there too
+        kubeconfig = bound_user(tools, namespace, "bob", EDITOR, where=(other,)).kubeconfig
         code, out, err = await run_tool(
             kubectl, "model", "status", "mlp", "--kubeconfig", str(kubeconfig), env=env
         )
@@ -102,74 +152,194 @@ async def test_kubectl_finds_the_plugin_and_runs_it(tmp_path: Path) -> None:
         assert "\x1b[" not in out  # not a terminal: no colour
         # the context's namespace, overridden by -n as kubectl does
         code, out, err = await run_tool(
-            kubectl, "model", "history", "mlp", "-n", "other", "--kubeconfig", str(kubeconfig),
+            kubectl, "model", "history", "mlp", "-n", other, "--kubeconfig", str(kubeconfig),
             env=env,
         )  # fmt: skip
-        assert code == 4 and "modeldeployment mlp not found in namespace other" in err
+        assert code == 4 and f"modeldeployment mlp not found in namespace {other}" in err
 
 
-async def test_promote_writes_the_annotation_of_this_rollout(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        await deployment(api)
-        await deployment(api, "auto", manual=False)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, out, err = await run_tool(
-            "kubectl-model", "promote", "mlp", "--kubeconfig", kubeconfig
-        )
-        assert code == 0 and "canary of v2 promoted" in out, err
-        md = await api.request("GET", f"{MD_PATH.format(ns=NAMESPACE)}/mlp")
-        annotations = md["metadata"]["annotations"]
-        assert annotations["serving.model-rollout.io/promote"] == "v2@1000000000"
-        code, out, err = await run_tool(
-            "kubectl-model", "promote", "auto", "--kubeconfig", kubeconfig
-        )
-        assert code == 6 and "manualPromote" in err
-        code, out, err = await run_tool("kubectl-model", "retry", "mlp", "--kubeconfig", kubeconfig)
-        assert code == 6 and "has not failed" in err
-        # $KUBECONFIG as kubectl reads it (an unreadable path beside it is skipped)
-        env = {"KUBECONFIG": f"{tmp_path / 'absent'}:{kubeconfig}"}
-        code, out, err = await run_tool("kubectl-model", "history", "mlp", env=env)
-        assert code == 0 and "release by ci@runner" in out, err
-        code, out, err = await run_tool(
-            "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
-        )
-        assert code == 0 and "from v2 to v1" in out, err  # the last success but spec.version
-        md = await api.request("GET", f"{MD_PATH.format(ns=NAMESPACE)}/mlp")
-        assert md["spec"]["version"] == "v1"
-        assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v1: rollback by ")
+async def test_promote_writes_the_annotation_of_this_rollout(
+    admin: Admin, kubeconfig: str, tmp_path: Path
+) -> None:
+    await deployment(admin)
+    await deployment(admin, "auto", manual=False)
+    code, out, err = await run_tool("kubectl-model", "promote", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0 and "canary of v2 promoted" in out, err
+    annotations = (await admin.read())["metadata"]["annotations"]
+    assert annotations["serving.model-rollout.io/promote"] == "v2@1000000000"
+    code, out, err = await run_tool("kubectl-model", "promote", "auto", "--kubeconfig", kubeconfig)
+    assert code == 6 and "manualPromote" in err
+    code, out, err = await run_tool("kubectl-model", "retry", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 6 and "has not failed" in err
+    # $KUBECONFIG as kubectl reads it (an unreadable path beside it is skipped)
+    env = {"KUBECONFIG": f"{tmp_path / 'absent'}:{kubeconfig}"}
+    code, out, err = await run_tool("kubectl-model", "history", "mlp", env=env)
+    assert code == 0 and "release by ci@runner" in out, err
+    code, out, err = await run_tool("kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0 and "from v2 to v1" in out, err  # the last success but spec.version
+    md = await admin.read()
+    assert md["spec"]["version"] == "v1"
+    assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v1: rollback by ")
 
 
-async def test_an_rbac_denial_says_what_to_ask_for(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        await deployment(api)
-        assert api.emulator is not None
-
-        def forbidden(request: Any) -> None:
-            raise kmock.KubernetesError(403, "Forbidden", 'user "tester" cannot get it')
-
-        api.emulator[f"get {MD_PATH.format(ns=NAMESPACE)}/mlp"] << forbidden
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, out, err = await run_tool(
-            "kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig
-        )
+async def test_an_rbac_denial_says_what_to_ask_for(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """A user the API server's RBAC gives nothing in the namespace: its 403, with the
+    server's own message."""
+    await deployment(admin)
+    nobody = bound_user(tools, namespace, "nobody")
+    code, out, err = await run_tool(
+        "kubectl-model", "status", "mlp", "--kubeconfig", str(nobody.kubeconfig)
+    )
     assert code == 4, (out, err)
+    resource = f"modeldeployments.{GROUP}"
     assert err.strip() == (
-        "error: forbidden: get modeldeployments.serving.model-rollout.io in namespace ml: ask "
-        "for RBAC that allows 'get' on modeldeployments.serving.model-rollout.io there "
-        '(user "tester" cannot get it)'
+        f"error: forbidden: get {resource} in namespace {namespace}: ask for RBAC that allows "
+        f"'get' on {resource} there ({resource} \"mlp\" is forbidden: User "
+        f'"system:serviceaccount:{namespace}:nobody" cannot get resource "modeldeployments" '
+        f'in API group "{GROUP}" in the namespace "{namespace}")'
     )
     assert "Traceback" not in err
 
 
-async def test_missing_resources_and_an_unreachable_api_are_clear_errors(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, _, err = await run_tool("kubectl-model", "abort", "nope", "--kubeconfig", kubeconfig)
-        assert code == 4 and err.strip() == "error: modeldeployment nope not found in namespace ml"
-    dead = str(write_kubeconfig(tmp_path / "dead", f"http://127.0.0.1:{free_port()}", None))
+async def test_a_viewer_is_refused_a_write_with_the_servers_words(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """The viewer may read but not patch: the API server's 403 for the patch, passed
+    through; nothing written."""
+    await deployment(admin)
+    viewer = bound_user(tools, namespace, "carol", VIEWER)
+    before = (await admin.read())["metadata"]["resourceVersion"]
+    code, out, err = await run_tool(
+        "kubectl-model", "promote", "mlp", "--kubeconfig", str(viewer.kubeconfig)
+    )
+    assert code == 4, (out, err)
+    resource = f"modeldeployments.{GROUP}"
+    assert err.strip() == (
+        f"error: forbidden: patch {resource} in namespace {namespace}: ask for RBAC that allows "
+        f"'patch' on {resource} there ({resource} \"mlp\" is forbidden: User "
+        f'"system:serviceaccount:{namespace}:carol" cannot patch resource "modeldeployments" '
+        f'in API group "{GROUP}" in the namespace "{namespace}")'
+    )
+    assert (await admin.read())["metadata"]["resourceVersion"] == before
+
+
+async def test_a_version_the_crds_schema_refuses_is_the_servers_refusal(
+    admin: Admin, kubeconfig: str
+) -> None:
+    """``rollback --to`` a name that is no version: the API server validates the patch
+    against the CRD's schema and refuses it (422) with its own message; nothing is
+    written."""
+    await deployment(admin)
+    code, out, err = await run_tool(
+        "kubectl-model", "rollback", "mlp", "--to", "v 3", "--kubeconfig", kubeconfig
+    )
+    assert code == 4, (out, err)
+    assert err.strip().startswith(
+        f'error: patch modeldeployment mlp refused: ModelDeployment.{GROUP} "mlp" is invalid: '
+        'spec.version: Invalid value: "v 3": spec.version in body should match '
+        "'^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'"
+    ), err
+    assert "Traceback" not in err
+    assert (await admin.read())["spec"]["version"] == "v2"
+
+
+def change_freeze(namespace: str) -> list[dict[str, Any]]:
+    """A cluster's own ValidatingAdmissionPolicy, bound to one namespace: no change of
+    any ModelDeployment's spec.version there (a change freeze)."""
+    name = f"change-freeze-{namespace}"
+    rule = {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+            "resources": ["modeldeployments"]}  # fmt: skip
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [
+                    {
+                        "expression": "object.spec.version == oldObject.spec.version",
+                        "message": "change freeze: no new versions until Monday",
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+
+
+async def test_a_release_an_admission_policy_refuses_says_the_policys_words(
+    tools: ControlPlane, namespace: str, admin: Admin, user: Identity, tmp_path: Path
+) -> None:
+    """The cluster's admission policy refuses the release's write: the JSON report has
+    the server's message (not advice about RBAC, which allowed it) and what was
+    published before; exit 4."""
+    await deployment(admin)
+    policy = change_freeze(namespace)
+    tools.kubectl.apply(*policy)
+    try:
+        probe = ["patch", "md", "mlp", "-n", namespace, "--type=merge", "--dry-run=server",
+                 "-p", '{"spec": {"version": "v9"}}']  # fmt: skip
+        wait_until(
+            lambda: "change freeze" in user.kubectl.run(*probe).err,
+            60, interval_s=0.5, what="the policy to be enforced",
+        )  # fmt: skip
+        model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
+        write_mlp(model, seed=1)
+        code, out, err = await run_tool(
+            "model-rollout", "release", "--model", "mlp", "--version", "v3", "--file",
+            str(model), "--key", str(keys.private), "--deployment", "mlp", "--store",
+            f"file://{tmp_path / 'store'}", "--kubeconfig", str(user.kubeconfig), "-o", "json",
+        )  # fmt: skip
+    finally:
+        for doc in policy:
+            tools.kubectl.run("delete", doc["kind"], doc["metadata"]["name"], "--wait=false")
+    report = json.loads(out)
+    assert code == 4 and report["result"] == "Error", (out, err)
+    assert report["reason"] == (
+        f'patch modeldeployment mlp refused: modeldeployments.{GROUP} "mlp" is forbidden: '
+        f"ValidatingAdmissionPolicy 'change-freeze-{namespace}' with binding "
+        f"'change-freeze-{namespace}' denied request: change freeze: no new versions until "
+        "Monday"
+    ), report
+    assert report["published"].startswith("published mlp:v3")
+    assert (await admin.read())["spec"]["version"] == "v2"
+
+
+async def test_missing_resources_and_an_unreachable_api_are_clear_errors(
+    tools: ControlPlane, user: Identity, kubeconfig: str, tmp_path: Path
+) -> None:
+    code, _, err = await run_tool("kubectl-model", "abort", "nope", "--kubeconfig", kubeconfig)
+    assert code == 4 and err.strip() == (
+        f"error: modeldeployment nope not found in namespace {user.namespace}"
+    )
+    ca = tools.pki.ca.cert
+    dead = str(
+        write_kubeconfig(tmp_path / "dead", f"https://127.0.0.1:{free_port()}", ca, token="t")
+    )
     code, _, err = await run_tool("kubectl-model", "status", "mlp", "--kubeconfig", dead)
     assert code == 4 and "cannot reach the Kubernetes API" in err and "connection refused" in err
     assert "Traceback" not in err
+    # a token the API server does not know (revoked, another cluster's)
+    stale = str(write_kubeconfig(tmp_path / "stale", tools.server, ca, token="not-a-token"))
+    code, _, err = await run_tool("kubectl-model", "status", "mlp", "--kubeconfig", stale)
+    assert code == 4 and err.strip() == (
+        "error: unauthorized: the kubeconfig's credentials were refused"
+    ), err
     code, _, err = await run_tool(
         "kubectl-model", "status", "mlp", "--kubeconfig", str(tmp_path / "missing")
     )
@@ -181,35 +351,16 @@ async def test_missing_resources_and_an_unreachable_api_are_clear_errors(tmp_pat
     assert code == 2 and "invalid choice" in err
 
 
-async def test_watch_in_a_log_prints_a_view_only_when_something_changed(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        await deployment(api)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, out, err = await run_tool(
-            "kubectl-model", "status", "mlp", "--watch", "--interval", "0.1", "--timeout", "1",
-            "--kubeconfig", kubeconfig,
-        )  # fmt: skip
+async def test_watch_in_a_log_prints_a_view_only_when_something_changed(
+    admin: Admin, kubeconfig: str
+) -> None:
+    await deployment(admin)
+    code, out, err = await run_tool(
+        "kubectl-model", "status", "mlp", "--watch", "--interval", "0.1", "--timeout", "1",
+        "--kubeconfig", kubeconfig,
+    )  # fmt: skip
     assert code == 0, err
     assert out.count("Name:        mlp") == 1 and out.rstrip().endswith("---")  # read ~10 times
-
-
-async def set_status(api: Any, name: str, status: dict[str, Any]) -> None:
-    await api.merge_patch(f"{MD_PATH.format(ns=NAMESPACE)}/{name}/status", {"status": status})
-
-
-async def read(api: Any, name: str = "mlp") -> dict[str, Any]:
-    return dict(await api.request("GET", f"{MD_PATH.format(ns=NAMESPACE)}/{name}"))
-
-
-async def when(api: Any, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """The resource once ``ready`` holds for it (what a tool wrote); a hang guard only."""
-
-    async def poll() -> dict[str, Any]:
-        while not ready(md := await read(api)):
-            await asyncio.sleep(0.05)
-        return md
-
-    return await asyncio.wait_for(poll(), TOOL_TIMEOUT_S)
 
 
 V2_SUCCEEDED = {
@@ -232,82 +383,81 @@ SERVING_V2 = {
 
 
 async def test_a_release_run_again_for_the_version_served_publishes_nothing(
-    tmp_path: Path,
+    admin: Admin, kubeconfig: str, tmp_path: Path
 ) -> None:
     """A CI job run again: exit 0, nothing published or written; ``--force`` refused,
     since new bytes under a version the pods hold would never reach them."""
     model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
     write_mlp(model, seed=1)
     store = tmp_path / "store"
-    async with kube_emulator() as api:
-        await deployment(api)
-        await set_status(api, "mlp", SERVING_V2)
-        before = await read(api)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        argv = ["release", "--model", "mlp", "--version", "v2", "--file", str(model),
-                "--key", str(keys.private), "--deployment", "mlp", "--store", f"file://{store}",
-                "--kubeconfig", kubeconfig, "--wait", "-o", "json"]  # fmt: skip
-        code, out, err = await run_tool("model-rollout", *argv)
-        assert code == 0, (out, err)
-        report = json.loads(out)
-        assert (report["result"], report["reason"]) == ("Succeeded", "already serving v2")
-        assert report["published"] is None and "not published again" in err
-        code, out, err = await run_tool("model-rollout", *argv, "--force")
-        assert code == 2 and "--force refused: pods of mlp hold v2" in json.loads(out)["reason"]
-        after = await read(api)
+    await deployment(admin)
+    await admin.set_status("mlp", SERVING_V2)
+    before = await admin.read()
+    argv = ["release", "--model", "mlp", "--version", "v2", "--file", str(model),
+            "--key", str(keys.private), "--deployment", "mlp", "--store", f"file://{store}",
+            "--kubeconfig", kubeconfig, "--wait", "-o", "json"]  # fmt: skip
+    code, out, err = await run_tool("model-rollout", *argv)
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert (report["result"], report["reason"]) == ("Succeeded", "already serving v2")
+    assert report["published"] is None and "not published again" in err
+    code, out, err = await run_tool("model-rollout", *argv, "--force")
+    assert code == 2 and "--force refused: pods of mlp hold v2" in json.loads(out)["reason"]
+    after = await admin.read()
     assert not store.exists()  # nothing published
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
 
-async def test_abort_wait_explains_a_rollout_that_completed_first(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        await deployment(api)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        tool = asyncio.create_task(
-            run_tool("kubectl-model", "abort", "mlp", "--wait", "--kubeconfig", kubeconfig)
-        )
-        await when(api, lambda md: ABORT in (md["metadata"].get("annotations") or {}))
-        await set_status(api, "mlp", SERVING_V2)  # the operator finished v2 before it read it
-        code, out, err = await tool
+async def test_abort_wait_explains_a_rollout_that_completed_first(
+    admin: Admin, kubeconfig: str
+) -> None:
+    await deployment(admin)
+    tool = asyncio.create_task(
+        run_tool("kubectl-model", "abort", "mlp", "--wait", "--kubeconfig", kubeconfig)
+    )
+    await admin.when(lambda md: ABORT in (md["metadata"].get("annotations") or {}))
+    await admin.set_status("mlp", SERVING_V2)  # the operator finished v2 before it read it
+    code, out, err = await tool
     assert code == 1 and "result: Succeeded" in out, (out, err)
     assert "had completed before the abort" in out and "kubectl model rollback mlp" in out
 
 
-async def test_abort_of_a_first_deployment_has_nothing_to_go_back_to(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        await deployment(api)
-        first = {**STATUS, "currentVersion": None, "versions": {"v2": 1}}
-        await set_status(api, "mlp", first)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, out, err = await run_tool("kubectl-model", "abort", "mlp", "--kubeconfig", kubeconfig)
-        md = await read(api)
+async def test_abort_of_a_first_deployment_has_nothing_to_go_back_to(
+    admin: Admin, kubeconfig: str
+) -> None:
+    await deployment(admin)
+    first = {**STATUS, "currentVersion": None, "versions": {"v2": 1}}
+    await admin.set_status("mlp", first)
+    code, out, err = await run_tool("kubectl-model", "abort", "mlp", "--kubeconfig", kubeconfig)
+    md = await admin.read()
     assert code == 6 and "no stable version to go back to from v2" in err, (out, err)
     assert ABORT not in (md["metadata"].get("annotations") or {})
 
 
-async def test_rollback_wait_after_a_refused_version_ends_on_available(tmp_path: Path) -> None:
+async def test_rollback_wait_after_a_refused_version_ends_on_available(
+    admin: Admin, kubeconfig: str
+) -> None:
     """spec.version v9 refused (not in the store): rolling back to v2, which the
     operator's rollout state is complete on, starts no rollout and adds no history entry;
     Available on v2 for the generation written is the success."""
-    async with kube_emulator() as api:
-        await deployment(api)
-        path = f"{MD_PATH.format(ns=NAMESPACE)}/mlp"
-        await api.merge_patch(path, {"spec": {"version": "v9"}})
-        refused = {**SERVING_V2, "phase": "Invalid", "message": "v9 is not in the store"}
-        await set_status(api, "mlp", {**refused, "observedGeneration": 2})
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        tool = asyncio.create_task(
-            run_tool("kubectl-model", "rollback", "mlp", "--wait", "--kubeconfig", kubeconfig)
-        )
-        md = await when(api, lambda md: md["spec"]["version"] == "v2")
-        generation = md["metadata"]["generation"]
-        assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v2: rollback by ")
-        await set_status(api, "mlp", {**SERVING_V2, "observedGeneration": generation})
-        code, out, err = await tool
+    await deployment(admin)
+    await admin.patch("mlp", {"spec": {"version": "v9"}})
+    refused = {**SERVING_V2, "phase": "Invalid", "message": "v9 is not in the store"}
+    await admin.set_status("mlp", {**refused, "observedGeneration": 2})
+    tool = asyncio.create_task(
+        run_tool("kubectl-model", "rollback", "mlp", "--wait", "--kubeconfig", kubeconfig)
+    )
+    md = await admin.when(lambda md: md["spec"]["version"] == "v2")
+    generation = md["metadata"]["generation"]
+    assert md["metadata"]["annotations"][CHANGE_CAUSE].startswith("v2: rollback by ")
+    await admin.set_status("mlp", {**SERVING_V2, "observedGeneration": generation})
+    code, out, err = await tool
     assert code == 0 and "from v9 to v2" in out and "result: Succeeded" in out, (out, err)
 
 
-async def test_wait_rides_out_api_errors_while_it_follows(tmp_path: Path) -> None:
+async def test_wait_rides_out_api_errors_while_it_follows(
+    tools: ControlPlane, admin: Admin, user: Identity, tmp_path: Path
+) -> None:
     """Two reads of the followed resource answered 500 (an API server failing over):
     the rollback is still followed to its result, not ended with exit 4."""
     reads: list[str] = []
@@ -318,20 +468,20 @@ async def test_wait_rides_out_api_errors_while_it_follows(tmp_path: Path) -> Non
             return 500 if len(reads) in (2, 3) else None  # the first two polls after the patch
         return None
 
-    async with kube_emulator() as api, flaky_proxy(api.url, fail) as proxy:
-        await deployment(api)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", proxy, NAMESPACE))
+    await deployment(admin)
+    async with flaky_proxy(tools.server, fail, api_ssl(tools)) as proxy:
+        kubeconfig = str(kubeconfig_through(user, proxy, tmp_path / "config"))
         tool = asyncio.create_task(
             run_tool("kubectl-model", "rollback", "mlp", "--wait", "--kubeconfig", kubeconfig)
         )
-        await when(api, lambda md: md["spec"]["version"] == "v1" and len(reads) > 3)
+        await admin.when(lambda md: md["spec"]["version"] == "v1" and len(reads) > 3)
         v1_again = {
             **V2_SUCCEEDED, "version": "v1", "fromVersion": "v2",
             "startedAt": "2026-12-03T09:00:00.000Z", "reason": "2/2 pods serve v1",
         }  # fmt: skip
         history = [v1_again, *STATUS["history"]]
-        await set_status(
-            api, "mlp",
+        await admin.set_status(
+            "mlp",
             {"phase": "Available", "currentVersion": "v1", "versions": {"v1": 2},
              "history": history},
         )  # fmt: skip
@@ -339,53 +489,81 @@ async def test_wait_rides_out_api_errors_while_it_follows(tmp_path: Path) -> Non
     assert code == 0 and "result: Succeeded" in out, (out, err)
 
 
-async def test_a_write_that_lost_a_race_is_decided_again_once(tmp_path: Path) -> None:
+async def test_a_write_that_lost_a_race_is_decided_again_once(
+    tools: ControlPlane, admin: Admin, user: Identity, tmp_path: Path
+) -> None:
     """The rollback's patch carries the resourceVersion it was decided on; a 409 (the
-    operator wrote the status in between) is read again and decided again, once."""
+    operator wrote the status in between: here the test, just before the patch reaches
+    the API server, which then refuses it) is read again and decided again, once."""
     patches: list[str] = []
+    writes = iter(range(1, 1000))
 
-    def fail(method: str, path: str) -> int | None:
-        if method == "PATCH" and path.endswith("/modeldeployments/mlp"):
-            patches.append(path)
-            return 409 if len(patches) <= limit else None
-        return None
+    async def status_write_first(request: web.Request) -> None:
+        if request.method == "PATCH" and request.path.endswith("/modeldeployments/mlp"):
+            patches.append(request.path)
+            if len(patches) <= limit:
+                await admin.set_status("mlp", {"message": f"status write {next(writes)}"})
 
-    async with kube_emulator() as api, flaky_proxy(api.url, fail) as proxy:
-        await deployment(api)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", proxy, NAMESPACE))
+    await deployment(admin)
+    async with intercepting_proxy(
+        tools.server, lambda _: None, api_ssl(tools), before=status_write_first
+    ) as proxy:
+        kubeconfig = str(kubeconfig_through(user, proxy, tmp_path / "config"))
         limit = 1
         code, out, err = await run_tool(
             "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
         )
         assert code == 0 and "from v2 to v1" in out and len(patches) == 2, (out, err)
-        await api.merge_patch(f"{MD_PATH.format(ns=NAMESPACE)}/mlp", {"spec": {"version": "v2"}})
+        await admin.patch("mlp", {"spec": {"version": "v2"}})
         patches.clear()
         limit = 2
         code, out, err = await run_tool(
             "kubectl-model", "rollback", "mlp", "--kubeconfig", kubeconfig
         )
         assert code == 4 and "mlp changed while this command read it" in err, (out, err)
-        assert (await read(api))["spec"]["version"] == "v2" and len(patches) == 2
+        assert (await admin.read())["spec"]["version"] == "v2" and len(patches) == 2
 
 
-async def test_a_missing_crd_is_named(tmp_path: Path) -> None:
-    async with kube_emulator() as api:
-        assert api.emulator is not None
+async def test_a_missing_crd_is_named(
+    tools: ControlPlane, namespace: str, user: Identity, tmp_path: Path
+) -> None:
+    """The API server's own answers for a group it does not serve, to a user whose
+    rights name it (RBAC rules name groups, installed or not): the proxy asks the server
+    for another group's paths, which the user has the editor's rights on (this
+    session's server has the CRD, which other tests use)."""
+    absent = f"absent.{GROUP}"
+    rules = [
+        {**rule, "apiGroups": [absent]}
+        for rule in user_roles()[EDITOR]["rules"]
+        if rule["apiGroups"] == [GROUP]
+    ]
+    meta = {"name": "absent-group", "namespace": namespace}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta}
+    tools.kubectl.apply({**role, "rules": rules})
+    tools.kubectl(
+        "create", "rolebinding", "absent-group", "-n", namespace, "--role=absent-group",
+        f"--serviceaccount={namespace}:{user.name}",
+    )  # fmt: skip
 
-        def no_group(request: Any) -> None:
-            raise kmock.KubernetesError(404, "NotFound", "the server could not find it")
+    def absent_group(path: str) -> str:
+        return path.replace(f"/apis/{GROUP}/", f"/apis/{absent}/")
 
-        api.emulator["get /apis/serving.model-rollout.io/v1alpha1"] << no_group
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+    async with intercepting_proxy(
+        tools.server, lambda _: None, api_ssl(tools), rewrite=absent_group
+    ) as proxy:
+        kubeconfig = str(kubeconfig_through(user, proxy, tmp_path / "config"))
         code, out, err = await run_tool(
             "kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig
         )
     assert code == 4 and "the ModelDeployment CRD is not installed" in err, (out, err)
 
 
-async def test_release_json_reports_what_was_done_whatever_ends_it(tmp_path: Path) -> None:
-    """A refused write after the publish: the report keeps what was published. Ctrl-C
-    while following: still one JSON object, result "interrupted", exit 130."""
+async def test_release_json_reports_what_was_done_whatever_ends_it(
+    tools: ControlPlane, namespace: str, admin: Admin, kubeconfig: str, tmp_path: Path
+) -> None:
+    """A refused write after the publish (a user the API server lets read, not patch):
+    the report keeps what was published. Ctrl-C while following: still one JSON object,
+    result "interrupted", exit 130."""
     model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
     write_mlp(model, seed=1)
 
@@ -395,24 +573,19 @@ async def test_release_json_reports_what_was_done_whatever_ends_it(tmp_path: Pat
                 "--store", f"file://{tmp_path / 'store'}", "--kubeconfig", kubeconfig,
                 "--wait", "-o", "json"]  # fmt: skip
 
-    def deny_patch(method: str, path: str) -> int | None:
-        return 403 if method == "PATCH" else None
-
-    async with kube_emulator() as api, flaky_proxy(api.url, deny_patch) as proxy:
-        await deployment(api)
-        denied = str(write_kubeconfig(tmp_path / "denied", proxy, NAMESPACE))
-        code, out, err = await run_tool("model-rollout", *argv("v3", denied))
-        report = json.loads(out)
-        assert code == 4 and report["result"] == "Error" and "forbidden" in report["reason"]
-        assert report["published"].startswith("published mlp:v3"), (out, err)
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        proc = await asyncio.create_subprocess_exec(
-            str(BIN / "model-rollout"), *argv("v4", kubeconfig),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        await when(api, lambda md: md["spec"]["version"] == "v4")  # following now
-        proc.send_signal(signal.SIGINT)
-        stdout, _ = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
+    await deployment(admin)
+    denied = str(bound_user(tools, namespace, "viewer", VIEWER).kubeconfig)
+    code, out, err = await run_tool("model-rollout", *argv("v3", denied))
+    report = json.loads(out)
+    assert code == 4 and report["result"] == "Error" and "forbidden" in report["reason"]
+    assert report["published"].startswith("published mlp:v3"), (out, err)
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "model-rollout"), *argv("v4", kubeconfig),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    await admin.when(lambda md: md["spec"]["version"] == "v4")  # following now
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
     report = json.loads(stdout)
     assert proc.returncode == 130 and report["result"] == "interrupted", report
     assert report["published"].startswith("published mlp:v4")
@@ -438,7 +611,7 @@ GLOBEX_AVAILABLE = {
 }
 
 
-async def tenant_pod(api: Any, name: str, acme: str) -> None:
+async def tenant_pod(admin: Admin, name: str, acme: str) -> None:
     """A pod of mlp serving v1 on its own track, ``acme`` on acme's and g1 on globex's,
     each as that track's sidecar reports it in the track's annotation."""
     annotations = {}
@@ -449,9 +622,7 @@ async def tenant_pod(api: Any, name: str, acme: str) -> None:
         annotations[keys.target] = version
         report = SidecarReport(model, version, version, SidecarState.OK)
         annotations[keys.sidecar_status] = report.to_json()
-    meta = {"name": name, "labels": {DEPLOYMENT_LABEL: "mlp"}, "annotations": annotations}
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
-    await api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+    await admin.create_pod(name, {DEPLOYMENT_LABEL: "mlp"}, annotations)
 
 
 async def next_view(stream: asyncio.StreamReader) -> list[str]:
@@ -469,60 +640,56 @@ def tenant_row(view: list[str], track: str) -> list[str]:
 
 
 async def test_status_shows_each_tenant_track_and_watch_prints_a_change_in_one(
-    tmp_path: Path,
+    admin: Admin, kubeconfig: str
 ) -> None:
-    async with kube_emulator() as api:
-        spec = {
-            "model": "mlp", "version": "v2", "replicas": 2,
-            "tenants": {"secretName": "keys", "models": TENANT_MODELS},
-        }  # fmt: skip
-        await create_model_deployment(api, NAMESPACE, {"metadata": {"name": "mlp"}, "spec": spec})
-        tenants = {"acme-mlp": ACME_CANARY, "globex-mlp": GLOBEX_AVAILABLE}
-        await set_status(api, "mlp", {**STATUS, "tenants": tenants})
-        await tenant_pod(api, "mlp-a", "a2")
-        await tenant_pod(api, "mlp-b", "a1")
-        kubeconfig = str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
-        code, out, err = await run_tool(
-            "kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig
-        )
-        assert code == 0, err
-        view = out.splitlines()
-        assert view[view.index("Tenants:") + 1].split()[:3] == ["TRACK", "TENANT/MODEL", "DESIRED"]
-        assert tenant_row(view, "acme-mlp")[:7] == [
-            "acme-mlp", "acme/mlp", "a2", "a1", "Canary", "(CanaryPause)", "a1=1"
-        ]  # fmt: skip
-        assert tenant_row(view, "globex-mlp")[:6] == [
-            "globex-mlp", "globex/mlp", "g1", "g1", "Available", "g1=2"
-        ]  # fmt: skip
-        assert "Phase:       Canary (AwaitingPromotion)" in out  # the deployment's own
-        # -o json: the resource as the API has it, its tenants' spec and status included
-        code, out, err = await run_tool(
-            "kubectl-model", "status", "mlp", "-o", "json", "--kubeconfig", kubeconfig
-        )
-        assert code == 0, err
-        raw = json.loads(out)
-        assert raw["status"]["tenants"] == tenants
-        assert raw["spec"]["tenants"]["models"] == TENANT_MODELS
+    spec = {
+        "model": "mlp", "version": "v2", "replicas": 2,
+        "tenants": {"secretName": "keys", "models": TENANT_MODELS},
+    }  # fmt: skip
+    await admin.create("mlp", spec)
+    tenants = {"acme-mlp": ACME_CANARY, "globex-mlp": GLOBEX_AVAILABLE}
+    await admin.set_status("mlp", {**STATUS, "tenants": tenants})
+    await tenant_pod(admin, "mlp-a", "a2")
+    await tenant_pod(admin, "mlp-b", "a1")
+    code, out, err = await run_tool("kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    view = out.splitlines()
+    assert view[view.index("Tenants:") + 1].split()[:3] == ["TRACK", "TENANT/MODEL", "DESIRED"]
+    assert tenant_row(view, "acme-mlp")[:7] == [
+        "acme-mlp", "acme/mlp", "a2", "a1", "Canary", "(CanaryPause)", "a1=1"
+    ]  # fmt: skip
+    assert tenant_row(view, "globex-mlp")[:6] == [
+        "globex-mlp", "globex/mlp", "g1", "g1", "Available", "g1=2"
+    ]  # fmt: skip
+    assert "Phase:       Canary (AwaitingPromotion)" in out  # the deployment's own
+    # -o json: the resource as the API has it, its tenants' spec and status included
+    code, out, err = await run_tool(
+        "kubectl-model", "status", "mlp", "-o", "json", "--kubeconfig", kubeconfig
+    )
+    assert code == 0, err
+    raw = json.loads(out)
+    assert raw["status"]["tenants"] == tenants
+    assert raw["spec"]["tenants"]["models"] == TENANT_MODELS
 
-        proc = await asyncio.create_subprocess_exec(
-            str(BIN / "kubectl-model"), "status", "mlp", "--watch", "--interval", "0.1",
-            "--kubeconfig", kubeconfig,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        try:
-            first = await next_view(proc.stdout)
-            # only acme's track moves on: a change the log must show
-            done = {
-                "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
-                "versions": {"a2": 2}, "rollout": {"stage": "complete"},
-                "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
-            }  # fmt: skip
-            await set_status(api, "mlp", {"tenants": {"acme-mlp": done}})
-            second = await next_view(proc.stdout)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            rest, err_bytes = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "kubectl-model"), "status", "mlp", "--watch", "--interval", "0.1",
+        "--kubeconfig", kubeconfig,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        first = await next_view(proc.stdout)
+        # only acme's track moves on: a change the log must show
+        done = {
+            "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
+            "versions": {"a2": 2}, "rollout": {"stage": "complete"},
+            "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
+        }  # fmt: skip
+        await admin.set_status("mlp", {"tenants": {"acme-mlp": done}})
+        second = await next_view(proc.stdout)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, err_bytes = await asyncio.wait_for(proc.communicate(), TOOL_TIMEOUT_S)
     assert proc.returncode == 130, err_bytes.decode()
     assert tenant_row(first, "acme-mlp")[2:5] == ["a2", "a1", "Canary"]
     assert tenant_row(second, "acme-mlp")[2:5] == ["a2", "a2", "Available"]
@@ -532,17 +699,16 @@ async def test_status_shows_each_tenant_track_and_watch_prints_a_change_in_one(
     assert "Name:" not in rest.decode()  # nothing changed after: no view more
 
 
-async def tenant_deployment(api: Any, tmp_path: Path, acme: dict[str, Any]) -> str:
+async def tenant_deployment(admin: Admin, acme: dict[str, Any]) -> None:
     """mlp held at its own canary (manualPromote), with acme's track in state ``acme`` and
-    globex's Available; the kubeconfig's path."""
+    globex's Available."""
     spec = {
         "model": "mlp", "version": "v2", "replicas": 2, "canary": {"manualPromote": True},
         "tenants": {"secretName": "keys", "models": TENANT_MODELS},
     }  # fmt: skip
-    await create_model_deployment(api, NAMESPACE, {"metadata": {"name": "mlp"}, "spec": spec})
+    await admin.create("mlp", spec)
     tenants = {"acme-mlp": acme, "globex-mlp": GLOBEX_AVAILABLE}
-    await set_status(api, "mlp", {**STATUS, "tenants": tenants})
-    return str(write_kubeconfig(tmp_path / "config", api.url, NAMESPACE))
+    await admin.set_status("mlp", {**STATUS, "tenants": tenants})
 
 
 ACME_HELD = {
@@ -559,77 +725,77 @@ ACME_FAILED = {
 
 
 async def test_promote_abort_and_retry_with_track_write_that_tracks_annotations_only(
-    tmp_path: Path,
+    admin: Admin, kubeconfig: str
 ) -> None:
     """``--track``: each command reads the tenant track's state in status.tenants and
     writes the annotation key, and value, the operator reads for that track; the
     deployment's own rollout (held at its canary too) is left alone."""
     acme = track_keys("acme-mlp")
-    async with kube_emulator() as api:
-        kubeconfig = await tenant_deployment(api, tmp_path, ACME_HELD)
+    await tenant_deployment(admin, ACME_HELD)
 
-        async def tool(*argv: str) -> tuple[int, str, str]:
-            return await run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig)
+    async def tool(*argv: str) -> tuple[int, str, str]:
+        return await run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig)
 
-        code, out, err = await tool("promote", "mlp", "--track", "acme-mlp")
-        assert code == 0 and "track acme-mlp: canary of a2 promoted" in out, (out, err)
-        annotations = (await read(api))["metadata"]["annotations"]
-        assert annotations[acme.promote] == "a2@1000000000"
-        assert PROMOTE not in annotations  # the deployment's own canary stays held
+    code, out, err = await tool("promote", "mlp", "--track", "acme-mlp")
+    assert code == 0 and "track acme-mlp: canary of a2 promoted" in out, (out, err)
+    annotations = (await admin.read())["metadata"]["annotations"]
+    assert annotations[acme.promote] == "a2@1000000000"
+    assert PROMOTE not in annotations  # the deployment's own canary stays held
 
-        code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")
-        assert code == 0 and "rollout of a2 aborted; pods go back to a1" in out, (out, err)
-        annotations = (await read(api))["metadata"]["annotations"]
-        assert annotations[acme.abort] == "a2" and ABORT not in annotations
+    code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")
+    assert code == 0 and "rollout of a2 aborted; pods go back to a1" in out, (out, err)
+    annotations = (await admin.read())["metadata"]["annotations"]
+    assert annotations[acme.abort] == "a2" and ABORT not in annotations
 
-        await set_status(api, "mlp", {"tenants": {"acme-mlp": ACME_FAILED}})
-        code, out, err = await tool("retry", "mlp", "--track", "acme-mlp")
-        assert code == 0 and "track acme-mlp: rollout of a2 retried" in out, (out, err)
-        annotations = (await read(api))["metadata"]["annotations"]
-        assert annotations[acme.retry] == "a2" and RETRY not in annotations
-        # the one change-cause of every track is left alone: a release may have just
-        # written it (the operator has not read it yet)
-        assert CHANGE_CAUSE not in annotations
-        # the default track has not failed: its retry is still refused
-        code, out, err = await tool("retry", "mlp")
-        assert code == 6 and "the rollout of v2 has not failed" in err, (out, err)
+    await admin.set_status("mlp", {"tenants": {"acme-mlp": ACME_FAILED}})
+    code, out, err = await tool("retry", "mlp", "--track", "acme-mlp")
+    assert code == 0 and "track acme-mlp: rollout of a2 retried" in out, (out, err)
+    annotations = (await admin.read())["metadata"]["annotations"]
+    assert annotations[acme.retry] == "a2" and RETRY not in annotations
+    # the one change-cause of every track is left alone: a release may have just
+    # written it (the operator has not read it yet)
+    assert CHANGE_CAUSE not in annotations
+    # the default track has not failed: its retry is still refused
+    code, out, err = await tool("retry", "mlp")
+    assert code == 6 and "the rollout of v2 has not failed" in err, (out, err)
 
-        before = (await read(api))["metadata"]["resourceVersion"]
-        code, out, err = await tool("promote", "mlp", "--track", "globex-mlp")
-        assert code == 6 and "mlp's track globex-mlp is Available" in err, (out, err)
-        code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")  # failed: not running
-        assert code == 6 and "nothing to abort: mlp's track acme-mlp is Degraded" in err
-        for command in ("promote", "abort", "retry"):
-            code, out, err = await tool(command, "mlp", "--track", "initech-mlp")
-            assert code == 2, (command, out, err)
-            assert err.strip() == (
-                "error: unknown track 'initech-mlp' for mlp: its tracks are acme-mlp, globex-mlp"
-            )
-        assert (await read(api))["metadata"]["resourceVersion"] == before  # nothing written
+    before = (await admin.read())["metadata"]["resourceVersion"]
+    code, out, err = await tool("promote", "mlp", "--track", "globex-mlp")
+    assert code == 6 and "mlp's track globex-mlp is Available" in err, (out, err)
+    code, out, err = await tool("abort", "mlp", "--track", "acme-mlp")  # failed: not running
+    assert code == 6 and "nothing to abort: mlp's track acme-mlp is Degraded" in err
+    for command in ("promote", "abort", "retry"):
+        code, out, err = await tool(command, "mlp", "--track", "initech-mlp")
+        assert code == 2, (command, out, err)
+        assert err.strip() == (
+            "error: unknown track 'initech-mlp' for mlp: its tracks are acme-mlp, globex-mlp"
+        )
+    assert (await admin.read())["metadata"]["resourceVersion"] == before  # nothing written
 
 
-async def test_promote_track_wait_follows_that_tracks_rollout(tmp_path: Path) -> None:
+async def test_promote_track_wait_follows_that_tracks_rollout(
+    admin: Admin, kubeconfig: str
+) -> None:
     """``--wait`` with ``--track`` ends on the track's result in status.tenants, while
     the deployment's own rollout stays held at its canary (following it would time out)."""
     progressing = {"version": "a2", "fromVersion": "a1", "startedAt": "2026-12-03T08:00:00Z",
                    "result": "Progressing", "reason": "AwaitingPromotion"}  # fmt: skip
-    async with kube_emulator() as api:
-        kubeconfig = await tenant_deployment(api, tmp_path, {**ACME_HELD, "history": [progressing]})
-        argv = ("promote", "mlp", "--track", "acme-mlp", "--wait")
-        tool = asyncio.create_task(run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig))
-        key = track_keys("acme-mlp").promote
-        await when(api, lambda md: key in (md["metadata"].get("annotations") or {}))
-        done = {
-            "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
-            "versions": {"a1": None, "a2": 2},  # a merge patch: a1 removed
-            "rollout": {"toVersion": "a2", "stage": "complete"},
-            "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
-            "history": [{**progressing, "result": "Succeeded", "reason": "2/2 pods serve a2",
-                         "finishedAt": "2026-12-03T08:05:00Z"}],
-        }  # fmt: skip
-        await set_status(api, "mlp", {"tenants": {"acme-mlp": done}})
-        code, out, err = await tool
-        md = await read(api)
+    await tenant_deployment(admin, {**ACME_HELD, "history": [progressing]})
+    argv = ("promote", "mlp", "--track", "acme-mlp", "--wait")
+    tool = asyncio.create_task(run_tool("kubectl-model", *argv, "--kubeconfig", kubeconfig))
+    key = track_keys("acme-mlp").promote
+    await admin.when(lambda md: key in (md["metadata"].get("annotations") or {}))
+    done = {
+        "phase": "Available", "message": "2/2 pods serve a2", "currentVersion": "a2",
+        "versions": {"a1": None, "a2": 2},  # a merge patch: a1 removed
+        "rollout": {"toVersion": "a2", "stage": "complete"},
+        "conditions": [{"type": "Progressing", "status": "False", "reason": "Idle"}],
+        "history": [{**progressing, "result": "Succeeded", "reason": "2/2 pods serve a2",
+                     "finishedAt": "2026-12-03T08:05:00Z"}],
+    }  # fmt: skip
+    await admin.set_status("mlp", {"tenants": {"acme-mlp": done}})
+    code, out, err = await tool
+    md = await admin.read()
     assert code == 0 and "result: Succeeded: 2/2 pods serve a2" in out, (out, err)
     assert "Available: 2/2 pods serve a2 | pods serving a2=2" in out  # the track's progress
     assert md["status"]["phase"] == "Canary"  # the deployment's own, never followed

@@ -1,23 +1,52 @@
-"""The operator's side of day-2 operations, as pure functions: the abort and retry
-annotations in the planner, and the rollout history kept in ``.status.history``."""
+"""The operator's side of day-2 operations: as pure functions (the abort and retry
+annotations in the planner, the rollout history kept in ``.status.history``), and end to
+end on a real API server, where the real operator process, the day-2 tools run as a
+user bound to the chart's rollout-editor role, and simulated pods
+(``model_rollout_e2e.simulated_sidecar``: their sidecars' reports faked as the sidecar
+writes them, no model store or server) go through a release, a refused version, a
+retry, a promotion, a rollback and an abort (the real pods and the canary analysis are
+``tests/test_release.py``'s)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from cli_helpers import (
+    EDITOR,
+    Admin,
+    bound_user,
+    install_sidecar_policy,
+    install_tools,
+    namespace_of_its_own,
+    run_tool,
+)
+from control_plane_operator import Operator, install_chart, model_deployment
 from crd_validation import ResourceSchema
 from model_operator.history import RETRY_ANNOTATION, SPEC_EDIT, record, started
 from model_operator.planner import BATCHES, CANARY, COMPLETE, FAILED, Event, Plan, RolloutState
 from model_operator.status import build_status, iso
 from model_rollout_cli.cause import change_cause
-from model_rollout_contract.annotations import ABORT, RETRY, change_cause_value
+from model_rollout_contract.annotations import ABORT, PROMOTE, RETRY, change_cause_value
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.states import Phase, RolloutResult
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.onnx_models import write_mlp
+from model_rollout_e2e.simulated_sidecar import (
+    SidecarBehaviour,
+    SimulatedModelContainers,
+    model_store_claim,
+)
 from model_rollout_e2e.simulation import SimCluster
+from sidecar_helpers import make_keys
 from test_planner import spec
 
 ROOT = Path(__file__).parent.parent
@@ -333,3 +362,231 @@ def test_two_rollouts_of_a_version_in_one_second_are_two_entries() -> None:
     legacy = [{"version": "v2", "startedAt": iso(100.6), "result": "Progressing"}]
     done = record(legacy, _plan(replace(retried, stage=COMPLETE)), 130.0, None)
     assert len(done) == 1 and done[0]["result"] == "Succeeded"
+
+
+# ------------------------------------------------------------ on a real API server
+
+REPLICAS = 2
+WAIT = "240"  # a hang guard: each rollout here takes seconds
+SIDECARS = SidecarBehaviour(fetch_s=0.1, load_s=0.2, refuse={"v3": "bad_signature"})
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane) -> ControlPlane:
+    """The chart installed (CRD, the operator's RBAC, the user roles, the sidecar
+    admission policy)."""
+    install_tools(control_plane)
+    install_sidecar_policy(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def namespace(cluster: ControlPlane) -> Iterator[str]:
+    with namespace_of_its_own(cluster, "day2") as name:
+        yield name
+
+
+@pytest.fixture
+async def admin(cluster: ControlPlane, namespace: str) -> AsyncIterator[Admin]:
+    async with Admin.connect(cluster, namespace) as cluster_admin:
+        yield cluster_admin
+
+
+@pytest.fixture
+def operator(cluster: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    """``python -m model_operator`` as the chart's ServiceAccount, for this namespace."""
+    identity = install_chart(cluster)
+    started = Operator(identity.kubeconfig, namespace, tmp_path / "operator.log", 0.5).start()
+    yield started
+    started.stop()
+
+
+class Day2:
+    """The tools as the rollout editor runs them; the deployment as the admin and the
+    simulated pods see it."""
+
+    def __init__(
+        self, admin: Admin, user: Identity, pods: SimulatedModelContainers, operator: Operator,
+        work: Path,
+    ) -> None:  # fmt: skip
+        self.admin, self.user, self.pods, self.operator, self.work = (
+            admin,
+            user,
+            pods,
+            operator,
+            work,
+        )
+        self.keys = make_keys(work / "keys")
+
+    async def release(self, version: str, *extra: str) -> tuple[int, str, str]:
+        model = self.work / "release" / version / "model.onnx"
+        write_mlp(model, seed=1)
+        return await run_tool(
+            "model-rollout", "release", "--model", "mlp", "--version", version,
+            "--file", str(model), "--key", str(self.keys.private), "--deployment", "mlp",
+            "--store", f"file://{self.work / 'store'}", "--kubeconfig",
+            str(self.user.kubeconfig), *extra,
+        )  # fmt: skip
+
+    async def plugin(self, *args: str) -> tuple[int, str, str]:
+        return await run_tool("kubectl-model", *args, "--kubeconfig", str(self.user.kubeconfig))
+
+    def serving(self) -> set[str | None]:
+        """What the pods' (simulated) servers serve."""
+        prefix = f"{self.admin.namespace}/"
+        return {v for name, v in self.pods.serving().items() if name.startswith(prefix)}
+
+    async def status(self) -> dict[str, Any]:
+        return dict((await self.admin.read()).get("status") or {})
+
+    async def wait(self, what: str, ready: Any) -> dict[str, Any]:
+        """The status once ``ready(status)`` holds; a hang guard with the operator's log."""
+
+        async def poll() -> dict[str, Any]:
+            while not ready(status := await self.status()):
+                await asyncio.sleep(0.2)
+            return status
+
+        try:
+            return await asyncio.wait_for(poll(), float(WAIT))
+        except asyncio.TimeoutError:
+            raise AssertionError(
+                f"{what}: {await self.status()}\noperator log:\n{self.operator.log_tail(40)}"
+            ) from None
+
+
+def available(version: str) -> Any:
+    return lambda s: (
+        s.get("phase") == "Available"
+        and s.get("currentVersion") == version
+        and s.get("versions") == {version: REPLICAS}
+    )
+
+
+def awaiting_promotion(version: str) -> Any:
+    def held(s: dict[str, Any]) -> bool:
+        progressing = next((c for c in s.get("conditions", []) if c["type"] == "Progressing"), {})
+        return (
+            s.get("phase") == "Canary"
+            and (s.get("rollout") or {}).get("toVersion") == version
+            and progressing.get("reason") == "AwaitingPromotion"
+        )
+
+    return held
+
+
+async def test_release_refusal_retry_promote_rollback_abort_and_history_on_a_real_api(
+    cluster: ControlPlane,
+    namespace: str,
+    admin: Admin,
+    operator: Operator,
+    node_agents: Any,
+    tmp_path: Path,
+) -> None:
+    """Each step checked in what the simulated servers serve, in the status and in the
+    exit code and words of the tool; the history lists all seven rollouts, the events
+    one retry and one abort, and the operator cleared every annotation it acted on."""
+    pods = node_agents(sidecars=SIDECARS).runtime
+    assert isinstance(pods, SimulatedModelContainers)
+    user = bound_user(cluster, namespace, "release-bot", EDITOR)
+    day2 = Day2(admin, user, pods, operator, tmp_path)
+    cluster.kubectl.apply(*model_store_claim(namespace))
+    canary = {"percent": 50, "pauseSeconds": 1}
+    cluster.kubectl.apply(
+        model_deployment(
+            namespace, model="mlp", replicas=REPLICAS, canary=canary,
+            rollout={"batchSize": 1, "jitterSeconds": 0},
+        )
+    )  # fmt: skip
+    await day2.wait("v1 available", available("v1"))
+    assert day2.serving() == {"v1"}
+
+    # a good version: released, rolled out through the canary, exit 0 with a report
+    code, out, err = await day2.release("v2", "--wait", "--timeout", WAIT, "-o", "json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["result"] == "Succeeded" and report["currentVersion"] == "v2", report
+    assert report["versions"] == {"v2": REPLICAS} and "published mlp:v2" in report["published"]
+    assert "Canary" in err  # the progress lines went to stderr, the JSON alone to stdout
+    assert day2.serving() == {"v2"}
+
+    # a version the sidecars refuse (its signature): exit 1 with their reason
+    code, out, err = await day2.release("v3", "--wait", "--timeout", WAIT, "-o", "json")
+    assert code == 1, (out, err)
+    report = json.loads(out)
+    assert report["result"] == "Failed" and "bad_signature" in report["reason"], report
+    await day2.wait("back on v2", lambda s: s.get("versions") == {"v2": REPLICAS})
+    assert day2.serving() == {"v2"}
+
+    # retry: the rollout runs again and the sidecar refuses it again
+    code, out, err = await day2.plugin("retry", "mlp", "--wait", "--timeout", WAIT)
+    assert code == 1 and "Failed" in out and "bad_signature" in out, (out, err)
+    assert day2.serving() == {"v2"}
+
+    # promote: a canary held for the annotation, promoted by the plugin
+    await admin.patch("mlp", {"spec": {"canary": {"manualPromote": True}}})
+    code, out, err = await day2.release("v4", "-o", "json")  # no --wait: started
+    assert code == 0 and json.loads(out)["result"] == "Started", (out, err)
+    await day2.wait("v4 held at its canary", awaiting_promotion("v4"))
+    assert day2.serving() == {"v2", "v4"}
+    code, out, err = await day2.plugin("status", "mlp")
+    assert code == 0 and "AwaitingPromotion" in out and "kubectl model promote mlp" in out
+    code, out, err = await day2.plugin("promote", "mlp", "--wait", "--timeout", WAIT)
+    assert code == 0 and "result: Succeeded" in out, (out, err)
+    assert day2.serving() == {"v4"}
+
+    # rollback: to the previous Succeeded version, v2
+    code, out, err = await day2.plugin("rollback", "mlp", "--wait", "--timeout", WAIT)
+    assert code == 0 and "to v2" in out and "result: Succeeded" in out, (out, err)
+    assert day2.serving() == {"v2"}
+
+    # the CI job of v2 run again: nothing published or rolled out, exit 0
+    code, out, err = await day2.release("v2", "--wait", "--timeout", WAIT, "-o", "json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert (report["result"], report["reason"]) == ("Succeeded", "already serving v2")
+    assert report["published"] is None and "not published again" in err
+
+    # abort: the canary of v5 goes back to the stable version at once
+    code, out, err = await day2.release("v5")
+    assert code == 0, (out, err)
+    await day2.wait("v5 held at its canary", awaiting_promotion("v5"))
+    assert day2.serving() == {"v2", "v5"}
+    code, out, err = await day2.plugin("abort", "mlp", "--wait", "--timeout", WAIT)
+    assert code == 0 and "result: Aborted" in out, (out, err)
+    assert day2.serving() == {"v2"}
+    status = await day2.status()
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (status["phase"], degraded["reason"]) == ("Degraded", "Aborted")
+    code, out, err = await day2.plugin("abort", "mlp")
+    assert code == 6 and "nothing to abort" in err, (out, err)
+
+    # the history, most recent first, as the operator kept it
+    code, out, err = await day2.plugin("history", "mlp", "-o", "json")
+    assert code == 0, err
+    history = json.loads(out)
+    assert [(e["version"], e["result"]) for e in history] == [
+        ("v5", "Aborted"),
+        ("v2", "Succeeded"),
+        ("v4", "Succeeded"),
+        ("v3", "Failed"),
+        ("v3", "Failed"),
+        ("v2", "Succeeded"),
+        ("v1", "Succeeded"),
+    ], json.dumps(history, indent=1)
+    causes = [e["triggeredBy"] for e in history]
+    assert causes[0].startswith("release by") and causes[1].startswith("rollback by")
+    assert causes[3].startswith("retry by") and causes[-1] == "spec.version edit"
+    assert all(e.get("finishedAt") for e in history)
+    code, out, err = await day2.plugin("history", "mlp")
+    assert code == 0 and "Aborted" in out and "rollback by" in out
+
+    events = await admin.events()
+    reasons = [e.get("reason") for e in events]
+    assert reasons.count("RolloutRetried") == 1 and reasons.count("RolloutAborted") == 1
+    assert "AbortIgnored" not in reasons and "RetryIgnored" not in reasons
+    acted = {PROMOTE, ABORT, RETRY}
+    annotations = (await admin.read())["metadata"].get("annotations") or {}
+    assert not acted & set(annotations), annotations  # each cleared once acted on
+    log = operator.log_path.read_text()
+    assert "Traceback" not in log and "forbidden" not in log.lower(), log[-3000:]

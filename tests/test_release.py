@@ -1,6 +1,8 @@
 """Day 2 end to end: ``model-rollout release`` and the ``kubectl-model`` plugin, each run
-as a real process with a kubeconfig, against the emulated API server, the real operator
-process and real pod processes (init, sidecar, server), under load.
+as a real process with the kubeconfig of a user bound to the chart's rollout-editor role
+(as the README binds it), against the real API server (the session's control plane),
+the real operator process and real pod processes (init, sidecar, server) on the node
+agent, under load.
 
 One farm of 2 pods (a 1-pod canary with analysis) goes through a release of a good
 version (exit 0, JSON), of a version the canary analysis refuses (NaN outputs: exit 1
@@ -19,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from cli_helpers import run_tool, write_kubeconfig
-from model_rollout_e2e.kube_emulator import list_objects, patch_model_deployment
+from cli_helpers import EDITOR, bound_user, install_tools, run_tool
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.onnx_models import write_mlp
-from model_rollout_e2e.scenario import NAMESPACE, Scenario, StoreSetup, available
+from model_rollout_e2e.scenario import Scenario, StoreSetup, available
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 REPLICAS = 2
@@ -99,11 +101,15 @@ def serving(scenario: Scenario) -> set[str | None]:
     return set(scenario.serving_versions().values())
 
 
-async def test_release_promote_abort_retry_rollback_and_history(tmp_path: Path) -> None:
-    scenario = Scenario(StoreSetup.local(tmp_path / "store"))
+async def test_release_promote_abort_retry_rollback_and_history(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    install_tools(control_plane)  # the CRD and the chart's user roles
+    scenario = Scenario(StoreSetup.local(tmp_path / "store"), cluster=control_plane)
     scenario.publish("v1", seed=1)
     async with scenario.running():
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", scenario.api.url, NAMESPACE)
+        user = bound_user(control_plane, scenario.namespace, "release-bot", EDITOR)
+        kubeconfig = user.kubeconfig
         release = Release(scenario, kubeconfig)
 
         async def plugin(*args: str) -> tuple[int, str, str]:
@@ -144,9 +150,7 @@ async def test_release_promote_abort_retry_rollback_and_history(tmp_path: Path) 
         await scenario.wait(lambda s: s.get("versions") == {"v2": REPLICAS}, 60)
 
         # promote: a canary held for the annotation, promoted by the plugin
-        await patch_model_deployment(
-            scenario.api, NAMESPACE, "mlp", {"spec": {"canary": {"manualPromote": True}}}
-        )
+        await scenario.patch({"spec": {"canary": {"manualPromote": True}}})
         code, out, err = await release("v4", "-o", "json", seed=1)  # no --wait: started
         assert code == 0 and json.loads(out)["result"] == "Started", (out, err)
         await awaiting_promotion(scenario, "v4")
@@ -204,7 +208,7 @@ async def test_release_promote_abort_retry_rollback_and_history(tmp_path: Path) 
         assert code == 0 and "Aborted" in out and "rollback by" in out
         load.stop()
         result = await traffic
-        events = await list_objects(scenario.api, f"/api/v1/namespaces/{NAMESPACE}/events")
+        events = await scenario.events()
     reasons = [e.get("reason") for e in events]
     assert reasons.count("RolloutRetried") == 1 and reasons.count("RolloutAborted") == 1
     assert "AbortIgnored" not in reasons and "RetryIgnored" not in reasons

@@ -1,18 +1,22 @@
 """The chart's opt-in ClusterRoles for the day-2 tools (templates/user-roles.yaml):
 ``<release>-viewer`` for ``kubectl model status`` / ``history`` and
 ``<release>-rollout-editor`` for promote, abort, retry, rollback and ``model-rollout
-release``. They render, validate (kubernetes-validate, real kubectl, ``helm lint``) and
-aggregate into the built-in view / edit roles when asked; and they are least privilege:
-the real tools, run as processes against the emulated API server behind a proxy that
-authorizes each request with the rendered role's rules (as the API server's RBAC
-authorizer does), succeed, and every rule is one the tools use."""
+release``. They render, validate (kubernetes-validate, a real API server's dry run,
+``helm lint``) and aggregate into the built-in view / edit roles when asked; and they are
+what the README says, as real RBAC: ServiceAccounts bound to them the way the README
+binds them, on the session's real API server, run the real tools (every call they make
+recorded by a proxy in front of the server, which forwards everything), succeed where
+the README says and get the API server's 403 otherwise; the server's own authorizer
+(SelfSubjectAccessReview) allows each role exactly the README's verbs, and every rule
+is one the tools use."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,24 +25,36 @@ import kubernetes_validate
 import pytest
 import yaml
 from aiohttp import web
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
 
 import model_rollout_cli
-from cli_helpers import intercepting_proxy, run_tool, write_kubeconfig
-from helm_chart import RELEASE, lint_chart, render_chart
+from cli_helpers import (
+    CHART,
+    EDITOR,
+    USER_ROLES,
+    VIEWER,
+    Admin,
+    api_ssl,
+    bound_user,
+    install_tools,
+    intercepting_proxy,
+    kubeconfig_through,
+    namespace_of_its_own,
+    run_tool,
+    user_roles,
+)
+from helm_chart import lint_chart
 from model_rollout_cli import kube
 from model_rollout_cli.errors import API_ERROR, OK, TIMED_OUT
 from model_rollout_cli.kube import GROUP, PLURAL, Cluster
-from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
-from model_rollout_e2e.kube_emulator import MD_PATH, create_model_deployment, kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.onnx_models import write_mlp
 from sidecar_helpers import make_keys
 
-ROOT = Path(__file__).parent.parent
-CHART = ROOT / "deploy" / "helm" / "model-rollout"
 K8S_VERSION = "1.37.0"  # as tests/test_manifests.py
-NAMESPACE = "ml"
-ENABLED = {"userRoles": {"create": True}}
-VIEWER, EDITOR = f"{RELEASE}-viewer", f"{RELEASE}-rollout-editor"
+ENABLED = USER_ROLES
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-{}"
 READ_VERBS = {"get", "list", "watch"}
 
@@ -88,12 +104,6 @@ GET, PODS, EVENTS = (
 PATCH = WRITE_CALLS["Cluster.patch"]
 
 
-def user_roles(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    docs = render_chart(CHART, values)
-    names = {VIEWER, EDITOR}
-    return {d["metadata"]["name"]: d for d in docs if d["metadata"].get("name") in names}
-
-
 def granted(role: dict[str, Any]) -> set[Call]:
     """Every (verb, group, resource) the role's rules name (none of them uses ``*``)."""
     calls = set()
@@ -104,20 +114,6 @@ def granted(role: dict[str, Any]) -> set[Call]:
                     name, _, sub = resource.partition("/")
                     calls.add(Call(verb, group, name, sub))
     return calls
-
-
-def allows(rules: list[dict[str, Any]], call: Call) -> bool:
-    """RBAC's rule match: verb, API group and resource (``resource/subresource`` for a
-    subresource) each listed or ``*``; a rule with resourceNames needs a name, and the
-    tools' lists have none, so such a rule is not counted."""
-    resource = f"{call.resource}/{call.subresource}" if call.subresource else call.resource
-    return any(
-        {call.verb, "*"} & set(rule.get("verbs", []))
-        and {call.group, "*"} & set(rule.get("apiGroups", []))
-        and {resource, "*"} & set(rule.get("resources", []))
-        and not rule.get("resourceNames")
-        for rule in rules
-    )
 
 
 def request_call(method: str, path: str, query: Mapping[str, str]) -> Call | None:
@@ -147,44 +143,20 @@ def request_call(method: str, path: str, query: Mapping[str, str]) -> Call | Non
 
 
 @dataclass
-class Authorizer:
-    """What a proxy in front of the API lets through: the role's rules, and the
-    non-resource discovery URLs every authenticated user may GET."""
+class Recorder:
+    """What the tools sent through the proxy, as RBAC sees each request, and which of
+    those the API server refused (403)."""
 
-    rules: list[dict[str, Any]]
     seen: list[Call] = field(default_factory=list)
     denied: list[Call] = field(default_factory=list)
 
-    def refuse(self, method: str, path: str, query: Mapping[str, str]) -> str | None:
-        """Why the request is forbidden, or ``None``; every resource request is kept."""
-        call = request_call(method, path, query)
-        if call is None:
-            return None if method == "GET" else f"{method} {path}"
+    def answered(self, request: web.Request, status: int) -> None:
+        call = request_call(request.method, request.path, request.query)
+        if call is None:  # discovery: a non-resource URL
+            return
         self.seen.append(call)
-        if allows(self.rules, call):
-            return None
-        self.denied.append(call)
-        where = f'resource "{call.resource}" in API group "{call.group}"'
-        return f'User "tester" cannot {call.verb} {where}'
-
-
-@contextlib.asynccontextmanager
-async def authorizing_proxy(upstream: str, authorizer: Authorizer) -> AsyncIterator[str]:
-    """An HTTP proxy to the API server at ``upstream`` that answers 403 Forbidden (a
-    Kubernetes ``Status``, as the API server does) to what ``authorizer`` refuses."""
-
-    def forbidden(request: web.Request) -> web.Response | None:
-        why = authorizer.refuse(request.method, request.path, request.query)
-        if why is None:
-            return None
-        body = {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": f"forbidden: {why}", "reason": "Forbidden", "code": 403,
-        }  # fmt: skip
-        return web.json_response(body, status=403)
-
-    async with intercepting_proxy(upstream, forbidden) as url:
-        yield url
+        if status == 403:
+            self.denied.append(call)
 
 
 HISTORY_V1 = {
@@ -219,30 +191,77 @@ FAILED = {  # v2's rollout failed: `kubectl model retry` runs it again
 }  # fmt: skip
 
 
-async def model_deployment(api: Any, name: str, status: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def tools(control_plane: ControlPlane) -> ControlPlane:
+    install_tools(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def namespace(tools: ControlPlane) -> Iterator[str]:
+    with namespace_of_its_own(tools, "roles") as name:
+        yield name
+
+
+@pytest.fixture
+async def admin(tools: ControlPlane, namespace: str) -> AsyncIterator[Admin]:
+    async with Admin.connect(tools, namespace) as cluster_admin:
+        yield cluster_admin
+
+
+async def model_deployment(admin: Admin, name: str, status: dict[str, Any]) -> None:
     spec = {"model": "mlp", "version": "v2", "replicas": 2, "canary": {"manualPromote": True}}
-    await create_model_deployment(api, NAMESPACE, {"metadata": {"name": name}, "spec": spec})
-    await api.merge_patch(f"{MD_PATH.format(ns=NAMESPACE)}/{name}/status", {"status": status})
+    await admin.create(name, spec)
+    await admin.set_status(name, status)
 
 
 @contextlib.asynccontextmanager
 async def cluster_as(
-    tmp_path: Path, role: str, authorizer: Authorizer | None = None
-) -> AsyncIterator[tuple[Authorizer, str]]:
-    """The emulated cluster with ModelDeployments ``held`` (a canary to promote) and
-    ``failed``, reached through the proxy that grants ``role`` only; the kubeconfig."""
-    authorizer = authorizer or Authorizer(user_roles(ENABLED)[role]["rules"])
-    async with kube_emulator() as api, authorizing_proxy(api.url, authorizer) as proxy:
-        await model_deployment(api, "held", CANARY_HELD)
-        await model_deployment(api, "failed", FAILED)
-        yield authorizer, str(write_kubeconfig(tmp_path / f"config-{role}", proxy, NAMESPACE))
+    tools: ControlPlane, admin: Admin, tmp_path: Path, role: str
+) -> AsyncIterator[tuple[Recorder, str]]:
+    """ModelDeployments ``held`` (a canary to promote) and ``failed`` in the test's
+    namespace; a user bound there to ``role`` (``kubectl create rolebinding
+    --clusterrole``), its requests going through a recording proxy; the kubeconfig."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    await model_deployment(admin, "failed", FAILED)
+    user = bound_user(tools, admin.namespace, "user", role)
+    recorder = Recorder()
+    async with intercepting_proxy(
+        tools.server, lambda _: None, api_ssl(tools), answered=recorder.answered
+    ) as proxy:
+        yield recorder, str(kubeconfig_through(user, proxy, tmp_path / f"config-{role}"))
 
 
-async def calls_of(authorizer: Authorizer, program: str, *args: str) -> tuple[int, set[Call], str]:
+async def calls_of(recorder: Recorder, program: str, *args: str) -> tuple[int, set[Call], str]:
     """Run a tool; its exit code, the calls it made, its output (for failures)."""
-    before = len(authorizer.seen)
+    before = len(recorder.seen)
     code, out, err = await run_tool(program, *args)
-    return code, set(authorizer.seen[before:]), out + err
+    return code, set(recorder.seen[before:]), out + err
+
+
+@contextlib.asynccontextmanager
+async def authorizer_of(identity: Identity) -> AsyncIterator[Any]:
+    """``can(call, namespace)``: the API server's own answer to ``identity`` asking
+    whether it may make ``call`` there (a SelfSubjectAccessReview)."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=str(identity.kubeconfig), client_configuration=configuration
+    )
+    async with k8s.ApiClient(configuration) as api:
+        authorization = k8s.AuthorizationV1Api(api)
+
+        async def can(call: Call, namespace: str) -> bool:
+            attributes = {"verb": call.verb, "group": call.group, "resource": call.resource,
+                          "subresource": call.subresource, "namespace": namespace}  # fmt: skip
+            review = {"apiVersion": "authorization.k8s.io/v1",
+                      "kind": "SelfSubjectAccessReview",
+                      "spec": {"resourceAttributes": attributes}}  # fmt: skip
+            answer = await authorization.create_self_subject_access_review(
+                review, _preload_content=False
+            )
+            return bool(json.loads(await answer.read())["status"].get("allowed"))
+
+        yield can
 
 
 # ---------------------------------------------------------------- the table is the code's
@@ -330,20 +349,19 @@ def test_the_roles_validate_and_lint(aggregate: bool) -> None:
     assert lint_chart(CHART, values) == []
 
 
-async def test_kubectl_parses_the_roles(tmp_path: Path) -> None:
-    try:
-        kubectl = kubectl_binary()
-    except BinaryNotFound as exc:
-        pytest.skip(str(exc))
-    path = tmp_path / "user-roles.yaml"
-    path.write_text(yaml.safe_dump_all(list(user_roles(ENABLED).values())))
-    async with kube_emulator() as api:
-        code, out, err = await run_tool(
-            kubectl, f"--server={api.url}", "--request-timeout=20s", "apply",
-            "--dry-run=client", "--validate=false", "-o", "json", "-f", str(path),
-        )  # fmt: skip
-    assert code == 0, out + err
-    assert {i["metadata"]["name"] for i in json.loads(out)["items"]} == {VIEWER, EDITOR}
+def test_the_api_server_takes_the_roles(tools: ControlPlane, tmp_path: Path) -> None:
+    """A server-side dry run: the real API server validates and admits both (with and
+    without aggregation), as ``helm install`` would send them."""
+    for aggregate in (True, False):
+        roles = user_roles({"userRoles": {"create": True, "aggregateToBuiltin": aggregate}})
+        path = tmp_path / f"user-roles-{aggregate}.yaml"
+        path.write_text(yaml.safe_dump_all(list(roles.values())))
+        result = tools.kubectl.run("apply", "--dry-run=server", "-o", "json", "-f", str(path))
+        assert result.code == 0, str(result)
+        assert {i["metadata"]["name"] for i in json.loads(result.out)["items"]} == {
+            VIEWER,
+            EDITOR,
+        }
 
 
 # ---------------------------------------------------------------------- least privilege
@@ -366,7 +384,9 @@ def test_the_viewer_has_no_write_verbs() -> None:
     assert not [r for r in viewer["rules"] if any("/" in res for res in r["resources"])]
 
 
-async def test_the_viewer_role_runs_status_and_history(tmp_path: Path) -> None:
+async def test_the_viewer_role_runs_status_and_history(
+    tools: ControlPlane, admin: Admin, tmp_path: Path
+) -> None:
     runs: list[tuple[list[str], set[Call]]] = [
         (["status", "held"], {GET, PODS, EVENTS}),
         (["status", "held", "-o", "json"], {GET}),
@@ -374,39 +394,45 @@ async def test_the_viewer_role_runs_status_and_history(tmp_path: Path) -> None:
         (["history", "held"], {GET}),
         (["history", "failed", "-o", "json"], {GET}),
     ]
-    async with cluster_as(tmp_path, VIEWER) as (authorizer, kubeconfig):
+    async with cluster_as(tools, admin, tmp_path, VIEWER) as (recorder, kubeconfig):
         for args, expected in runs:
             code, calls, output = await calls_of(
-                authorizer, "kubectl-model", *args, "--kubeconfig", kubeconfig
+                recorder, "kubectl-model", *args, "--kubeconfig", kubeconfig
             )
             assert (code, calls) == (OK, expected), (args, output)
-    assert authorizer.denied == []
-    assert set(authorizer.seen) == set(READ_CALLS.values())  # every read rule is used
+    assert recorder.denied == []
+    assert set(recorder.seen) == set(READ_CALLS.values())  # every read rule is used
 
 
-async def test_the_viewer_role_cannot_steer_a_rollout(tmp_path: Path) -> None:
-    async with cluster_as(tmp_path, VIEWER) as (authorizer, kubeconfig):
+async def test_the_viewer_role_cannot_steer_a_rollout(
+    tools: ControlPlane, admin: Admin, tmp_path: Path
+) -> None:
+    async with cluster_as(tools, admin, tmp_path, VIEWER) as (recorder, kubeconfig):
         for args in (["promote", "held"], ["retry", "failed"], ["rollback", "held"]):
             code, calls, output = await calls_of(
-                authorizer, "kubectl-model", *args, "--kubeconfig", kubeconfig
+                recorder, "kubectl-model", *args, "--kubeconfig", kubeconfig
             )
             assert code == API_ERROR and "forbidden: patch" in output, (args, output)
+            assert f'cannot patch resource "{PLURAL}"' in output  # the API server's words
             assert calls == {GET, PATCH}
-    assert set(authorizer.denied) == {PATCH}
+    assert set(recorder.denied) == {PATCH}
+    assert (await admin.read("held"))["metadata"].get("annotations") is None  # nothing written
 
 
-async def test_the_editor_role_runs_every_command_and_release(tmp_path: Path) -> None:
+async def test_the_editor_role_runs_every_command_and_release(
+    tools: ControlPlane, admin: Admin, tmp_path: Path
+) -> None:
     model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
     write_mlp(model, seed=1)
     store = f"file://{tmp_path / 'store'}"
-    async with cluster_as(tmp_path, EDITOR) as (authorizer, kubeconfig):
+    async with cluster_as(tools, admin, tmp_path, EDITOR) as (recorder, kubeconfig):
 
         async def plugin(*args: str) -> tuple[int, set[Call], str]:
-            return await calls_of(authorizer, "kubectl-model", *args, "--kubeconfig", kubeconfig)
+            return await calls_of(recorder, "kubectl-model", *args, "--kubeconfig", kubeconfig)
 
         async def release(version: str, *extra: str) -> tuple[int, set[Call], str]:
             return await calls_of(
-                authorizer, "model-rollout", "release", "--model", "mlp", "--version", version,
+                recorder, "model-rollout", "release", "--model", "mlp", "--version", version,
                 "--file", str(model), "--key", str(keys.private), "--deployment", "held",
                 "--store", store, "--kubeconfig", kubeconfig, *extra,
             )  # fmt: skip
@@ -426,13 +452,13 @@ async def test_the_editor_role_runs_every_command_and_release(tmp_path: Path) ->
             assert (code, calls) == (expected_code, {GET, PATCH}), output
         for code, _, output in viewer_runs:
             assert code == OK, output
-    assert authorizer.denied == []
-    assert set(authorizer.seen) == set(READ_CALLS.values()) | set(WRITE_CALLS.values())
+    assert recorder.denied == []
+    assert set(recorder.seen) == set(READ_CALLS.values()) | set(WRITE_CALLS.values())
 
 
-def test_the_authorizer_reads_requests_as_the_api_server_does() -> None:
-    """The proxy's reading of a request (else the tests above could pass a watch as a
-    list, or a /status write as a patch of the resource)."""
+def test_requests_are_read_as_the_api_server_reads_them() -> None:
+    """The recording proxy's reading of a request (else the tests above could pass a
+    watch as a list, or a /status write as a patch of the resource)."""
     md = f"/apis/{GROUP}/v1alpha1/namespaces/ml/{PLURAL}"
     assert request_call("GET", f"{md}/x", {}) == Call("get", GROUP, PLURAL)
     assert request_call("GET", md, {}) == Call("list", GROUP, PLURAL)
@@ -442,10 +468,124 @@ def test_the_authorizer_reads_requests_as_the_api_server_does() -> None:
     assert request_call("GET", "/api/v1/namespaces/ml", {}) == Call("get", "", "namespaces")
     assert request_call("DELETE", md, {}) == Call("deletecollection", GROUP, PLURAL)
     assert request_call("GET", f"/apis/{GROUP}/v1alpha1", {}) is None  # discovery
-    editor = user_roles(ENABLED)[EDITOR]["rules"]
-    assert allows(editor, Call("patch", GROUP, PLURAL))
-    assert not allows(editor, Call("patch", GROUP, PLURAL, "status"))
-    assert allows(editor, Call("list", GROUP, PLURAL))
-    assert not allows(editor, Call("update", GROUP, PLURAL))
-    assert not allows(editor, Call("patch", "", "pods"))
-    assert not allows(editor, Call("delete", GROUP, PLURAL))
+
+
+# Everything a user of the tools might try, for the API server's authorizer to judge:
+# every verb on the ModelDeployments (and their status), pods (and their logs), events
+# and what the operator owns or reads (Deployments, Secrets)
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+RESOURCES = (
+    (GROUP, PLURAL, ""), (GROUP, PLURAL, "status"), ("", "pods", ""), ("", "pods", "log"),
+    ("", "events", ""), ("apps", "deployments", ""), ("", "secrets", ""),
+)  # fmt: skip
+EVERY_CALL = [Call(verb, *resource) for verb in VERBS for resource in RESOURCES]
+README = {  # the README's "RBAC for the tools"
+    VIEWER: {Call(v, GROUP, PLURAL) for v in READ_VERBS} | {PODS, EVENTS},
+    EDITOR: {Call(v, GROUP, PLURAL) for v in (*READ_VERBS, "patch")} | {PODS, EVENTS},
+}
+HANG_GUARD_S = 60.0
+
+
+@pytest.mark.parametrize("role", [VIEWER, EDITOR])
+async def test_the_api_server_allows_each_role_exactly_what_the_readme_says(
+    tools: ControlPlane, namespace: str, role: str
+) -> None:
+    """Asked of the real authorizer as the bound user: the README's calls in the
+    namespace of the binding, nothing else there, and nothing at all in another
+    namespace."""
+    user = bound_user(tools, namespace, "user", role)
+    with namespace_of_its_own(tools, "elsewhere") as elsewhere:
+        async with authorizer_of(user) as can:
+            here = {c for c in EVERY_CALL if await can(c, namespace)}
+            there = {c for c in EVERY_CALL if await can(c, elsewhere)}
+    assert here == README[role]
+    assert there == set()
+    if role == EDITOR:  # the API server's reading of the editor's rules, spelled out
+        assert Call("patch", GROUP, PLURAL) in here and Call("list", GROUP, PLURAL) in here
+        assert Call("patch", GROUP, PLURAL, "status") not in here
+        assert Call("update", GROUP, PLURAL) not in here
+        assert Call("patch", "", "pods") not in here
+        assert Call("delete", GROUP, PLURAL) not in here
+
+
+async def test_a_refused_call_is_the_api_servers_403(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """What the editor may not do, done with kubectl: each refused by the API server
+    (403, its message naming the verb); what the viewer may do with kubectl (``kubectl
+    get md``) it does."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    editor = bound_user(tools, namespace, "editor", EDITOR).kubectl
+    for args, refused in (
+        (["delete", "md", "held", "--wait=false"], f'cannot delete resource "{PLURAL}"'),
+        # kubectl reads the status before it patches it: that read is refused already
+        (["patch", "md", "held", "--subresource=status", "--type=merge", "-p",
+          '{"status": {"phase": "Available"}}'], f'cannot get resource "{PLURAL}/status"'),
+        (["create", "configmap", "x"], 'cannot create resource "configmaps"'),
+        (["delete", "pod", "held-0", "--wait=false"], 'cannot delete resource "pods"'),
+    ):  # fmt: skip
+        result = editor.run(*args)
+        assert result.code != 0 and "forbidden: User" in result.err, (args, str(result))
+        assert refused in result.err, (args, str(result))
+    viewer = bound_user(tools, namespace, "viewer", VIEWER).kubectl
+    listed = viewer("get", "md", "-o", "name")
+    assert listed.split() == [f"modeldeployment.{GROUP}/held"]
+    header = viewer("get", "md").splitlines()[0]
+    assert header.split()[:3] == ["NAME", "MODEL", "VERSION"]  # the printer columns
+
+
+async def test_the_builtin_view_and_edit_roles_carry_them(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """Aggregated (the default): whoever is bound to the built-in ``view`` in a namespace
+    may follow its rollouts, whoever has ``edit`` may steer them (the controller-manager
+    aggregates the chart's rules into both)."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    view = bound_user(tools, namespace, "dora", "view")
+    edit = bound_user(tools, namespace, "erin", "edit")
+    async with authorizer_of(view) as view_can, authorizer_of(edit) as edit_can:
+
+        async def aggregated() -> bool:  # the aggregation controller's pass is done
+            while not (await view_can(GET, namespace) and await edit_can(PATCH, namespace)):
+                await asyncio.sleep(0.2)
+            return True
+
+        assert await asyncio.wait_for(aggregated(), HANG_GUARD_S)
+        assert await view_can(PODS, namespace) and await view_can(EVENTS, namespace)
+        assert not await view_can(PATCH, namespace)
+    code, out, err = await run_tool("kubectl-model", "status", "held", "--kubeconfig",
+                                    str(view.kubeconfig))  # fmt: skip
+    assert code == OK and "AwaitingPromotion" in out, (out, err)
+    code, out, err = await run_tool("kubectl-model", "promote", "held", "--kubeconfig",
+                                    str(view.kubeconfig))  # fmt: skip
+    assert code == API_ERROR and "forbidden: patch" in err, (out, err)
+    code, out, err = await run_tool("kubectl-model", "promote", "held", "--kubeconfig",
+                                    str(edit.kubeconfig))  # fmt: skip
+    assert code == OK and "canary of v2 promoted" in out, (out, err)
+
+
+async def test_a_ci_account_of_another_namespace_bound_as_the_readme_says_releases(
+    tools: ControlPlane, namespace: str, admin: Admin, tmp_path: Path
+) -> None:
+    """The README's example: ``kubectl create rolebinding ci-release -n ml
+    --clusterrole=model-rollout-rollout-editor --serviceaccount=ci:release``; the CI
+    job's release in the model's namespace (``-n``) goes through, its own namespace
+    gives it nothing."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
+    write_mlp(model, seed=1)
+    with namespace_of_its_own(tools, "ci") as ci:
+        release = bound_user(tools, ci, "release")
+        tools.kubectl(
+            "create", "rolebinding", "ci-release", "-n", namespace, f"--clusterrole={EDITOR}",
+            f"--serviceaccount={ci}:release",
+        )  # fmt: skip
+        argv = ["release", "--model", "mlp", "--version", "v4", "--file", str(model),
+                "--key", str(keys.private), "--deployment", "held",
+                "--store", f"file://{tmp_path / 'store'}",
+                "--kubeconfig", str(release.kubeconfig), "-o", "json"]  # fmt: skip
+        code, out, err = await run_tool("model-rollout", *argv, "-n", namespace)
+        assert code == OK and json.loads(out)["result"] == "Started", (out, err)
+        code, out, err = await run_tool("model-rollout", *argv)  # its own namespace: none
+        assert code == API_ERROR and "forbidden: get" in json.loads(out)["reason"], (out, err)
+    assert (await admin.read("held"))["spec"]["version"] == "v4"

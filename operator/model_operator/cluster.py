@@ -96,6 +96,14 @@ async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, An
     return dict(answer) if answer is not None else None
 
 
+async def read_annotations(api: KubeClient, namespace: str, name: str) -> dict[str, str]:
+    """A ModelDeployment's annotations as the API server holds them now (not the watch's
+    copy, which can lag behind the operator's own writes); none if it is gone."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    answer = await api.request("GET", path)
+    return dict(((answer or {}).get("metadata") or {}).get("annotations") or {})
+
+
 async def clear_annotations(
     api: KubeClient, namespace: str, name: str, keys: tuple[str, ...]
 ) -> None:

@@ -194,11 +194,13 @@ async def reconcile_pass(
     memo: kopf.Memo,
     logger: kopf.Logger,
     check_children: bool = True,
+    removed: frozenset[str] = frozenset(),
 ) -> Pass:
     """Observe, plan, act. ``status`` is the resource's status as this operator last left
     it; the new one is returned, for the caller to write. ``check_children``: compare
     every child with the live object (recreate what was deleted, restore what drifted);
-    otherwise they are applied only when what the resource asks of them changed."""
+    otherwise they are applied only when what the resource asks of them changed.
+    ``removed``: annotations the body still shows that the API server no longer has."""
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     try:
@@ -237,7 +239,7 @@ async def reconcile_pass(
             events.append(Event("ForeignObject", message, warning=True))
         foreign = now_foreign
 
-    annotations = meta.get("annotations") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
         foreign=foreign, store_problem=gate.problem,
@@ -521,15 +523,25 @@ async def follow_rollouts(
     interval = _config(memo).interval_s
     status = dict(body.get("status") or {})
     children_checked = 0.0
+    # the annotations this daemon removed (acted on), as they were: while the watch's
+    # copy still shows one, the API server is asked whether it is still gone, or a retry
+    # that failed again at once would be acted on twice
+    cleared: dict[str, str] = {}
     while not stopped:
         wake.clear()
         pods: Iterable[PodView] = pods_by_deployment.get((namespace, name), [])
         check = time.monotonic() - children_checked >= min(interval, CHILDREN_CHECK_S)
         started = time.monotonic()
+        shown = dict((body.get("metadata") or {}).get("annotations") or {})
+        cleared = {k: v for k, v in cleared.items() if shown.get(k) == v}
         try:
+            removed: frozenset[str] = frozenset()
+            if cleared:
+                now = await cluster.read_annotations(memo.api, namespace, name)
+                removed = frozenset(k for k, v in cleared.items() if now.get(k) != v)
             result = await reconcile_pass(
                 body, status, name, namespace, sorted(pods, key=lambda p: p.name), memo, logger,
-                check_children=check,
+                check_children=check, removed=removed,
             )  # fmt: skip
             if check:
                 children_checked = time.monotonic()
@@ -539,6 +551,7 @@ async def follow_rollouts(
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
             if result.cleared:  # acted on, and the status that says so is written
                 await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
+                cleared.update({k: shown[k] for k in result.cleared if k in shown})
             for event in result.events:
                 _post(body, event.reason, event.message, warning=event.warning)
                 logger.info("%s: %s", event.reason, event.message)
