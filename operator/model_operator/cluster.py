@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -25,6 +27,19 @@ _PATHS = {
 }
 _MUTABLE = ("spec", "data", "rules", "roleRef", "subjects", "automountServiceAccountToken")
 MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet never floods
+# the fields under which the API server keeps resource quantities in its canonical form
+# (a limit of 1 GPU written as 1 is stored as "1", 1024Mi as "1Gi", 0.5 CPU as "500m")
+_QUANTITY_FIELDS = frozenset({"limits", "requests", "sizeLimit"})
+_QUANTITY = re.compile(
+    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** e
+        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
+    },
+}
 
 
 def collection(kind: str, namespace: str) -> str:
@@ -39,19 +54,42 @@ class ApplyResult(Enum):
     FOREIGN = "foreign"  # an object of that name that this resource does not control
 
 
-def _contains(live: Any, desired: Any) -> bool:
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity's value ("500m", "1Gi", "2", 2, "1e3"), ``None``
+    for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    found = _QUANTITY.fullmatch(str(value))
+    if found is None:
+        return None
+    number, exponent, suffix = found.groups()
+    try:
+        scale = (
+            Decimal(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Decimal(1))
+        )
+        return Decimal(number) * scale
+    except InvalidOperation:
+        return None
+
+
+def _contains(live: Any, desired: Any, quantities: bool = False) -> bool:
     """Does ``live`` hold everything ``desired`` says? (The API server adds defaults, so
-    a live object is compared on the fields the operator writes, lists item by item.)"""
+    a live object is compared on the fields the operator writes, lists item by item;
+    resource quantities by value, as the server rewrites them in its canonical form.)"""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
-            _contains(live.get(key), value) for key, value in desired.items()
+            _contains(live.get(key), value, quantities or key in _QUANTITY_FIELDS)
+            for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
             isinstance(live, list)
             and len(live) == len(desired)
-            and all(_contains(a, b) for a, b in zip(live, desired, strict=True))
+            and all(_contains(a, b, quantities) for a, b in zip(live, desired, strict=True))
         )
+    if quantities and live != desired:
+        value = quantity(desired)
+        return value is not None and value == quantity(live)
     return bool(live == desired)
 
 
