@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
@@ -20,6 +21,7 @@ _PATHS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
@@ -141,6 +143,65 @@ async def clear_annotations(
     retry): each acts once."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
+
+
+async def remove_finalizer(
+    api: KubeClient, namespace: str, name: str, finalizers: list[str], finalizer: str
+) -> None:
+    """Remove ``finalizer`` from a ModelDeployment whose finalizers are ``finalizers``
+    (a JSON patch that tests them first: one changed meanwhile is a 422, not lost)."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    patch = [
+        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+        {"op": "replace", "path": "/metadata/finalizers",
+         "value": [f for f in finalizers if f != finalizer]},
+    ]  # fmt: skip
+    await api.request("PATCH", path, patch, "application/json-patch+json")
+
+
+EVENT_COMPONENT = "model-rollout-operator"  # the Events' source (kubectl's "From")
+MAX_EVENT_MESSAGE = 1024  # longer messages are cut in the middle
+
+
+async def post_event(
+    api: KubeClient,
+    owner: dict[str, Any],
+    reason: str,
+    message: str,
+    warning: bool = False,
+    instance: str = "",
+) -> None:
+    """A core/v1 Event about ``owner`` (a ModelDeployment), as ``kubectl describe`` and
+    ``kubectl get events`` show them; ``instance``: this operator replica."""
+    meta = owner.get("metadata", {})
+    if len(message) > MAX_EVENT_MESSAGE:
+        half = MAX_EVENT_MESSAGE // 2 - 2
+        message = f"{message[:half]}...{message[-half:]}"
+    now = datetime.now(timezone.utc)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": owner.get("apiVersion"),
+            "kind": owner.get("kind"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+        "type": "Warning" if warning else "Normal",
+        "reason": reason,
+        "message": message,
+        "action": reason,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": instance or EVENT_COMPONENT,
+        "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "count": 1,
+    }
+    await api.request("POST", f"{collection('Event', str(meta.get('namespace')))}", event)
 
 
 async def set_targets(
