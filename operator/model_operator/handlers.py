@@ -225,8 +225,8 @@ async def resource_changed(
 async def _drop_kopf_finalizer(
     memo: kopf.Memo, body: kopf.Body, namespace: str, name: str, logger: kopf.Logger
 ) -> None:
-    """Remove the finalizer that kopf's daemon put on resources (operator versions up to
-    this one's predecessor): left there, it blocks their deletion for good."""
+    """Remove the finalizer that kopf's daemon put on resources (the operator's earlier
+    versions): left there, it blocks their deletion for good."""
     finalizers = list(body.get("metadata", {}).get("finalizers") or [])
     if KOPF_FINALIZER not in finalizers:
         return
