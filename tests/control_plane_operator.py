@@ -7,13 +7,20 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
+import time
+import urllib.parse
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
 from model_rollout_e2e.chart_install import (
     CHART,
     CRD,
@@ -24,8 +31,9 @@ from model_rollout_e2e.chart_install import (
     chart_rbac,
     install_chart,
 )
-from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.control_plane import WRITE_VERBS, ControlPlane
 from model_rollout_e2e.helm_chart import NAMESPACE, RELEASE
+from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.kubectl import Kubectl
 from model_rollout_e2e.processes import ChildProcess, wait_until
 
@@ -37,6 +45,8 @@ __all__ = [
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "modeldeployment.yaml"
+DISCOVERY_ROLE = f"{RELEASE}-discovery"  # the chart's ClusterRole for kopf's scanning
+LEASE_ROLE = f"{RELEASE}-leader-election"  # the chart's Role on the Lease, in NAMESPACE
 
 
 def chart_role(name: str) -> dict[str, Any]:
@@ -120,3 +130,89 @@ def get(admin: Kubectl, *args: str) -> dict[str, Any] | None:
         raise AssertionError(str(result))
     loaded: dict[str, Any] = json.loads(result.out)
     return loaded
+
+
+def replica_identity(cluster: ControlPlane, name: str) -> Identity:
+    """A ServiceAccount of its own for one operator replica, bound to the chart's roles
+    (its ClusterRoles, and its Role on the Lease), so that the API server's audit log
+    tells the replicas apart."""
+    cluster.service_account(NAMESPACE, name, cluster_role=DISCOVERY_ROLE)
+    cluster.service_account(NAMESPACE, name, cluster_role=OPERATOR_ROLE)
+    return cluster.service_account(NAMESPACE, name, role=LEASE_ROLE)
+
+
+def received_at(entry: dict[str, Any]) -> datetime:
+    """When the API server received the request of an audit log entry."""
+    return datetime.fromisoformat(entry["requestReceivedTimestamp"])
+
+
+def writes_of(cluster: ControlPlane, username: str) -> list[dict[str, Any]]:
+    """The writes ``username`` made (answered, whatever the answer), oldest first."""
+    return [
+        e for e in cluster.audit_writes()
+        if e["user"]["username"] == username and e["verb"] in WRITE_VERBS
+    ]  # fmt: skip
+
+
+def described(entry: dict[str, Any]) -> str:
+    ref = entry.get("objectRef") or {}
+    what = "/".join(filter(None, (ref.get("resource"), ref.get("name"), ref.get("subresource"))))
+    code = (entry.get("responseStatus") or {}).get("code")
+    return f"{entry['requestReceivedTimestamp']} {entry['verb']} {what} -> {code}"
+
+
+class ReportingSidecars:
+    """The pods' sidecars, as far as the operator sees them (the node agent's simulated
+    pods run none): each pod reports serving its target at once, keeping the version it
+    left (a pointer swap back, as with ``retainVersions: 2``); a pod without a target
+    serves ``initial``. A thread, acting as the cluster's admin, until :meth:`stop`."""
+
+    def __init__(self, cluster: ControlPlane, namespace: str, initial: str) -> None:
+        self.cluster, self.namespace, self.initial = cluster, namespace, initial
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sidecars", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> ReportingSidecars:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.cluster.server}{path}", data=data, method=method,
+            headers={"Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        context = self.cluster.ssl_context()
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return json.loads(response.read())
+
+    def _run(self) -> None:
+        selector = urllib.parse.quote(DEPLOYMENT_LABEL)
+        pods = f"/api/v1/namespaces/{self.namespace}/pods"
+        while not self._stop.wait(0.2):
+            try:
+                for pod in self._call("GET", f"{pods}?labelSelector={selector}")["items"]:
+                    self._report(pods, pod)
+            except (OSError, ValueError) as exc:  # a pod deleted meanwhile: the next round
+                self.error = exc
+
+    def _report(self, pods: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        annotations = meta.get("annotations") or {}
+        target = annotations.get(TARGET_VERSION) or self.initial
+        report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
+        if report is not None and report.serving == target and report.target == target:
+            return
+        left = report.serving if report is not None else None
+        retained = (left,) if left and left != target else ()
+        new = SidecarReport(
+            "resnet50", target, target, SidecarState.OK, retained=retained,
+            target_seen_at=time.time(), updated_at=time.time(),
+        )  # fmt: skip
+        patch = {"metadata": {"annotations": {SIDECAR_STATUS: new.to_json()}}}
+        self._call("PATCH", f"{pods}/{meta['name']}", patch)

@@ -133,3 +133,20 @@ async def test_a_simulated_container_runs_until_signalled() -> None:
     assert not waiting.done()
     container.signal(signal.SIGTERM)
     assert await waiting == 0
+
+
+async def test_a_simulated_init_container_is_done_at_once() -> None:
+    """A pod with an init container (the ModelDeployment's pre-pull) gets to its
+    containers on a simulated node: the init container exits 0 when started."""
+    runtime = SimulatedContainers()
+    obj = pod([{"name": "main"}])
+    obj["spec"]["initContainers"] = [{"name": "pre-pull"}]
+    sandbox = runtime.sandbox(obj)
+    init = await runtime.start(obj, sandbox, {"name": "pre-pull"})
+    assert await asyncio.wait_for(init.wait(), 5) == 0
+    main = await runtime.start(obj, sandbox, {"name": "main"})
+    waiting = asyncio.create_task(main.wait())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    main.signal(signal.SIGKILL)
+    assert await waiting == 128 + signal.SIGKILL

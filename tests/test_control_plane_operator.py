@@ -6,6 +6,7 @@ itself. There is no kubelet: the Deployment's pods are created and stay Pending.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import ssl
@@ -26,17 +27,25 @@ from control_plane_operator import (
     OPERATOR_ACCOUNT,
     RELEASE,
     Operator,
+    ReportingSidecars,
     chart_role,
+    described,
     get,
     install_chart,
     model_deployment,
     new_namespace,
+    received_at,
+    replica_identity,
     role_without,
     status_writes,
     wait_for,
+    writes_of,
 )
 from model_operator import handlers, kube_client
 from model_operator.config import OperatorConfig
+from model_operator.constants import KOPF_FINALIZER
+from model_operator.leader import LEASE_LOST_EXIT
+from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.processes import wait_until
@@ -129,6 +138,43 @@ def test_a_create_settle_delete_cycle_as_the_charts_service_account(
     assert "forbidden" not in log.lower() and "Traceback" not in log, log[-3000:]
 
 
+def test_a_model_deployment_is_deleted_while_the_operator_is_down(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """The operator puts no finalizer on a ModelDeployment (nothing needs one: the
+    children go by their ownerReferences) and removes the one kopf's daemon left on
+    resources of its earlier versions; so deleting one while the operator is down takes
+    effect at once, and the garbage collector removes its children."""
+    admin = control_plane.kubectl
+    md = model_deployment(namespace)
+    md["metadata"]["finalizers"] = [KOPF_FINALIZER]  # as the earlier versions left it
+    admin.apply(md)
+    operator = _start(
+        operators, Operator(operator_identity.kubeconfig, namespace, tmp_path / "op.log")
+    )
+    wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
+
+    def finalizers() -> list[str]:
+        found = get(admin, "md", "mlp", "-n", namespace) or {}
+        return list(found.get("metadata", {}).get("finalizers") or [])
+
+    wait_for("the finalizer removed", lambda: finalizers() == [], operator)
+    operator.stop()
+    assert operator.run_to_end(30) == 0, operator.log_tail()
+    deleted = admin.run("delete", "md", "mlp", "-n", namespace, "--wait=true", "--timeout=30s")
+    assert deleted.code == 0, deleted
+    assert get(admin, "md", "mlp", "-n", namespace) is None
+    wait_for(
+        "the garbage collector",
+        lambda: all(get(admin, kind, name, "-n", namespace) is None for kind, name in CHILDREN),
+        operator,
+    )
+
+
 def test_an_idle_model_deployment_gets_no_status_writes(
     control_plane: ControlPlane,
     operator_identity: Identity,
@@ -137,7 +183,9 @@ def test_an_idle_model_deployment_gets_no_status_writes(
     tmp_path: Path,
 ) -> None:
     """Settled, with its pods Pending: the resync passes find nothing new, and the API
-    server counts no status write (PATCH or UPDATE of modeldeployments/status)."""
+    server counts no status write (PATCH or UPDATE of modeldeployments/status), nor any
+    other write of the operator (its audit log: children compared with what the server
+    stored, resource quantities in its canonical form included)."""
     interval_s = 0.5
     operator = _start(
         operators,
@@ -147,13 +195,16 @@ def test_an_idle_model_deployment_gets_no_status_writes(
     wait_for("the status", lambda: _settled(control_plane, namespace, 2), operator)
     time.sleep(4 * interval_s)  # the pods' last events (scheduling attempts) seen
     writes_before, passes_before = status_writes(control_plane), operator.passes(namespace, "mlp")
+    own_before = len(writes_of(control_plane, operator_identity.username))
     started = time.monotonic()
     time.sleep(12 * interval_s)
     writes = status_writes(control_plane) - writes_before
     passes = operator.passes(namespace, "mlp") - passes_before
+    own = [described(e) for e in writes_of(control_plane, operator_identity.username)]
     elapsed = time.monotonic() - started
     assert passes >= 2, operator.log_tail()  # the resync ran...
     assert writes == 0, f"{writes} status writes in {elapsed:.1f}s ({passes} passes)"
+    assert own[own_before:] == [], f"{passes} passes wrote:\n" + "\n".join(own[own_before:])
     assert passes <= elapsed / interval_s + 2  # ...and nothing else woke it
 
 
@@ -214,6 +265,16 @@ def _replicas_become(control_plane: ControlPlane, namespace: str, replicas: int)
     return bool((deployment.get("spec") or {}).get("replicas") == replicas)
 
 
+def _replica(
+    operators: list[Operator], identity: Identity, name: str, namespace: str, log: Path,
+    *extra: str,
+) -> Operator:  # fmt: skip
+    """One operator replica with leader election on the chart's Lease (3 s)."""
+    election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "3"]
+    args = [*election, "--identity", name, *extra]
+    return _start(operators, Operator(identity.kubeconfig, namespace, log, extra=args))
+
+
 def test_two_operators_elect_one_leader_on_a_real_lease(
     control_plane: ControlPlane,
     operator_identity: Identity,
@@ -223,19 +284,12 @@ def test_two_operators_elect_one_leader_on_a_real_lease(
 ) -> None:
     """Two replicas on the chart's Lease (its Role in the release namespace): one leads
     and reconciles, the other waits; stopped, the leader is replaced once its Lease
-    expires; paused (SIGSTOP), it is replaced all the same, and on waking it finds the
-    Lease taken and exits (to come back as a candidate)."""
+    expires. (A paused leader: the next test.)"""
     admin = control_plane.kubectl
-
-    def replica(identity: str) -> Operator:
-        election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "3"]
-        log = tmp_path / f"{identity}.log"
-        extra = [*election, "--identity", identity]
-        return _start(
-            operators, Operator(operator_identity.kubeconfig, namespace, log, extra=extra)
-        )
-
-    replicas = {name: replica(name) for name in ("op-a", "op-b")}
+    replicas = {
+        name: _replica(operators, operator_identity, name, namespace, tmp_path / f"{name}.log")
+        for name in ("op-a", "op-b")
+    }
     any_op = replicas["op-a"]
     _apply_md(control_plane, namespace)
     wait_for("the status", lambda: _settled(control_plane, namespace, 2), any_op)
@@ -252,20 +306,94 @@ def test_two_operators_elect_one_leader_on_a_real_lease(
     wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 3),
              replicas[standby])  # fmt: skip
 
-    paused, replicas[leader] = replicas[standby], replica(leader)  # a new standby
-    assert paused.proc is not None
-    os.kill(paused.proc.pid, signal.SIGSTOP)
-    try:
-        wait_for("the Lease to expire", lambda: _holder(control_plane) == leader, replicas[leader])
+
+def _status(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
+    md = get(control_plane.kubectl, "md", "mlp", "-n", namespace) or {}
+    return dict(md.get("status") or {})
+
+
+def _canary_held(control_plane: ControlPlane, namespace: str, version: str) -> bool:
+    """The canary of ``version`` serves it, and the rollout holds it (its pause)."""
+    status = _status(control_plane, namespace)
+    rollout = status.get("rollout") or {}
+    return rollout.get("toVersion") == version and rollout.get("canaryHealthyAt") is not None
+
+
+def test_a_paused_leader_that_lost_its_lease_writes_nothing_when_it_wakes(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    namespace: str,
+    node_agent: Any,
+    operators: list[Operator],
+    tmp_path: Path,
+) -> None:
+    """Fencing (issue 29): the leader paused (SIGSTOP) while the canary of v2 is held,
+    the standby takes over, the user sets v3 and the new leader starts its canary; woken
+    (SIGCONT), the old leader still has the old spec, status and pods in memory and its
+    timers are due. It must not write anything once the standby holds the Lease: the API
+    server's audit log (each replica a ServiceAccount of its own) shows no write of it
+    received after the standby's first write of the Lease. It exits (status
+    ``LEASE_LOST_EXIT``) rather than stopping gracefully."""
+    admin = control_plane.kubectl
+    names = (f"{namespace}-a", f"{namespace}-b")  # new holders: no Lease of an earlier test
+    identities = {name: replica_identity(control_plane, name) for name in names}
+    logs = {name: tmp_path / f"{name}.log" for name in names}
+    replicas = {
+        name: _replica(operators, identities[name], name, namespace, logs[name], "--no-store-check")
+        for name in names
+    }
+    sidecars = ReportingSidecars(control_plane, namespace, "v1").start()
+    try:  # an S3 store, not a PVC (none exists here): the pods run on the simulated node
+        _apply_md(control_plane, namespace, replicas=4, store={"url": "s3://models/resnet50"},
+                  canary={"percent": 50, "pauseSeconds": 3600})  # fmt: skip
+        any_op = replicas[names[0]]
+        wait_for("v1 everywhere", lambda: _status(control_plane, namespace).get("versions")
+                 == {"v1": 4} and _holder(control_plane) in replicas, any_op)  # fmt: skip
+        leader = str(_holder(control_plane))
+        standby = next(name for name in names if name != leader)
+        old = replicas[leader]
         admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
-              '{"spec": {"replicas": 2}}')  # fmt: skip
-        wait_for("the new leader's pass", lambda: _replicas_become(control_plane, namespace, 2),
-                 replicas[leader])  # fmt: skip
+              '{"spec": {"version": "v2"}}')  # fmt: skip
+        wait_for("the canary of v2 held", lambda: _canary_held(control_plane, namespace, "v2"),
+                 old)  # fmt: skip
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for("the standby to lead", lambda: _holder(control_plane) == standby,
+                     replicas[standby])  # fmt: skip
+            admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
+                  '{"spec": {"version": "v3"}}')  # fmt: skip
+            wait_for(
+                "the new leader's canary of v3",
+                lambda: _canary_held(control_plane, namespace, "v3"),
+                replicas[standby],
+            )
+        finally:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        code = old.run_to_end(60)
     finally:
-        os.kill(paused.proc.pid, signal.SIGCONT)
-    assert paused.run_to_end(60) == 0, paused.log_tail()  # woke, found it lost: exits
-    assert _holder(control_plane) == leader
-    assert "taken by another replica" in paused.log_path.read_text()
+        sidecars.stop()
+
+    lease_writes = [
+        e for e in writes_of(control_plane, identities[standby].username)
+        if (e.get("objectRef") or {}).get("resource") == "leases"
+        and (e.get("responseStatus") or {}).get("code", 500) < 300
+    ]  # fmt: skip
+    taken_at = received_at(lease_writes[0])  # the standby's first: it took the Lease
+    writes = writes_of(control_plane, identities[leader].username)
+    before = [e for e in writes if received_at(e) < taken_at]
+    after = [described(e) for e in writes if received_at(e) >= taken_at]
+    assert any("pods" in described(e) for e in before), before  # it did write while leading
+    assert after == [], f"{len(after)} writes after losing the Lease:\n" + "\n".join(after)
+    assert code == LEASE_LOST_EXIT, old.log_tail()
+    assert "lease" in old.log_tail().lower(), old.log_tail()
+    assert replicas[standby].running(), replicas[standby].log_tail()
+    pods = admin("get", "pods", "-n", namespace, "-o", "json")
+    targets = {
+        (p["metadata"].get("annotations") or {}).get(TARGET_VERSION)
+        for p in json.loads(pods)["items"]
+    }
+    assert targets <= {"v1", "v3"}, targets  # nothing left pointed at the abandoned v2
 
 
 def _refused(server: str, ca: Path, token: str) -> bool:

@@ -1,6 +1,6 @@
-"""The rollout daemon's error discipline, outside a running operator: a transient
-Kubernetes API failure becomes ``kopf.TemporaryError`` (kopf restarts the daemon a little
-later), while a refusal becomes a condition on the resource."""
+"""The rollout task's error discipline, outside a running operator: a transient
+Kubernetes API failure ends its passes (:class:`TransientApiError`: they start again a
+little later), while a refusal becomes a condition on the resource."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from aiohttp.test_utils import TestServer
 
 from model_operator import handlers
 from model_operator.config import OperatorConfig
-from model_operator.handlers import follow_rollouts
+from model_operator.errors import TransientApiError
+from model_operator.handlers import Follower, follow_rollouts
 from model_operator.kube_client import KubeClient, load_configuration
+from model_operator.planner import Event
 from model_operator.spec import parse_spec
 from model_operator.store_check import VersionCheck, check_version
 from model_rollout_e2e.processes import free_port
@@ -36,33 +38,22 @@ BODY = {
 }
 
 
-class NeverStopped:
-    """Stands in for kopf's ``stopped`` flag of a daemon that is not being stopped."""
-
-    def __bool__(self) -> bool:
-        return False
-
-    async def wait(self, timeout: float | None = None) -> None:
-        await asyncio.sleep(3600)
-
-
 async def run_reconcile(api_url: str, interval_s: float = 30.0) -> None:
     body = kopf.Body(BODY)
     api = KubeClient(await load_configuration(api_url, None))
     try:
         await asyncio.wait_for(
             follow_rollouts(
-                stopped=NeverStopped(),  # type: ignore[arg-type]
-                body=body,
-                name="m",
-                namespace="ns",
-                memo=kopf.Memo(
+                Follower(body),
+                "m",
+                "ns",
+                kopf.Memo(
                     config=OperatorConfig(check_store=False, interval_s=interval_s),
                     api=api,
                     wakers={},
                 ),
-                logger=logging.getLogger("test"),
-                pods_by_deployment={},  # type: ignore[arg-type]
+                logging.getLogger("test"),
+                {},  # type: ignore[arg-type]
             ),
             30,
         )
@@ -88,20 +79,21 @@ async def answering() -> AsyncIterator[dict[str, int]]:
 
 
 async def test_unreachable_api_is_a_temporary_error() -> None:
-    with pytest.raises(kopf.TemporaryError, match="Kubernetes API"):
+    with pytest.raises(TransientApiError) as raised:
         await run_reconcile(f"http://127.0.0.1:{free_port()}")
+    assert raised.value.status == 0  # not reached
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])
 async def test_overloaded_api_is_a_temporary_error(answering: dict[str, int], status: int) -> None:
     answering["status"] = status
-    with pytest.raises(kopf.TemporaryError, match=f"HTTP {status}"):
+    with pytest.raises(TransientApiError, match=f"HTTP {status}"):
         await run_reconcile(f"http://127.0.0.1:{answering['port']}")
 
 
 async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 403 (RBAC) is no reason to restart the daemon (kopf would, every 60 s): the API
-    server's message becomes the Ready condition, and a Warning event, once."""
+    """A 403 (RBAC) is no reason to restart the passes: the API server's message
+    becomes the Ready condition, and a Warning event, once."""
     message = 'serviceaccounts is forbidden: User "op" cannot create resource'
     patches: list[dict[str, Any]] = []
     events: list[str] = []
@@ -114,8 +106,10 @@ async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.Monkey
             return web.json_response({**BODY, **patches[-1]})
         return web.json_response({"kind": "Status", "message": message}, status=403)
 
-    monkeypatch.setattr(handlers, "_post", lambda body, reason, text, warning=False: events.append(
-        f"{'Warning' if warning else 'Normal'} {reason}: {text}"))  # fmt: skip
+    async def post(memo: object, body: object, event: Event, logger: object) -> None:
+        events.append(f"{'Warning' if event.warning else 'Normal'} {event.reason}: {event.message}")
+
+    monkeypatch.setattr(handlers, "_post", post)
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     server = TestServer(app, host="127.0.0.1")

@@ -293,6 +293,8 @@ def test_simulated_rollouts_respect_limits_and_finish(
         if plan.state.stage == CANARY:
             assert targeted <= canary_pods
         assert cluster.max_loading <= max(limit, canary_pods)
+        if max_loads:  # a cap over every load, the canary's included
+            assert cluster.max_loads <= max_loads, (tick, plan.state.stage)
         if plan.phase == "Available":
             break
     else:
@@ -303,6 +305,7 @@ def test_simulated_rollouts_respect_limits_and_finish(
     back = replace(sp, version="v1")
     assert cluster.run(back, delay=delay).phase == "Available"
     assert cluster.serving() == {"v1": replicas}
+    assert not max_loads or cluster.max_loads <= max_loads
 
 
 def test_status_merge_patch_deletes_what_disappeared() -> None:
@@ -451,6 +454,8 @@ def test_rollouts_finish_whatever_pods_are_deleted(
         assert cluster.max_loading <= max(sp.rollout.batch(replicas), sp.canary_pods()) + len(
             deletions
         )
+        if max_loads:  # a replacement pod's first load is one of them
+            assert cluster.max_loads <= max_loads, (tick, plan.state.stage)
         if plan.phase == "Available" and tick > max(deletions, default=0):
             break
     else:
@@ -462,21 +467,69 @@ def test_rollouts_finish_whatever_pods_are_deleted(
 @given(
     replicas=st.integers(1, 12),
     retain=st.sampled_from([1, 2]),
+    canary=st.sampled_from([25, 50]),
+    max_loads=st.one_of(st.none(), st.integers(1, 3)),
     edits=st.lists(st.sampled_from(["v1", "v2", "v3"]), min_size=1, max_size=5),
     seed=st.integers(0, 1000),
 )
 def test_version_edits_never_mix_more_than_two_versions_and_end_where_asked(
-    replicas, retain, edits, seed
+    replicas, retain, canary, max_loads, edits, seed
 ) -> None:
     """Any sequence of edits ends with every pod on the last version; no pod is ever
-    pointed at a version no rollout wants (at most stable, target and one abandoned)."""
+    pointed at a version no rollout wants (at most stable, target and one abandoned);
+    with ``maxConcurrentLoads``, no more loads than that at any time, whatever they load
+    (a canary, a batch, or a version to go back to that a server no longer holds)."""
     cluster = SimCluster(replicas, "v1", lambda pod, version: 2.0, seed=seed, retain=retain)
+    rollout: dict[str, object] = {"batchPercent": 50, "jitterSeconds": 1}
+    if max_loads:
+        rollout["maxConcurrentLoads"] = max_loads
     for version in edits:
-        sp = spec(version=version, replicas=replicas, canary={"percent": 25, "pauseSeconds": 1},
-                  rollout={"batchPercent": 50, "jitterSeconds": 1})  # fmt: skip
+        sp = spec(version=version, replicas=replicas,
+                  canary={"percent": canary, "pauseSeconds": 1}, rollout=rollout)  # fmt: skip
         for _ in range(random.Random(seed).randint(0, 15)):  # edit again mid-rollout
             cluster.step(sp)
             targets = {p.target for p in cluster.pods} - {None}
             assert len(targets) <= 3, targets
+            assert not max_loads or cluster.max_loads <= max_loads
     plan = cluster.run(sp)
     assert plan.phase == "Available" and cluster.serving() == {edits[-1]: replicas}
+    assert not max_loads or cluster.max_loads <= max_loads
+
+
+def test_a_canary_larger_than_max_concurrent_loads_is_picked_in_waves() -> None:
+    """Half of 8 pods as a canary, at most one load at a time: four waves of one pod,
+    each told as such, and the canary is healthy (its pause begins) only once all four
+    serve the version."""
+    cluster = Cluster(8)
+    sp = spec(version="v2", replicas=8, canary={"percent": 50, "pauseSeconds": 2},
+              rollout={"batchSize": 2, "maxConcurrentLoads": 1})  # fmt: skip
+    while cluster.state is None or cluster.state.canary_healthy_at is None:
+        plan = cluster.step(sp, delay=2)
+        assert sum(p.fetching for p in cluster.pods) <= 1
+        if plan.state.canary_healthy_at is None:
+            assert plan.reason == "CanaryLoading", plan.message
+    reasons = [e.reason for p in cluster.plans for e in p.events]
+    assert [r for r in reasons if r.startswith("Canary")] == [
+        "CanaryStarted", "CanaryExtended", "CanaryExtended", "CanaryExtended", "CanaryHealthy",
+    ]  # fmt: skip
+    assert sum(p.serving == "v2" for p in cluster.pods) == 4
+    assert "3 more wait: 1 loads in flight (maxConcurrentLoads 1)" in cluster.plans[0].message
+    assert cluster.run(sp, delay=2).phase == "Available" and cluster.max_loads == 1
+
+
+def test_pods_that_no_longer_hold_stable_go_back_to_it_under_the_cap() -> None:
+    """Servers that keep one version (``retainVersions: 1``) dropped v1 when they loaded
+    v2; v3 abandons v2, so going back to v1 is a load for each of them: at most
+    ``maxConcurrentLoads`` at a time, the new rollout's loads counted too."""
+    cluster = SimCluster(8, "v1", seed=3, retain=1)
+    v2 = spec(version="v2", replicas=8, canary={"percent": 0},
+              rollout={"batchSize": 2, "maxConcurrentLoads": 2, "jitterSeconds": 0})  # fmt: skip
+    for _ in range(8):
+        cluster.step(v2, delay=1)
+    on_v2 = [p for p in cluster.pods if p.serving == "v2" and p.target == "v2"]
+    assert len(on_v2) >= 4 and all(p.retained == () for p in on_v2)
+    v3 = replace(v2, version="v3")
+    plan = cluster.step(v3, delay=1)
+    assert len([a for a in plan.actions if a.version == "v1"]) <= 2
+    assert cluster.run(v3, delay=1).phase == "Available" and cluster.serving() == {"v3": 8}
+    assert cluster.max_loads <= 2

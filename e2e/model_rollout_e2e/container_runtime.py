@@ -217,7 +217,13 @@ class SimulatedContainers:
     async def start(
         self, pod: dict[str, Any], sandbox: Sandbox, container: dict[str, Any]
     ) -> SimulatedContainer:
-        return SimulatedContainer(next(self._numbers))
+        """A container that runs until signalled; an init container's work is done at
+        once (it exits 0), so the pod's containers start after it as they would."""
+        started = SimulatedContainer(next(self._numbers))
+        inits = (pod.get("spec") or {}).get("initContainers") or []
+        if any(c.get("name") == container.get("name") for c in inits):
+            started.signal(signal.SIGTERM)  # a clean exit: status 0
+        return started
 
     async def run_handler(
         self,

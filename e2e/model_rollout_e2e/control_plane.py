@@ -8,6 +8,9 @@ test sees what a cluster would answer. There is no kubelet of its own: pods are 
 and scheduled, and run once a node agent (:mod:`.node_agent`, the kubelet stand-in, with
 :meth:`ControlPlane.node_kubeconfig`) has registered a Node.
 
+The API server keeps an audit log of every write (:meth:`ControlPlane.audit_writes`: who
+wrote what, and when the server received it), so a test can tell which client wrote.
+
 Every process is started in a session of its own and stopped by its process id (its
 process group), newest first; the kernel kills them too if the test process dies
 (``PR_SET_PDEATHSIG``), so no run leaves an etcd or API server behind.
@@ -16,6 +19,7 @@ process group), newest first; the kernel kills them too if the test process dies
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import ssl
@@ -26,6 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from model_rollout_e2e.binaries import BinaryNotFound
 from model_rollout_e2e.cluster_pki import SERVICE_RANGE, CertPair, ClusterPKI
@@ -36,6 +41,14 @@ from model_rollout_e2e.processes import die_with_parent, free_port, wait_until
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+# the audit policy: each write once, when answered (who, what, when; no bodies); no reads
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "verbs": list(WRITE_VERBS)}, {"level": "None"}],
+}
 
 
 def control_plane_bin() -> Path:
@@ -107,6 +120,7 @@ class ControlPlane:
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.dir / "admin.kubeconfig"
+        self.audit_log = self.dir / "audit.log"
         self._admin = self.pki.client("admin", "model-rollout-test-admin", "system:masters")
         self.components: list[Component] = []
 
@@ -152,6 +166,17 @@ class ControlPlane:
 
     def logs(self) -> str:
         return "\n".join(f"--- {c.name} ---\n{c.log_tail()}" for c in self.components)
+
+    def audit_writes(self) -> list[dict[str, Any]]:
+        """Every write the API server has answered so far, oldest first: audit.k8s.io/v1
+        Events at Metadata level (``user.username``, ``verb``, ``objectRef``,
+        ``requestReceivedTimestamp``, ``responseStatus.code``). The log is written before
+        each answer is sent (the log backend's default, blocking mode)."""
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     # -- clients ---------------------------------------------------------------------
 
@@ -233,6 +258,8 @@ class ControlPlane:
 
     def _apiserver_args(self) -> tuple[list[str], str]:
         serving = self.pki.serving()
+        policy = self.dir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
         return [
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             "--bind-address=127.0.0.1",
@@ -254,6 +281,9 @@ class ControlPlane:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxsize=0",  # one file, never rotated
             "--v=1",
         ], f"{self.server}/readyz"
 

@@ -56,6 +56,12 @@ class SimPod:
         refused = self.state is SidecarState.REFUSED
         return self.target is not None and self.target != self.serving and not refused
 
+    @property
+    def fetching(self) -> bool:
+        """Loading a version its server does not hold (not a pointer swap): a load, what
+        ``maxConcurrentLoads`` caps."""
+        return self.loading and self.target not in self.retained
+
 
 class SimCluster:
     def __init__(
@@ -77,7 +83,8 @@ class SimCluster:
         self.now = 1000.0
         self.rng = random.Random(seed)
         self.plans: list[Plan] = []
-        self.max_loading = 0
+        self.max_loading = 0  # pods waiting for their target, pointer swaps included
+        self.max_loads = 0  # pods loading a version their server does not hold
         self.analysis: AnalysisState | None = None
 
     def step(
@@ -122,6 +129,7 @@ class SimCluster:
         )
         self.plans.append(plan)
         self.max_loading = max(self.max_loading, sum(p.loading for p in self.pods))
+        self.max_loads = max(self.max_loads, sum(p.fetching for p in self.pods))
         self.now += dt
         for pod in self.pods:
             self._advance(pod, delay)
@@ -143,7 +151,8 @@ class SimCluster:
             pod.state = SidecarState.REFUSED
         elif pod.done_at is not None and self.now >= pod.done_at:
             held = (*pod.retained, pod.serving) if pod.serving else pod.retained
-            pod.retained = tuple(v for v in held if v != pod.target)[-(self.retain - 1) :]
+            kept = tuple(v for v in held if v != pod.target)
+            pod.retained = kept[-(self.retain - 1) :] if self.retain > 1 else ()  # [-0:] keeps all
             pod.serving, pod.state, pod.done_at = pod.target, SidecarState.OK, None
 
     def run(

@@ -13,7 +13,7 @@ import kopf
 from .config import OperatorConfig, parse_args
 from .handlers import register
 from .kube_client import KubeClient, NoApiServer, load_configuration
-from .leader import LeaderElection, LeaseSettings
+from .leader import LeaderElection, LeaseFence, LeaseSettings
 
 
 async def run(
@@ -21,21 +21,25 @@ async def run(
     liveness: str | None = None,
     stop: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run the operator until ``stop``; with leader election, only while leading.
-    Raises :class:`NoApiServer` at once when nothing says where the API server is."""
+    """Run the operator until ``stop``; with leader election, only while leading: its
+    fence is checked before every pass and every write, and the process exits once the
+    Lease is lost (see :mod:`.leader`). Raises :class:`NoApiServer` at once when nothing
+    says where the API server is."""
     await load_configuration(config.kube_api, config.kubeconfig)
     stopping = asyncio.Event()
     watchers: list[asyncio.Future[Any]] = []
     if stop is not None:
         waiter = stop.wait() if isinstance(stop, asyncio.Event) else asyncio.to_thread(stop.wait)
         watchers.append(asyncio.ensure_future(waiter))
+    fence: LeaseFence | None = None
     if config.leader_election:
         leading = asyncio.ensure_future(_lead(config))
         done, _ = await asyncio.wait([leading, *watchers], return_when=asyncio.FIRST_COMPLETED)
         if leading not in done:  # stopped while waiting to lead
             leading.cancel()
             return
-        watchers.append(leading.result())  # the renewal: done when leadership is lost
+        renewal, fence = leading.result()
+        watchers.append(renewal)  # ends only when cancelled: a lost Lease ends the process
     for watcher in watchers:
         watcher.add_done_callback(lambda _: stopping.set())
     try:
@@ -45,7 +49,7 @@ async def run(
             namespaces=config.namespaces,
             standalone=True,
             liveness_endpoint=liveness,
-            memo=kopf.Memo(config=config),
+            memo=kopf.Memo(config=config, fence=fence),
             stop_flag=stopping,
         )
     finally:
@@ -53,8 +57,8 @@ async def run(
             watcher.cancel()
 
 
-async def _lead(config: OperatorConfig) -> asyncio.Future[None]:
-    """Wait for the Lease; return the task that renews it (done once it is lost)."""
+async def _lead(config: OperatorConfig) -> tuple[asyncio.Future[None], LeaseFence]:
+    """Wait for the Lease; return the task that renews it, and the fence."""
     api = KubeClient(await load_configuration(config.kube_api, config.kubeconfig))
     settings = LeaseSettings(
         config.lease_namespace,
@@ -69,10 +73,12 @@ async def _lead(config: OperatorConfig) -> asyncio.Future[None]:
     async def hold() -> None:
         try:
             await election.hold()
+        except Exception as exc:  # the renewal itself broke: no longer sure to lead
+            election.fence.lose(f"lease renewal failed: {exc!r}")
         finally:
             await api.close()
 
-    return asyncio.ensure_future(hold())
+    return asyncio.ensure_future(hold()), election.fence
 
 
 def main(argv: list[str] | None = None) -> int:

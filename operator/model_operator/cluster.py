@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -18,6 +21,7 @@ _PATHS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
@@ -25,6 +29,19 @@ _PATHS = {
 }
 _MUTABLE = ("spec", "data", "rules", "roleRef", "subjects", "automountServiceAccountToken")
 MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet never floods
+# the fields under which the API server keeps resource quantities in its canonical form
+# (a limit of 1 GPU written as 1 is stored as "1", 1024Mi as "1Gi", 0.5 CPU as "500m")
+_QUANTITY_FIELDS = frozenset({"limits", "requests", "sizeLimit"})
+_QUANTITY = re.compile(
+    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** e
+        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
+    },
+}
 
 
 def collection(kind: str, namespace: str) -> str:
@@ -39,19 +56,42 @@ class ApplyResult(Enum):
     FOREIGN = "foreign"  # an object of that name that this resource does not control
 
 
-def _contains(live: Any, desired: Any) -> bool:
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity's value ("500m", "1Gi", "2", 2, "1e3"), ``None``
+    for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    found = _QUANTITY.fullmatch(str(value))
+    if found is None:
+        return None
+    number, exponent, suffix = found.groups()
+    try:
+        scale = (
+            Decimal(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Decimal(1))
+        )
+        return Decimal(number) * scale
+    except InvalidOperation:
+        return None
+
+
+def _contains(live: Any, desired: Any, quantities: bool = False) -> bool:
     """Does ``live`` hold everything ``desired`` says? (The API server adds defaults, so
-    a live object is compared on the fields the operator writes, lists item by item.)"""
+    a live object is compared on the fields the operator writes, lists item by item;
+    resource quantities by value, as the server rewrites them in its canonical form.)"""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
-            _contains(live.get(key), value) for key, value in desired.items()
+            _contains(live.get(key), value, quantities or key in _QUANTITY_FIELDS)
+            for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
             isinstance(live, list)
             and len(live) == len(desired)
-            and all(_contains(a, b) for a, b in zip(live, desired, strict=True))
+            and all(_contains(a, b, quantities) for a, b in zip(live, desired, strict=True))
         )
+    if quantities and live != desired:
+        value = quantity(desired)
+        return value is not None and value == quantity(live)
     return bool(live == desired)
 
 
@@ -111,6 +151,65 @@ async def clear_annotations(
     retry): each acts once."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
+
+
+async def remove_finalizer(
+    api: KubeClient, namespace: str, name: str, finalizers: list[str], finalizer: str
+) -> None:
+    """Remove ``finalizer`` from a ModelDeployment whose finalizers are ``finalizers``
+    (a JSON patch that tests them first: one changed meanwhile is a 422, not lost)."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    patch = [
+        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+        {"op": "replace", "path": "/metadata/finalizers",
+         "value": [f for f in finalizers if f != finalizer]},
+    ]  # fmt: skip
+    await api.request("PATCH", path, patch, "application/json-patch+json")
+
+
+EVENT_COMPONENT = "model-rollout-operator"  # the Events' source (kubectl's "From")
+MAX_EVENT_MESSAGE = 1024  # longer messages are cut in the middle
+
+
+async def post_event(
+    api: KubeClient,
+    owner: dict[str, Any],
+    reason: str,
+    message: str,
+    warning: bool = False,
+    instance: str = "",
+) -> None:
+    """A core/v1 Event about ``owner`` (a ModelDeployment), as ``kubectl describe`` and
+    ``kubectl get events`` show them; ``instance``: this operator replica."""
+    meta = owner.get("metadata", {})
+    if len(message) > MAX_EVENT_MESSAGE:
+        half = MAX_EVENT_MESSAGE // 2 - 2
+        message = f"{message[:half]}...{message[-half:]}"
+    now = datetime.now(timezone.utc)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": owner.get("apiVersion"),
+            "kind": owner.get("kind"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+        "type": "Warning" if warning else "Normal",
+        "reason": reason,
+        "message": message,
+        "action": reason,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": instance or EVENT_COMPONENT,
+        "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "count": 1,
+    }
+    await api.request("POST", f"{collection('Event', str(meta.get('namespace')))}", event)
 
 
 async def set_targets(

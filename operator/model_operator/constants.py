@@ -6,3 +6,6 @@ from model_rollout_contract.annotations import DOMAIN
 GROUP = DOMAIN
 VERSION = "v1alpha1"
 PLURAL = "modeldeployments"
+# the finalizer kopf's daemon put on every ModelDeployment (the operator's earlier
+# versions); removed wherever found, as nothing needs one (see handlers)
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"

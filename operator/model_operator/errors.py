@@ -4,8 +4,8 @@ OperatorError
 ├── SpecError              a ModelDeployment spec is refused; ``problems`` lists
 │                          every problem (phase Invalid, condition SpecValid=False)
 └── ApiError               the Kubernetes API refused a call (``status``)
-    └── TransientApiError  overloaded, restarting or unreachable: the reconcile is
-                           retried (raised to kopf as ``kopf.TemporaryError``)
+    └── TransientApiError  overloaded, restarting or unreachable: the resource's
+                           passes start again a little later
 """
 
 from __future__ import annotations

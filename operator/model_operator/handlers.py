@@ -1,19 +1,26 @@
 """kopf handlers, event-driven.
 
-One daemon per ModelDeployment runs every pass for that resource (observe, plan, act,
-write status), so observations, decisions and the status they produce never race each
-other; all decisions are made by the pure functions in :mod:`planner`, :mod:`manifests`
-and :mod:`status`. The daemon sleeps until something happens: a watch on the pods this
-operator labels keeps an index (no LIST per pass) and wakes the owning resource's daemon
-on every pod event; a change of the resource itself wakes it too; a timer remains only
-for deadlines and jitter (the planner's :func:`~.planner.next_deadline`) and as a
-resync period.
+One task per ModelDeployment runs every pass for that resource (observe, plan, act,
+write status, post events), so observations, decisions and the status they produce never
+race each other; all decisions are made by the pure functions in :mod:`planner`,
+:mod:`manifests` and :mod:`status`. The task sleeps until something happens: a watch on
+the pods this operator labels keeps an index (no LIST per pass) and wakes the owning
+resource's task on every pod event; a change of the resource itself wakes it too; a
+timer remains only for deadlines and jitter (the planner's
+:func:`~.planner.next_deadline`) and as a resync period.
+
+The task is the operator's own (:class:`Follower`), started and stopped by the
+resource's watch events, not a kopf daemon: kopf puts a finalizer on every resource that
+has a daemon, which blocks deleting it whenever the operator is down, and nothing here
+needs one (the children go with their owner, by their ownerReferences). kopf writes
+nothing either (no finalizer, no posted events): every write goes through the operator's
+own client, which the leader's fence guards (:mod:`.leader`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import random
 import time
 from collections.abc import Iterable
@@ -37,10 +44,11 @@ from .analysis import AnalysisState, Sample
 from .analysis_sources import read_canary
 from .cluster import ApplyResult
 from .config import OperatorConfig
-from .constants import GROUP, PLURAL, VERSION
+from .constants import GROUP, KOPF_FINALIZER, PLURAL, VERSION
 from .errors import ApiError, SpecError, TransientApiError
 from .history import record
 from .kube_client import KubeClient, connection_info, load_configuration
+from .leader import LeaseFence
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
@@ -60,7 +68,7 @@ from .status import (
 from .store_check import VersionCheck, boto_credentials, check_version
 
 _rng = random.SystemRandom()
-API_RETRY_DELAY_S = 2.0  # after a transient API error, kopf restarts the daemon this late
+API_RETRY_DELAY_S = 2.0  # after a transient API error, the passes start again this late
 STORE_RETRY_S = 5.0  # an unreachable store is asked again this late
 CHILDREN_CHECK_S = 10.0  # children are compared with the live objects at least this often
 _VOLATILE = ("lastUpdateTime",)  # status fields that alone are no reason to write
@@ -72,20 +80,21 @@ def _config(memo: Any) -> OperatorConfig:
 
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = _config(memo)
-    # kopf's own log lines ("Handler ... succeeded", on every pod event) are not posted as
-    # Kubernetes Events; the rollout's events are posted explicitly (see _post)
-    settings.posting.level = logging.WARNING
+    # kopf posts no Events (its log lines, on every pod event): the rollout's are posted
+    # by the operator's own client (see _post), which the leader's fence guards
+    settings.posting.enabled = False
     settings.scanning.disabled = config.disable_scanning
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     memo.metrics = metrics = OperatorMetrics()
     configuration = await load_configuration(config.kube_api, config.kubeconfig)
 
     def count_error(status: int) -> None:
         metrics.api_errors.labels(str(status)).inc()
 
-    memo.api = KubeClient(configuration, on_error=count_error)
-    memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's daemon
+    fence: LeaseFence | None = getattr(memo, "fence", None)
+    before_write = fence.check if fence is not None else None
+    memo.api = KubeClient(configuration, on_error=count_error, before_write=before_write)
+    memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's task
+    memo.followers = {}  # (namespace, name) -> its Follower
 
 
 async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
@@ -94,6 +103,14 @@ async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def close_api(memo: kopf.Memo, **_: Any) -> None:
+    """The resources' tasks stopped first (a pass cut short is run again by whoever leads
+    next: all state is in the status and the pods' annotations), then the client."""
+    followers: dict[tuple[str, str], Follower] = getattr(memo, "followers", {})
+    tasks = [f.task for f in followers.values() if f.task is not None]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    followers.clear()
     api: KubeClient | None = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -120,9 +137,17 @@ def _conditions(status: dict[str, Any]) -> list[dict[str, Any]]:
     return raw if isinstance(raw, list) else []
 
 
-def _post(body: kopf.Body, reason: str, message: str, warning: bool = False) -> None:
-    """A Kubernetes Event on the resource (kopf posts it in the background)."""
-    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message)
+async def _post(memo: kopf.Memo, body: kopf.Body, event: Event, logger: kopf.Logger) -> None:
+    """A Kubernetes Event on the resource. Events are auxiliary: one the API server does
+    not take is logged, and the pass goes on."""
+    logger.info("%s: %s", event.reason, event.message)
+    try:
+        await cluster.post_event(
+            memo.api, dict(body), event.reason, event.message, event.warning,
+            instance=_config(memo).identity,
+        )  # fmt: skip
+    except ApiError as exc:
+        logger.warning("event %s not posted: %s", event.reason, exc)
 
 
 def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
@@ -151,9 +176,65 @@ def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_
         _waker(memo, namespace, str(labels[DEPLOYMENT_LABEL])).set()
 
 
-def resource_changed(namespace: str | None, name: str | None, memo: kopf.Memo, **_: Any) -> None:
-    if namespace is not None and name is not None:
-        _waker(memo, namespace, name).set()
+class Follower:
+    """One ModelDeployment's task (:func:`follow`) and the latest copy of the resource
+    its watch delivered, which each pass reads."""
+
+    def __init__(self, body: kopf.Body) -> None:
+        self.body = body
+        self.task: asyncio.Task[None] | None = None
+
+
+async def resource_changed(
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str | None,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView] | None = None,
+    **_: Any,
+) -> None:
+    """Start the resource's task when it is first seen, hand it each new copy and wake
+    it; stop it once the resource is deleted (or being deleted: nothing more to roll
+    out). A finalizer that an earlier version's kopf daemon left is removed."""
+    if namespace is None or name is None:
+        return
+    key = (namespace, name)
+    followers: dict[tuple[str, str], Follower] = memo.followers
+    follower = followers.get(key)
+    deleted = event.get("type") == "DELETED"
+    if not deleted:
+        await _drop_kopf_finalizer(memo, body, namespace, name, logger)
+    if deleted or body.get("metadata", {}).get("deletionTimestamp"):
+        if follower is not None and follower.task is not None:
+            follower.task.cancel()
+        followers.pop(key, None)
+        return
+    if follower is None:
+        assert pods_by_deployment is not None  # kopf passes every index to every handler
+        follower = followers[key] = Follower(body)
+        follower.task = asyncio.create_task(
+            follow(follower, name, namespace, memo, logger, pods_by_deployment),
+            name=f"rollouts of {namespace}/{name}",
+        )
+    follower.body = body
+    _waker(memo, namespace, name).set()
+
+
+async def _drop_kopf_finalizer(
+    memo: kopf.Memo, body: kopf.Body, namespace: str, name: str, logger: kopf.Logger
+) -> None:
+    """Remove the finalizer that kopf's daemon put on resources (the operator's earlier
+    versions): left there, it blocks their deletion for good."""
+    finalizers = list(body.get("metadata", {}).get("finalizers") or [])
+    if KOPF_FINALIZER not in finalizers:
+        return
+    try:
+        await cluster.remove_finalizer(memo.api, namespace, name, finalizers, KOPF_FINALIZER)
+        logger.info("removed the finalizer %s (nothing needs it)", KOPF_FINALIZER)
+    except ApiError as exc:  # changed meanwhile, or refused: the next event tries again
+        logger.warning("finalizer %s not removed: %s", KOPF_FINALIZER, exc)
 
 
 # -- one pass ---------------------------------------------------------------------------
@@ -468,13 +549,17 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return stable(old) != stable(new)
 
 
-async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
-    waiters = [asyncio.ensure_future(stopped.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+async def _sleep(wake: asyncio.Event, seconds: float) -> None:
+    """Until ``wake`` is set, or ``seconds`` have passed."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(wake.wait(), seconds)
+
+
+def _fence(memo: kopf.Memo) -> None:
+    """Return only while this replica may act (always without leader election)."""
+    fence: LeaseFence | None = getattr(memo, "fence", None)
+    if fence is not None:
+        fence.check()
 
 
 async def _report_refusal(
@@ -493,7 +578,7 @@ async def _report_refusal(
     if not _changed(status, new):
         return status
     logger.error("the API server refused a call: %s", refusal)
-    _post(body, "ApiRefused", refusal.reason, warning=True)
+    await _post(memo, body, Event("ApiRefused", refusal.reason, warning=True), logger)
     try:
         patch = merge_patch(status, new)
         return await cluster.patch_status(memo.api, namespace, name, patch) or new
@@ -502,33 +587,54 @@ async def _report_refusal(
         return status
 
 
-async def follow_rollouts(
-    *,
-    stopped: kopf.DaemonStopped,
-    body: kopf.Body,
+async def follow(
+    follower: Follower,
     name: str,
-    namespace: str | None,
+    namespace: str,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView] | None = None,
-    **_: Any,
+    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
 ) -> None:
-    """The resource's daemon: a pass whenever it or one of its pods changes, or a deadline
-    comes. Status is written only when it changed; the status this daemon wrote is what
+    """The resource's task, until cancelled: its passes (:func:`follow_rollouts`), run
+    again from the latest copy of the resource after a failure: a transient API failure
+    ``API_RETRY_DELAY_S`` later, anything else at the next resync."""
+    while True:
+        try:
+            await follow_rollouts(follower, name, namespace, memo, logger, pods_by_deployment)
+        except TransientApiError as exc:
+            logger.warning("Kubernetes API: %s; again in %gs", exc, API_RETRY_DELAY_S)
+            await asyncio.sleep(API_RETRY_DELAY_S)
+        except Exception:
+            interval = _config(memo).interval_s
+            logger.exception("the rollout's pass failed; again in %gs", interval)
+            await asyncio.sleep(interval)
+
+
+async def follow_rollouts(
+    follower: Follower,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
+) -> None:
+    """The resource's passes: one whenever it or one of its pods changes, or a deadline
+    comes. Status is written only when it changed; the status this task wrote is what
     the next pass starts from (the watch's copy can lag behind a write). A transient API
-    failure becomes ``kopf.TemporaryError``: kopf restarts the daemon a little later."""
-    assert namespace is not None  # a namespaced resource
-    assert pods_by_deployment is not None  # kopf passes every index to every handler
+    failure ends it (:class:`TransientApiError`: :func:`follow` starts it again); a
+    refusal becomes a condition. With leader election each pass first asks the fence."""
     wake = _waker(memo, namespace, name)
     interval = _config(memo).interval_s
-    status = dict(body.get("status") or {})
+    status = dict(follower.body.get("status") or {})
     children_checked = 0.0
-    # the annotations this daemon removed (acted on), as they were: while the watch's
-    # copy still shows one, the API server is asked whether it is still gone, or a retry
-    # that failed again at once would be acted on twice
+    # the annotations this task removed (acted on), as they were: while the watch's copy
+    # still shows one, the API server is asked whether it is still gone, or a retry that
+    # failed again at once would be acted on twice
     cleared: dict[str, str] = {}
-    while not stopped:
+    while True:
         wake.clear()
+        _fence(memo)
+        body = follower.body
         pods: Iterable[PodView] = pods_by_deployment.get((namespace, name), [])
         check = time.monotonic() - children_checked >= min(interval, CHILDREN_CHECK_S)
         started = time.monotonic()
@@ -553,20 +659,19 @@ async def follow_rollouts(
                 await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
                 cleared.update({k: shown[k] for k in result.cleared if k in shown})
             for event in result.events:
-                _post(body, event.reason, event.message, warning=event.warning)
-                logger.info("%s: %s", event.reason, event.message)
+                await _post(memo, body, event, logger)
             metrics: OperatorMetrics = memo.metrics
             metrics.pass_seconds.labels(namespace, name).observe(time.monotonic() - started)
             versions = result.status.get("versions") or {}
             metrics.observe(namespace, name, str(result.status.get("phase")), versions)
-        except TransientApiError as exc:
-            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=API_RETRY_DELAY_S) from exc
+        except TransientApiError:
+            raise
         except ApiError as exc:  # refused: said on the resource, asked again at the resync
             status = await _report_refusal(body, memo, namespace, name, status, exc, logger)
-            await _sleep(stopped, wake, interval)
+            await _sleep(wake, interval)
             continue
         wait = interval if result.wake_in is None else min(result.wake_in, interval)
-        await _sleep(stopped, wake, wait)
+        await _sleep(wake, wait)
 
 
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -580,13 +685,4 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.index("v1", "pods", labels=ours, when=is_live, registry=registry)(pods_by_deployment)
     kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_changed)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(resource_changed)
-    kopf.daemon(
-        GROUP,
-        VERSION,
-        PLURAL,
-        id="rollouts",
-        initial_delay=0.0,
-        cancellation_timeout=10.0,
-        registry=registry,
-    )(follow_rollouts)
     return registry

@@ -11,8 +11,10 @@ kopf's own connection is made from the same configuration (:func:`connection_inf
 Errors follow one rule: 404 is ``None`` (absent), a refusal the caller can act on
 (401, 403, 409, 422, …) is :class:`ApiError` with the API server's own message, and
 anything transient — a 429/5xx answer, a connection failure, a time-out — is
-:class:`TransientApiError`, which the handlers turn into ``kopf.TemporaryError`` so that
-kopf retries the reconcile later.
+:class:`TransientApiError`, after which the rollout's pass is run again a little later.
+
+With leader election every write first asks the fence (``before_write``) whether this
+replica still leads; one that does not never sends it (:mod:`.leader`).
 """
 
 from __future__ import annotations
@@ -109,10 +111,14 @@ class KubeClient:
         configuration: k8s.Configuration,
         timeout_s: float = 15.0,
         on_error: Callable[[int], None] | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
-        """``on_error(status)`` is told of every failed call (0: the API was not reached)."""
+        """``on_error(status)`` is told of every failed call (0: the API was not reached);
+        ``before_write()`` is called right before each call that is not a GET (the
+        leader's fence: it returns only while the call may be sent)."""
         self.configuration = configuration
         self.on_error = on_error or (lambda status: None)
+        self.before_write = before_write
         self.timeout_s = timeout_s
         self._client: k8s.ApiClient | None = None
 
@@ -134,8 +140,11 @@ class KubeClient:
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Any:
         """One API call: the decoded JSON, ``None`` for 404; raises :class:`ApiError`."""
+        client = self._open()
+        if method != "GET" and self.before_write is not None:
+            self.before_write()  # the last moment before the request goes out
         try:
-            response = await self._open().call_api(
+            response = await client.call_api(
                 path,
                 method,
                 header_params={"Content-Type": content_type, "Accept": "application/json"},

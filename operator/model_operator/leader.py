@@ -3,24 +3,36 @@ of several operator replicas one leads and runs the rollouts; the others wait. A
 free when it has no holder, or when its record has not changed for its duration (judged
 on this process's clock since it saw the record, never on the holder's timestamps, so
 clock skew between nodes does not matter). Every write carries the resourceVersion it
-read, so two candidates can never both win. A leader that cannot renew within the
-duration stops leading (and the process exits, to come back as a candidate).
+read, so two candidates can never both win.
+
+Fencing: a leader acts only while its last renewal *began* less than the duration minus
+a margin (one renewal period) ago on its monotonic clock, which a paused process
+(SIGSTOP, a frozen VM) does not stop. A standby takes over no earlier than the duration
+after it saw that renewal, so the leader's time runs out first, whatever it was doing
+when it froze. :class:`LeaseFence` is checked before every pass and every write; once the
+time is out, or the Lease is seen taken or could not be renewed, the process exits at
+once (status :data:`LEASE_LOST_EXIT`, to come back as a candidate): a graceful stop would
+run what was in flight, from a memory that may be long stale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import ApiError
 from .kube_client import KubeClient
 
 log = logging.getLogger(__name__)
 _CONFLICT = (409, 422)  # resourceVersion precondition failed
+LEASE_LOST_EXIT = 3  # the exit status of a replica that stopped leading
 
 
 def _now() -> str:
@@ -34,13 +46,64 @@ class LeaseSettings:
     identity: str = ""  # this replica (its pod name)
     duration_s: float = 15.0  # a silent leader is replaced this long after its last renewal
     renew_s: float = 5.0  # the leader renews this often
-    retry_s: float = 2.0  # a candidate looks this often
+    retry_s: float = 2.0  # a candidate looks this often (and a leader retries a renewal)
+
+    @property
+    def valid_s(self) -> float:
+        """How long after a renewal began its leader may act: the duration less one
+        renewal period (client-go's renew deadline), for a write checked just before it
+        is sent and for clocks that run at slightly different rates."""
+        return self.duration_s - self.renew_s
+
+
+def exit_lost(why: str) -> NoReturn:
+    """Stop acting at once: the process exits, whatever is in flight."""
+    log.critical("lost the lease: %s; exiting", why)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(LEASE_LOST_EXIT)
+
+
+class LeaseFence:
+    """Whether this replica may still act as the leader (see the module's docstring).
+    ``on_lost(why)`` is called, and must not return, when it may not: by default the
+    process exits."""
+
+    def __init__(
+        self,
+        valid_s: float,
+        on_lost: Callable[[str], NoReturn] = exit_lost,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.valid_s = valid_s
+        self.on_lost = on_lost
+        self.clock = clock
+        self._renewed: float | None = None  # when the last successful renewal began
+
+    def renewed(self, began: float) -> None:
+        """A renewal that began at ``began`` (this clock) succeeded."""
+        self._renewed = began if self._renewed is None else max(self._renewed, began)
+
+    def expired(self) -> bool:
+        return self._renewed is None or self.clock() - self._renewed >= self.valid_s
+
+    def check(self) -> None:
+        """Return only while this replica may act; else ``on_lost``."""
+        if self.expired():
+            self.lose(f"not renewed for {self.valid_s:g}s")
+
+    def lose(self, why: str) -> NoReturn:
+        self.on_lost(why)
+        raise AssertionError("on_lost returned")  # it must not: never act on
 
 
 class LeaderElection:
-    def __init__(self, api: KubeClient, settings: LeaseSettings) -> None:
+    def __init__(
+        self, api: KubeClient, settings: LeaseSettings, fence: LeaseFence | None = None
+    ) -> None:
         self.api = api
         self.settings = settings
+        self.fence = fence or LeaseFence(settings.valid_s)
         self.path = (
             f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases/{settings.name}"
         )
@@ -54,7 +117,15 @@ class LeaderElection:
         return now - self._observed[1] > float(spec.get("leaseDurationSeconds") or 0)
 
     async def try_acquire(self) -> bool:
-        """One attempt: take the Lease if it is free or ours, renewing it if ours."""
+        """One attempt: take the Lease if it is free or ours, renewing it if ours (the
+        fence counts from when the attempt began)."""
+        began = self.fence.clock()
+        if await self._try_acquire():
+            self.fence.renewed(began)
+            return True
+        return False
+
+    async def _try_acquire(self) -> bool:
         s = self.settings
         lease = await self.api.request("GET", self.path)
         spec_new = {
@@ -107,19 +178,22 @@ class LeaderElection:
                 log.warning("lease %s: %s", self.settings.name, exc)
             await asyncio.sleep(self.settings.retry_s)
 
-    async def hold(self) -> None:
-        """Renew until that fails for longer than the lease lasts; then return (lost)."""
-        renewed = time.monotonic()
+    async def hold(self) -> NoReturn:
+        """Renew every ``renew_s`` (a failed renewal again after ``retry_s``) for as long
+        as this replica leads; once the Lease is taken or the fence's time ran out, the
+        fence's ``on_lost``."""
+        name = self.settings.name
+        wait = self.settings.renew_s
         while True:
-            await asyncio.sleep(self.settings.renew_s)
+            await asyncio.sleep(wait)
+            self.fence.check()  # paused past its time: nothing more, the renewal neither
             try:
                 if await self.try_acquire():
-                    renewed = time.monotonic()
+                    wait = self.settings.renew_s
                     continue
-                log.warning("lease %s taken by another replica", self.settings.name)
-                return
+                self.fence.lose(f"lease {name} taken by another replica")
             except ApiError as exc:
-                log.warning("lease %s not renewed: %s", self.settings.name, exc)
-            if time.monotonic() - renewed > self.settings.duration_s - self.settings.renew_s:
-                log.error("lease %s could not be renewed in time", self.settings.name)
-                return
+                log.warning("lease %s not renewed: %s", name, exc)
+            if self.fence.expired():
+                self.fence.lose(f"lease {name} could not be renewed in time")
+            wait = self.settings.retry_s

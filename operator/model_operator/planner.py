@@ -24,9 +24,8 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   :class:`~.analysis.Sample`): the pause ends in a promotion only after a passed check,
   and ``failureLimit`` failed checks send every canary pod back to the stable version
   (a pointer swap: they hold it) and stop the rollout;
-* ``batches``: retarget the rest in batches (``batchSize``/``batchPercent``, at most
-  ``maxConcurrentLoads``), one batch at a time, with a random jitter pause between
-  batches and ``maxUnavailable`` respected;
+* ``batches``: retarget the rest in batches (``batchSize``/``batchPercent``), one batch
+  at a time, with a random jitter pause between batches and ``maxUnavailable`` respected;
 * ``complete``: every pod serves the version; it becomes the stable version;
 * ``failed``: a pod refused the version, or a wait outlasted ``progressDeadlineSeconds``
   (a pod's deadline counts from when its sidecar reports seeing the target); nothing
@@ -46,6 +45,12 @@ version, and only when every pod that must move reports holding that version alr
 when it is retried; a rollback to a version the pods no longer hold is an ordinary
 rollout of batches, under ``maxConcurrentLoads``. Pods left on a version that a new
 target abandoned go back to the stable version first.
+
+``maxConcurrentLoads`` caps every load in flight, whatever it is for: canary pods, a
+batch, pods going back to a version their servers no longer hold, new pods pointed at
+the version. A load is a pod pointed at a version its server does not hold (a pointer
+swap is none); what would exceed the cap waits for loads to finish (a canary is then
+picked in waves, a batch is smaller).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class RolloutState:
     batch_started_at: float | None = None
     next_batch_at: float = 0.0
     canary_healthy_at: float | None = None
+    canary_picked: int | None = None  # canary pods picked so far (in waves under the cap)
     blocked_since: float | None = None  # waiting for unavailable pods since
     failure: str | None = None
     rolled_back: bool = False  # failed by the canary analysis: canary pods went back
@@ -324,6 +330,7 @@ class _Tick:
         self.events = events
         self.analysis = analysis
         self.actions: list[SetTarget] = []
+        self._targets: dict[str, str] = {}  # pod -> its target once the actions are applied
         self.version = state.to_version
         self.promotion_used = False
         self.cleared = cleared or []  # annotations this pass read and acted on (or ignored)
@@ -338,8 +345,9 @@ class _Tick:
             and p.target not in (self.version, stable)
         ]
         if abandoned and stable is not None:
-            self.actions += [SetTarget(p.name, stable, self.previous) for p in abandoned]
-        self.moved = {p.name for p in abandoned}  # decided for this pass already
+            self._point(self._admit(abandoned, stable), stable, self.previous)
+        # decided for this pass already: back now, or once loads in flight allow
+        self.moved = {p.name for p in abandoned}
 
     def plan(self, phase: Phase, reason: str, message: str) -> Plan:
         self._set_policies()
@@ -387,8 +395,42 @@ class _Tick:
                 self.actions.append(SetTarget(pod.name, pod.target, None, policy))
 
     def retarget(self, pods: list[PodView]) -> None:
-        previous = self.state.from_version or self.previous
-        self.actions += [SetTarget(p.name, self.version, previous) for p in pods]
+        self._point(pods, self.version, self.state.from_version or self.previous)
+
+    def _point(self, pods: list[PodView], version: str, previous: str | None) -> None:
+        self.actions += [SetTarget(p.name, version, previous) for p in pods]
+        self._targets.update((p.name, version) for p in pods)
+
+    def _loads(self) -> int:
+        """Loads in flight once this pass's actions are applied."""
+        return sum(p.loads(self._targets.get(p.name, p.target)) for p in self.pods)
+
+    def _admit(self, pods: list[PodView], version: str, limit: int | None = None) -> list[PodView]:
+        """Those of ``pods``, in order and at most ``limit``, that can be pointed at
+        ``version`` without more than ``maxConcurrentLoads`` loads in flight: a pointer
+        swap always, a move that ends a load for another always, a new load while the cap
+        allows."""
+        cap = self.spec.rollout.max_concurrent_loads
+        loads = self._loads() if cap else 0
+        admitted: list[PodView] = []
+        for pod in pods:
+            if limit is not None and len(admitted) >= limit:
+                break
+            if cap:
+                more = int(pod.loads(version)) - int(
+                    pod.loads(self._targets.get(pod.name, pod.target))
+                )
+                if more > 0 and loads + more > cap:
+                    continue
+                loads += more
+            admitted.append(pod)
+        return admitted
+
+    def _waiting_for_loads(self) -> str:
+        return (
+            f"{self._loads()} loads in flight (maxConcurrentLoads "
+            f"{self.spec.rollout.max_concurrent_loads})"
+        )
 
     def _progress_phase(self) -> Phase:
         rolling_back = self.state.fast and self.state.from_version
@@ -429,35 +471,25 @@ class _Tick:
         targeted = [p for p in self.pods if p.target == self.version]
         if failed := self._check_failure([p for p in targeted if p.loading(self.version)]):
             return failed
-        if len(targeted) < wanted:  # the first pick, or canary pods that went away
+        held_back = 0  # canary pods still to pick once loads in flight allow
+        if len(targeted) < wanted:  # the first pick, canary pods that went away, a wave
             others = sorted(
                 (p for p in self.pods if p.target != self.version and p.name not in self.moved),
                 key=_readiness_order,
             )
-            picked = others[: wanted - len(targeted)]
+            picked = self._admit(others, self.version, wanted - len(targeted))
+            held_back = min(wanted - len(targeted), len(others)) - len(picked)
             if picked:
-                self.retarget(picked)
+                self._pick_canary(picked, targeted, wanted, held_back)
                 targeted += picked
-                first = self.state.batch_started_at is None
-                self.state = replace(
-                    self.state,
-                    batch_in_flight=True,
-                    batch_started_at=self.now,
-                    canary_healthy_at=None,
-                )
-                self.events.append(
-                    Event(
-                        "CanaryStarted" if first else "CanaryReplaced",
-                        f"canary: {len(targeted)} of {len(self.pods)} pods to "
-                        f"{self.version}: {[p.name for p in picked]}",
-                    )
-                )
         loading = [p for p in targeted if not p.serves(self.version)]
-        if loading or not targeted:
+        if loading or not targeted or held_back:
+            waiting = f"; {held_back} more wait: {self._waiting_for_loads()}" if held_back else ""
             return self.plan(
                 Phase.CANARY,
                 "CanaryLoading",
-                f"canary: {len(targeted) - len(loading)}/{len(targeted)} pods serve {self.version}",
+                f"canary: {len(targeted) - len(loading)}/{len(targeted)} pods serve "
+                f"{self.version}{waiting}",
             )
         spec = self.spec.canary.analysis
         if self.state.batch_in_flight or self.state.canary_healthy_at is None:
@@ -503,6 +535,36 @@ class _Tick:
         self.state = replace(self.state, stage=BATCHES, next_batch_at=self.now)
         self.events.append(Event("CanaryPromoted", f"canary of {self.version} promoted"))
         return self.batches()
+
+    def _pick_canary(
+        self, picked: list[PodView], targeted: list[PodView], wanted: int, held_back: int
+    ) -> None:
+        """Retarget canary pods: the first pick (``CanaryStarted``), a later wave of it
+        under ``maxConcurrentLoads`` (``CanaryExtended``), or replacements for canary
+        pods that went away (``CanaryReplaced``)."""
+        self.retarget(picked)
+        before = self.state.canary_picked
+        if self.state.batch_started_at is None:
+            reason, before = "CanaryStarted", 0
+        elif before is not None and before < wanted:
+            reason = "CanaryExtended"
+        else:
+            reason = "CanaryReplaced"
+        self.state = replace(
+            self.state,
+            batch_in_flight=True,
+            batch_started_at=self.now,
+            canary_healthy_at=None,
+            canary_picked=min(wanted, (wanted if before is None else before) + len(picked)),
+        )
+        later = f"; {held_back} more as loads finish" if held_back else ""
+        self.events.append(
+            Event(
+                reason,
+                f"canary: {len(targeted) + len(picked)} of {len(self.pods)} pods to "
+                f"{self.version}: {[p.name for p in picked]}{later}",
+            )
+        )
 
     def _start_analysis(self, spec: AnalysisSpec) -> None:
         """The canary turned healthy: measure from now on (a canary whose pods changed
@@ -570,11 +632,12 @@ class _Tick:
         return self.plan(Phase.DEGRADED, "AnalysisFailed", why)
 
     def _back_to_stable(self) -> int:
-        """Every pod on the rolled-back version goes back to the stable one."""
+        """Every pod on the rolled-back version goes back to the stable one (those whose
+        servers no longer hold it as ``maxConcurrentLoads`` allows): how many."""
         assert self.stable is not None
         back = [p for p in self.pods if p.target == self.version and p.name not in self.moved]
-        self.actions += [SetTarget(p.name, self.stable, None) for p in back]
-        self.moved |= {p.name for p in back}
+        self._point(self._admit(back, self.stable), self.stable, None)
+        self.moved |= {p.name for p in back}  # the rest next time, as loads allow
         return len(back)
 
     def abort(self) -> Plan:
@@ -662,7 +725,13 @@ class _Tick:
                 f"{self.spec.rollout.max_unavailable})",
             )
         size = len(remaining) if self.state.fast else self.spec.rollout.batch(self.spec.replicas)
-        batch = remaining[:size]
+        batch = self._admit(remaining, self.version, size)
+        if not batch:
+            return self.plan(
+                self._progress_phase(),
+                "WaitingForLoads",
+                f"batch {self.state.batch + 1} waits: {self._waiting_for_loads()}",
+            )
         self.retarget(batch)
         self.state = replace(
             self.state,
@@ -700,7 +769,7 @@ class _Tick:
     def complete(self) -> Plan:
         """Steady state: pods without the target (new replicas) are pointed at it."""
         stray = [p for p in self.pods if p.target != self.version and p.name not in self.moved]
-        self.retarget(stray)
+        self.retarget(self._admit(stray, self.version))
         serving = sum(p.serves(self.version) for p in self.pods)
         if serving < len(self.pods) or len(self.pods) < self.spec.replicas:
             return self.plan(

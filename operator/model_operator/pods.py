@@ -52,6 +52,14 @@ class PodView:
     def loading(self, version: str) -> bool:
         return self.target == version and not self.serves(version) and not self.refused(version)
 
+    def loads(self, target: str | None) -> bool:
+        """Pointed at ``target``, would its server load it (fetch and warm up a version it
+        does not hold)? What ``maxConcurrentLoads`` caps; a pointer swap is no load, nor
+        is a target its sidecar refused."""
+        if target is None or self.serving == target or target in self.retained:
+            return False
+        return not (self.reported_target == target and self.state is SidecarState.REFUSED)
+
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
