@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import time
+from datetime import datetime, timezone
+from email.utils import format_datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ from model_rollout_contract.annotations import (
 from model_rollout_contract.manifest import Manifest
 from model_sidecar.errors import VerificationError
 from model_sidecar.init_mode import pre_pull, predecessor
+from model_sidecar.kube import API_BACKOFF, RETRY_AFTER_MAX_S, retry_after_seconds
+from model_sidecar.retry import Backoff
 from model_sidecar.signing import load_public_key
 from model_sidecar.store import LocalStore, open_store, read_object
 from model_sidecar.target import TargetSource
@@ -139,3 +144,32 @@ def test_prune_keeps_newest_in_version_order_and_never_the_serving(tmp_path: Pat
     removed = fetcher.prune("mlp", keep=2, protect={"v2"})
     assert sorted(removed) == ["v3", "v9"]
     assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == ["v10", "v2"]
+
+
+def test_retry_after_in_seconds_or_as_a_date_and_bounded() -> None:
+    now = 1_000_000.0
+    in_30s = format_datetime(datetime.fromtimestamp(now + 30, timezone.utc), usegmt=True)
+    assert retry_after_seconds("2") == 2.0
+    assert retry_after_seconds(in_30s, now=now) == 30.0
+    assert retry_after_seconds("86400") == RETRY_AFTER_MAX_S  # one odd answer is not a stop
+    assert retry_after_seconds(format_datetime(datetime.fromtimestamp(now - 5, timezone.utc)),
+                               now=now) == 0.0  # fmt: skip
+    for bad in (None, "", "soon", "-3", "1.5e9", "Tue, 99 Foo 2026 00:00:00"):
+        assert retry_after_seconds(bad) is None, bad
+
+
+@given(st.integers(0, 80), st.floats(0, 100) | st.none(), st.integers(0, 2**32))
+def test_a_backoff_pause_is_within_its_floor_and_cap_and_never_before_retry_after(
+    attempt: int, retry_after_s: float | None, seed: int
+) -> None:
+    pause = API_BACKOFF.delay(attempt, random.Random(seed), retry_after_s)
+    assert API_BACKOFF.least(attempt) <= pause
+    assert pause <= max(API_BACKOFF.cap(attempt), retry_after_s or 0.0)
+    assert retry_after_s is None or pause >= retry_after_s
+
+
+def test_a_long_api_outage_costs_at_most_one_call_in_15_seconds_per_sidecar() -> None:
+    assert API_BACKOFF.least(0) > 0 and API_BACKOFF.least(100) == 15.0
+    assert Backoff().least(3) == 0.0  # full jitter, elsewhere (store retries, cycles)
+    with pytest.raises(ValueError, match="share of the pause"):
+        Backoff(floor=1.5)

@@ -68,12 +68,12 @@ def _fetcher(config: FetchConfig) -> Fetcher:
     )
 
 
-def _pod_api(config: FetchConfig) -> PodApi | None:
-    return PodApi.connect(config.kube_api, config.pod_namespace, config.pod_name)
+def _pod_api(config: FetchConfig, metrics: SidecarMetrics | None = None) -> PodApi | None:
+    return PodApi.connect(config.kube_api, config.pod_namespace, config.pod_name, metrics)
 
 
 def _source(config: FetchConfig, pod_watch: PodWatch | None = None) -> TargetSource:
-    live = (lambda: pod_watch.annotations) if pod_watch is not None else None
+    live = pod_watch.view if pod_watch is not None else None
     return TargetSource(config.annotations_file, config.configmap_file, live, _keys(config))
 
 
@@ -136,8 +136,11 @@ async def _watch(config: WatchConfig) -> int:
     fetch = config.fetch
     fetcher = _fetcher(fetch)
     metrics.downloads.labels(fetch.model).set_function(lambda: fetcher.downloading)
-    pod = _pod_api(fetch)
-    pod_watch = PodWatch(pod, keys=_keys(fetch)) if pod is not None else None
+    pod = _pod_api(fetch, metrics)
+    pod_watch = None
+    if pod is not None:
+        pod_watch = PodWatch(pod, keys=_keys(fetch), fallback_file=fetch.annotations_file)
+        metrics.pod_view_stale.labels(fetch.model).set_function(pod_watch.stale_seconds)
     watcher = Watcher(
         WatchSettings(
             fetch.model,

@@ -19,7 +19,8 @@ SidecarReport`)::
     ├── BadGolden              ``publish --golden``: a golden set a server could not run
     ├── PolicyNotApplied       the server did not take the pod's traffic policy
     └── KubeError              the Kubernetes API refused or missed a call (``status``;
-        │                      0 when it could not be reached)
+        │                      0 when it could not be reached or its answer was not one;
+        │                      ``retry_after_s``: the answer's Retry-After)
         └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
 
 What each means to the pod: a ``VerificationError`` or a permanent ``StoreError`` (bad
@@ -122,9 +123,10 @@ class PolicyNotApplied(SidecarError):
 class KubeError(SidecarError):
     code = "kube_error"
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class WatchExpired(KubeError):

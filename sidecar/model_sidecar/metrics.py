@@ -47,3 +47,17 @@ class SidecarMetrics:
             ["model", "version"],
             registry=r,
         )
+        self.kube_errors = Counter(
+            "model_sidecar_kube_api_errors",
+            "Kubernetes API calls (read, watch, annotate) that failed, by HTTP status"
+            " (0: no answer, or one that was not the API's)",
+            ["call", "status"],
+            registry=r,
+        )
+        self.pod_view_stale = Gauge(
+            "model_sidecar_pod_view_stale_seconds",
+            "How long the pod watch has been following its last view of the pod because"
+            " the API does not answer (0 while it does)",
+            ["model"],
+            registry=r,
+        )

@@ -6,13 +6,18 @@ A report is written when it changes, and an unchanged one again once ``heartbeat
 write, so ``updated_at`` shows that the sidecar is alive; the watch loop calls
 :meth:`StatusReporter.heartbeat` between its cycles. The file is replaced atomically and
 never through a link (it lies in the shared volume). A failed write (a full volume) is
-logged and tried again on the next report; the pod annotation still carries it.
+logged and tried again on the next report; the pod annotation still carries it. A patch
+of the annotation that the API refuses (403 from admission, 429, 5xx, no answer) is
+logged, counted (``model_sidecar_kube_api_errors_total{call="annotate"}``) and tried
+again with the newest report after a pause that grows with each refusal in a row
+(:data:`~.kube.API_BACKOFF`, never shorter than the answer's ``Retry-After``).
 Credentials in URLs are redacted from the reason.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +26,9 @@ from model_rollout_contract.redact import redact
 from model_rollout_contract.report import HEARTBEAT_SECONDS, SidecarReport
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
-from .errors import SidecarError
-from .kube import PodApi
+from .errors import KubeError, SidecarError
+from .kube import API_BACKOFF, PodApi
+from .retry import Backoff
 from .volume import SafeDir
 
 log = logging.getLogger(__name__)
@@ -35,14 +41,20 @@ class StatusReporter:
         pod: PodApi | None = None,
         heartbeat_s: float = HEARTBEAT_SECONDS,
         keys: TrackKeys = DEFAULT_TRACK,
+        backoff: Backoff = API_BACKOFF,
+        rng: random.Random | None = None,
     ) -> None:
         self.path = path
         self.annotation = keys.sidecar_status  # this sidecar's track's report
         self.pod = pod
         self.heartbeat_s = heartbeat_s
+        self.backoff = backoff  # between refused patches of the annotation
+        self.rng = rng or random.Random()
         self.last: SidecarReport | None = None
         self._written_at = 0.0  # monotonic time of the last complete write
         self._dirty = False  # the last report did not reach every destination
+        self.patch_failures = 0  # patches refused in a row
+        self._patch_after = 0.0  # monotonic time before which no patch is sent
 
     async def report(self, status: SidecarReport) -> None:
         if status.reason is not None:
@@ -77,11 +89,24 @@ class StatusReporter:
         return True
 
     async def _annotate(self, status: SidecarReport) -> bool:
+        """Whether the pod's annotation carries ``status`` now; while a refused patch's
+        pause lasts, nothing is sent (the report stays due)."""
         if self.pod is None:
             return True
+        if time.monotonic() < self._patch_after:
+            return False
         try:
             await self.pod.annotate({self.annotation: status.to_json()})
-        except Exception as exc:  # the file and log still carry it; retried next report
-            log.warning("could not annotate pod with status: %s", exc)
+        except KubeError as exc:  # the file and log still carry it; retried after a pause
+            self.patch_failures += 1
+            pause = self.backoff.delay(self.patch_failures - 1, self.rng, exc.retry_after_s)
+            self._patch_after = time.monotonic() + pause
+            log.warning(
+                "could not annotate the pod with the status (%d in a row): %s; again in %.1f s",
+                self.patch_failures,
+                exc,
+                pause,
+            )
             return False
+        self.patch_failures = 0
         return True

@@ -1,7 +1,8 @@
 """Where the pod's target version comes from: the pod's annotations as the API shows them
-(followed by :class:`~model_sidecar.pod_watch.PodWatch`), else — while the API cannot
-be reached — the same annotations in the Downward API file (refreshed only on the
-kubelet's periodic sync), else a ConfigMap file (the deployment's default). The canary's
+(followed by :class:`~model_sidecar.pod_watch.PodWatch`, which keeps its last view while
+the API is lost), else — before the API has answered once, or when the file changed
+after the API was lost — the same annotations in the Downward API file (refreshed only
+on the kubelet's periodic sync), else a ConfigMap file (the deployment's default). The canary's
 traffic policy comes from the same annotations (no ConfigMap default: no policy). A
 sidecar of a named track (a tenant model) reads that track's annotations only."""
 
@@ -25,7 +26,7 @@ def _valid(value: str | None) -> str | None:
 class TargetSource:
     annotations_file: Path | None = None
     configmap_file: Path | None = None
-    live: Callable[[], dict[str, str] | None] | None = None  # the API's view, when current
+    live: Callable[[], dict[str, str] | None] | None = None  # the API's view; None: the file's
     keys: TrackKeys = DEFAULT_TRACK  # whose annotations: this sidecar's track's
 
     def _annotations(self) -> dict[str, str]:

@@ -1,0 +1,549 @@
+"""The sidecar against a real API server when the API misbehaves (issue 29): an error
+answer is an error, never a pod without annotations; the last good view of the pod is
+kept through an outage, and a stale Downward API file does not override it; calls back
+off (jittered, capped, never sooner than Retry-After); a bookmark only moves the watch on;
+a refused status patch is counted and tried again after a pause.
+
+The faults come from the real control plane where it makes them (API Priority and
+Fairness' 429s, admission's 403s, bookmarks), else from a fault proxy in front of it
+(:mod:`model_rollout_e2e.fault_proxy`: error answers, cut watches, dropped connections,
+watches that end at once). Request counts during an outage are compared with the most a
+client following the backoff policy could make in that window (each pause at its
+shortest), never with a wall-clock expectation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import ssl
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from model_operator import admission_policy
+from model_operator.manifests import pod_rbac
+from model_operator.spec import ModelDeploymentSpec, parse_spec
+from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.report import SidecarReport
+from model_rollout_contract.states import SidecarState
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.fault_proxy import Fault, FaultProxy
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.processes import wait_until
+from model_sidecar.kube import PodApi
+from model_sidecar.metrics import SidecarMetrics
+from model_sidecar.pod_watch import PodWatch
+from model_sidecar.retry import Backoff
+from model_sidecar.status import StatusReporter
+from model_sidecar.store import LocalStore
+from model_sidecar.target import TargetSource
+from sidecar_helpers import (
+    make_fetcher,
+    make_keys,
+    make_watcher,
+    publish_versions,
+    set_target,
+    start_server,
+)
+
+ROOT = Path(__file__).parent.parent
+MD, POD = "mlp", "mlp-7f9c5d-abcde"
+ACCOUNT = admission_policy.sidecar_service_account(MD)
+# the tests' policy: as the sidecar's (a floor of half the cap), faster
+BACKOFF = Backoff(base_s=0.1, max_s=0.8, floor=0.5)
+DENIED_BY_POLICY = f"ValidatingAdmissionPolicy '{admission_policy.POLICY_NAME}'"
+
+
+def most_calls(
+    policy: Backoff, window_s: float, retry_after_s: float = 0.0, failed_before: int = 0
+) -> int:
+    """The most calls a client following ``policy`` can make in ``window_s`` from its
+    first failing call in it on, after ``failed_before`` failures in a row: every pause
+    at its shortest (and no shorter than Retry-After)."""
+    calls, spent = 1, 0.0
+    while spent + max(policy.least(failed_before + calls - 1), retry_after_s) <= window_s:
+        spent += max(policy.least(failed_before + calls - 1), retry_after_s)
+        calls += 1
+    return calls
+
+
+def test_most_calls_counts_the_shortest_pauses() -> None:
+    """The bound itself: pauses of at least 0.05, 0.1, 0.2, 0.4, 0.4 s between calls;
+    Retry-After stretches each pause."""
+    assert most_calls(BACKOFF, 0.0) == 1
+    assert most_calls(BACKOFF, 0.75) == 5  # 0.05 + 0.1 + 0.2 + 0.4
+    assert most_calls(BACKOFF, 1.14) == 5
+    assert most_calls(BACKOFF, 1.16) == 6
+    assert most_calls(BACKOFF, 3.0, retry_after_s=1.0) == 4
+    assert most_calls(BACKOFF, 0.71, failed_before=1) == 4  # 0.1 + 0.2 + 0.4
+
+
+@dataclass(frozen=True)
+class SidecarPod:
+    cluster: ControlPlane
+    namespace: str
+    sidecar: Identity  # the sidecar's account, its token bound to the pod
+    unbound: Identity  # the same account, a token bound to no pod: admission refuses it
+
+    def set_target(self, version: str) -> None:
+        self.cluster.kubectl(
+            "annotate", "pod", POD, "-n", self.namespace, "--overwrite",
+            f"{TARGET_VERSION}={version}",
+        )  # fmt: skip
+
+    def annotations(self) -> dict[str, str]:
+        pod = self.cluster.kubectl.get("pod", POD, "-n", self.namespace)
+        found: dict[str, str] = pod["metadata"].get("annotations") or {}
+        return found
+
+
+def _spec() -> ModelDeploymentSpec:
+    [doc] = yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text())
+    return parse_spec(doc["spec"])
+
+
+def token(identity: Identity) -> str:
+    """The bearer token in ``identity``'s kubeconfig."""
+    config = yaml.safe_load(identity.kubeconfig.read_text())
+    return str(config["users"][0]["user"]["token"])
+
+
+@pytest.fixture(scope="module")
+def sidecar_pod(control_plane: ControlPlane) -> Iterator[SidecarPod]:
+    """A namespace with the operator's pod RBAC, one pod (never scheduled) that targets
+    v2, the sidecar admission policy enforced, and the sidecar's tokens."""
+    admin = control_plane.kubectl
+    admin.apply(*admission_policy.objects())
+    namespace = f"sidecar-api-{uuid.uuid4().hex[:8]}"
+    admin("create", "namespace", namespace)
+    admin.apply(*pod_rbac(MD, namespace, _spec()))
+    admin.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": POD,
+                "namespace": namespace,
+                "annotations": {TARGET_VERSION: "v2"},
+            },
+            "spec": {
+                "serviceAccountName": ACCOUNT,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "sidecar", "image": "model-sidecar"}],
+            },
+        }
+    )
+    uid = admin.get("pod", POD, "-n", namespace)["metadata"]["uid"]
+    sidecar = control_plane.service_account(namespace, ACCOUNT, pod=(POD, uid))
+    unbound = control_plane.service_account(namespace, ACCOUNT)
+    probe = ["patch", "pod", POD, "--type=merge", "--dry-run=server", "-p",
+             json.dumps({"metadata": {"annotations": {SIDECAR_STATUS: "{}"}}})]  # fmt: skip
+    # RBAC and the policy are in force once the API server's informers have them
+    wait_until(lambda: sidecar.kubectl.run(*probe).code == 0, 60, 0.5, "the sidecar's RBAC")
+    wait_until(
+        lambda: DENIED_BY_POLICY in unbound.kubectl.run(*probe).err,
+        60,
+        interval_s=0.5,
+        what="the admission policy to be enforced",
+    )
+    yield SidecarPod(control_plane, namespace, sidecar, unbound)
+    admin.run("delete", "namespace", namespace, "--wait=false")
+
+
+async def api_client(identity: Identity, host: str | None = None) -> k8s.ApiClient:
+    """A client with ``identity``'s credentials, to the API server or to ``host`` (the
+    fault proxy, over plain HTTP: the proxy forwards the token)."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=str(identity.kubeconfig), client_configuration=configuration
+    )
+    if host is not None:
+        configuration.host = host
+    return k8s.ApiClient(configuration)
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def following(watch: PodWatch) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+        await watch.api.close()
+
+
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    """The pod's Downward API file as the kubelet wrote it at start (target v1, never
+    refreshed since) and the ConfigMap's default version (v1, the old stable one)."""
+    podinfo, configmap = tmp_path / "annotations", tmp_path / "version"
+    set_target(podinfo, "v1")
+    configmap.write_text("v1\n")
+    return podinfo, configmap
+
+
+# the fault, its Retry-After, and how many requests one attempt may make of the server:
+# aiohttp (kubernetes_asyncio's HTTP client) sends an idempotent request once more when
+# its connection is dropped without an answer
+FAULTS = {
+    "503": (Fault("status", 503), 0.0, 1),
+    "403": (Fault("status", 403), 0.0, 1),
+    "429 with Retry-After": (Fault("status", 429, retry_after="1"), 1.0, 1),
+    "connections dropped": (Fault("drop"), 0.0, 2),
+    "watches that end at once": (Fault("empty"), 0.0, 1),
+}
+
+
+@pytest.mark.parametrize("case", FAULTS.values(), ids=FAULTS.keys())
+async def test_an_api_outage_keeps_the_last_view_and_backs_off(
+    sidecar_pod: SidecarPod, tmp_path: Path, case: tuple[Fault, float, int]
+) -> None:
+    """The watch is cut (the first failure) and every call after it meets the fault:
+    the target stays the API's last (not the stale file's, not the ConfigMap's), and
+    the calls are no more than the policy allows in that time."""
+    fault, retry_after_s, requests_per_attempt = case
+    sidecar_pod.set_target("v2")
+    podinfo, configmap = files(tmp_path)
+    cluster = sidecar_pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        metrics = SidecarMetrics()
+        pod = PodApi(await api_client(sidecar_pod.sidecar, proxy.url), sidecar_pod.namespace,
+                     POD, metrics)  # fmt: skip
+        watch = PodWatch(pod, BACKOFF, 60, random.Random(1), fallback_file=podinfo)
+        source = TargetSource(podinfo, configmap, watch.view)
+        async with following(watch):
+            await until(lambda: source.target() == "v2" and proxy.open_watches == 1)
+            proxy.fault, started = fault, time.monotonic()
+            proxy.cut()  # the watch open is cut; every call after it meets the fault
+            targets = set()
+
+            def failing() -> bool:
+                targets.add(source.target())
+                return proxy.count(faulted=True) >= 6
+
+            await until(failing)
+            window_s, failed = time.monotonic() - started, proxy.count(faulted=True)
+            assert targets == {"v2"}, "the last view of the pod is kept through the outage"
+            most = most_calls(BACKOFF, window_s, retry_after_s, failed_before=1)  # the cut
+            assert failed <= requests_per_attempt * most, (failed, window_s)
+            errors = metrics.registry.get_sample_value(
+                "model_sidecar_kube_api_errors_total",
+                {"call": "watch", "status": str(fault.status if fault.kind == "status" else 0)},
+            )  # each attempt, counted once (and the cut, for those counted as 0)
+            assert errors is not None and failed / requests_per_attempt <= errors <= failed + 1
+            proxy.fault = None
+            sidecar_pod.set_target("v3")
+            await until(lambda: source.target() == "v3")
+            assert watch.current and watch.failures == 0
+
+
+@contextlib.asynccontextmanager
+async def seat_taken(
+    cluster: ControlPlane, identity: Identity, namespace: str
+) -> AsyncIterator[None]:
+    """A PATCH of the pod as ``identity`` whose body never comes: the API server admits
+    it and waits for the body, holding one seat of the priority level until the
+    connection closes."""
+    host, port = cluster.server.removeprefix("https://").split(":")
+    context = ssl.create_default_context(cafile=str(cluster.pki.ca.cert))
+    _, writer = await asyncio.open_connection(host, int(port), ssl=context)
+    writer.write(
+        (
+            f"PATCH /api/v1/namespaces/{namespace}/pods/{POD} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {token(identity)}\r\n"
+            "Content-Type: application/merge-patch+json\r\nContent-Length: 100\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    try:
+        yield
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+
+
+def flow_control(namespace: str, level: str) -> list[dict[str, Any]]:
+    """A priority level of no seats of its own (one request at a time gets in; the rest
+    are rejected with 429, not queued) and a FlowSchema that puts the sidecar's account
+    in it."""
+    return [
+        {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "PriorityLevelConfiguration",
+            "metadata": {"name": level},
+            "spec": {
+                "type": "Limited",
+                "limited": {
+                    "nominalConcurrencyShares": 0,
+                    "lendablePercent": 0,
+                    "borrowingLimitPercent": 0,
+                    "limitResponse": {"type": "Reject"},
+                },
+            },
+        },
+        {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": level},
+            "spec": {
+                "priorityLevelConfiguration": {"name": level},
+                "matchingPrecedence": 100,
+                "distinguisherMethod": {"type": "ByUser"},
+                "rules": [
+                    {
+                        "subjects": [
+                            {
+                                "kind": "ServiceAccount",
+                                "serviceAccount": {"name": ACCOUNT, "namespace": namespace},
+                            }
+                        ],
+                        "resourceRules": [
+                            {
+                                "verbs": ["*"],
+                                "apiGroups": ["*"],
+                                "resources": ["*"],
+                                "namespaces": ["*"],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
+
+
+def rejected(cluster: ControlPlane, level: str) -> float:
+    """The API server's own count of requests it rejected at ``level``."""
+    with urllib.request.urlopen(f"{cluster.server}/metrics", context=cluster.ssl_context()) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_flowcontrol_rejected_requests_total{") and (
+            f'priority_level="{level}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_api_priority_and_fairness_429s_are_waited_out(
+    sidecar_pod: SidecarPod, tmp_path: Path
+) -> None:
+    """Real 429s: the sidecar's account in a priority level whose one seat another
+    request holds. The API server counts the rejections itself; each pause is at least
+    its Retry-After (1 s or more), far longer than the policy's own shortest pauses."""
+    sidecar_pod.set_target("v2")
+    podinfo, configmap = files(tmp_path)
+    cluster, namespace = sidecar_pod.cluster, sidecar_pod.namespace
+    level = f"tiny-{namespace}"
+    fast = Backoff(base_s=0.02, max_s=0.2, floor=0.5)  # 0.01-0.2 s: Retry-After is longer
+    pod = PodApi(await api_client(sidecar_pod.sidecar), namespace, POD)
+    watch = PodWatch(pod, fast, 2, random.Random(2), fallback_file=podinfo)
+    source = TargetSource(podinfo, configmap, watch.view)
+    probe = await api_client(sidecar_pod.sidecar)
+    cluster.kubectl.apply(*flow_control(namespace, level))
+    try:
+        async with following(watch):
+            await until(lambda: source.target() == "v2")
+
+            async def level_full() -> bool:
+                answer = await k8s.CoreV1Api(probe).read_namespaced_pod(
+                    POD, namespace, _preload_content=False
+                )
+                answer.release()
+                return bool(answer.status == 429)
+
+            async with contextlib.AsyncExitStack() as held:
+                async with asyncio.timeout(60):  # the FlowSchema is in force, the seat held
+                    while True:
+                        await held.enter_async_context(
+                            seat_taken(cluster, sidecar_pod.sidecar, namespace)
+                        )
+                        if await level_full():
+                            break
+                        await held.aclose()
+                        await asyncio.sleep(0.5)
+                before, started = rejected(cluster, level), time.monotonic()
+                failures_before = watch.failures
+                targets = set()
+
+                def failing() -> bool:
+                    targets.add(source.target())
+                    return watch.failures >= failures_before + 4
+
+                await until(failing)  # the open watch ends (2 s), and each new one is refused
+                window_s, refused = time.monotonic() - started, rejected(cluster, level) - before
+            assert targets == {"v2"}
+            assert 3 <= refused <= most_calls(fast, window_s, retry_after_s=1.0), (
+                refused,
+                window_s,
+            )
+            cluster.kubectl.run("delete", "flowschema", level)
+            sidecar_pod.set_target("v3")
+            await until(lambda: source.target() == "v3")
+    finally:
+        cluster.kubectl.run("delete", "flowschema,prioritylevelconfiguration", level)
+        await probe.close()
+
+
+async def test_a_bookmark_only_moves_the_watch_on(sidecar_pod: SidecarPod, tmp_path: Path) -> None:
+    """The API server sends a bookmark 2 s before a watch's timeout (when anything in
+    the cluster moved on meanwhile: a ConfigMap is written to make sure); the next watch
+    resumes from it, and the pod's view is untouched."""
+    sidecar_pod.set_target("v2")
+    podinfo, configmap = files(tmp_path)
+    cluster, namespace = sidecar_pod.cluster, sidecar_pod.namespace
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        pod = PodApi(await api_client(sidecar_pod.sidecar, proxy.url), namespace, POD)
+        watch = PodWatch(pod, BACKOFF, 4, random.Random(3), fallback_file=podinfo)
+        source = TargetSource(podinfo, configmap, watch.view)
+        async with following(watch):
+            await until(lambda: source.target() == "v2")
+            watch.changed.clear()
+            targets = set()
+
+            def resumed_from_a_bookmark() -> bool:
+                targets.add(source.target())
+                resumed = {c.query.get("resourceVersion") for c in proxy.calls if c.kind == "watch"}
+                return bool(set(proxy.bookmarks) & resumed)
+
+            async with asyncio.timeout(60):
+                for n in range(1000):
+                    await asyncio.to_thread(
+                        cluster.kubectl.run, "create", "configmap", f"tick-{n}", "-n", namespace
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await until(resumed_from_a_bookmark, timeout_s=1.0)
+                        break
+            assert targets == {"v2"}, "a bookmark is not the pod"
+            assert not watch.changed.is_set()
+            assert watch.bookmarks >= 1 and watch.current
+
+
+async def test_after_a_cut_a_stale_downward_file_does_not_override_the_api(
+    sidecar_pod: SidecarPod, tmp_path: Path
+) -> None:
+    """The whole sidecar: the server serves v2 as the API says, though the kubelet's
+    file still says v1. The watch is cut and the API stays out of reach: v2 keeps
+    serving (no swap back to v1). The kubelet then writes a newer file (v3, as the API
+    says meanwhile): followed at once. The API back, its view rules again."""
+    sidecar_pod.set_target("v2")
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    publish_versions(store, keys, tmp_path, {"v1": 1, "v2": 2, "v3": 3})
+    volume, (podinfo, _) = tmp_path / "volume", files(tmp_path)
+    fetcher = make_fetcher(store, keys, volume)
+    await fetcher.fetch("mlp", "v1")
+    (volume / "mlp" / "CURRENT").write_text("v1\n")
+    server = await start_server(volume, tmp_path / "ctl.sock")
+    cluster, status_file = sidecar_pod.cluster, tmp_path / "status.json"
+    try:
+        async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+            pod = PodApi(await api_client(sidecar_pod.sidecar, proxy.url),
+                         sidecar_pod.namespace, POD)  # fmt: skip
+            watch = PodWatch(pod, BACKOFF, 60, random.Random(4), fallback_file=podinfo)
+            watcher = make_watcher(fetcher, tmp_path / "ctl.sock", podinfo, status_file)
+            watcher.source = TargetSource(podinfo, None, watch.view)
+            watcher.wake = watch.changed
+            served: list[str] = []
+
+            def serving(version: str) -> bool:
+                if status_file.exists():
+                    report = json.loads(status_file.read_text())
+                    if report["state"] == "ok" and served[-1:] != [report["serving"]]:
+                        served.append(report["serving"])
+                return served[-1:] == [version]
+
+            stop = asyncio.Event()
+            async with following(watch):
+                await until(lambda: watch.view() is not None)
+                watching = asyncio.create_task(watcher.run(stop))
+                try:
+                    await until(lambda: serving("v2"))
+                    proxy.fault = Fault("drop")
+                    proxy.cut()
+                    await until(lambda: serving("v2") and proxy.count(faulted=True) >= 4)
+                    await asyncio.to_thread(sidecar_pod.set_target, "v3")  # unseen: no API
+                    await until(lambda: serving("v2") and proxy.count(faulted=True) >= 5)
+                    set_target(podinfo, "v3")  # the kubelet's next refresh
+                    await until(lambda: serving("v3"))
+                    proxy.fault = None
+                    await until(lambda: watch.current and serving("v3"))
+                finally:
+                    stop.set()
+                    await watching
+            assert served == ["v2", "v3"], served
+            swaps = watcher.metrics.registry.get_sample_value(
+                "model_sidecar_swaps_total", {"model": "mlp", "result": "ok"}
+            )
+            assert swaps == 2
+    finally:
+        await server.close()
+
+
+async def test_a_refused_status_patch_is_counted_and_tried_again_after_a_pause(
+    sidecar_pod: SidecarPod,
+) -> None:
+    """Admission refuses the report (403: the token is bound to no pod); each refusal is
+    counted and the report stays due, tried again after growing pauses, and delivered
+    once the kubelet has mounted a token bound to the pod."""
+    cluster = sidecar_pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        metrics = SidecarMetrics()
+        client = await api_client(sidecar_pod.unbound, proxy.url)
+        reporter = StatusReporter(
+            None,
+            PodApi(client, sidecar_pod.namespace, POD, metrics),
+            heartbeat_s=3600.0,
+            backoff=BACKOFF,
+            rng=random.Random(5),
+        )
+        report = SidecarReport("mlp", "v2", "v2", SidecarState.OK, target_seen_at=1.0)
+        try:
+            started = time.monotonic()
+            await reporter.report(report)
+
+            async def beat_until(done: Callable[[], bool]) -> None:
+                async with asyncio.timeout(60):
+                    while not done():
+                        await reporter.heartbeat()  # as the watch loop does between cycles
+                        await asyncio.sleep(0.01)
+
+            await beat_until(lambda: proxy.count("patch") >= 6)
+            window_s, patches = time.monotonic() - started, proxy.count("patch")
+            assert {c.status for c in proxy.calls if c.kind == "patch"} == {403}
+            assert patches <= most_calls(BACKOFF, window_s), (patches, window_s)
+            assert (
+                metrics.registry.get_sample_value(
+                    "model_sidecar_kube_api_errors_total", {"call": "annotate", "status": "403"}
+                )
+                == patches
+            )
+            assert SIDECAR_STATUS not in sidecar_pod.annotations()
+            # the kubelet mounts a token bound to the pod; the client reads it as it rotates
+            client.configuration.api_key["BearerToken"] = f"Bearer {token(sidecar_pod.sidecar)}"
+            await beat_until(lambda: SIDECAR_STATUS in sidecar_pod.annotations())
+            delivered = SidecarReport.from_json(sidecar_pod.annotations()[SIDECAR_STATUS])
+            assert delivered is not None and delivered.same_as(report)
+            assert reporter.patch_failures == 0
+        finally:
+            await client.close()
