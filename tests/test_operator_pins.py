@@ -22,7 +22,7 @@ from crd_validation import ResourceSchema
 from model_operator.config import OperatorConfig
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
-from model_rollout_contract.annotations import PINNED_SEQUENCES, TARGET_VERSION
+from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.manifest import Manifest
 from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.control_plane import ControlPlane
@@ -44,6 +44,7 @@ from sidecar_helpers import make_keys, publish_versions
 NS = "ml"
 FILES = ("model.onnx", "manifest.sig", "manifest.json")
 ROOT = Path(__file__).parent.parent
+PINNED_SEQUENCES = "serving.model-rollout.io/pinned-sequences"  # the pods' annotation
 
 
 @pytest.fixture
