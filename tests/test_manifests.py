@@ -27,6 +27,7 @@ from model_operator import spec as spec_module
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
+from model_rollout_contract.layout import STORE_ID_PATTERN
 from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
 from model_rollout_e2e.kube_emulator import kube_emulator
 
@@ -292,6 +293,8 @@ def test_the_crd_patterns_are_the_operators() -> None:
     assert url == f"^{spec_module.S3_URL.pattern}$"
     endpoint = schema["properties"]["store"]["properties"]["endpoint"]["pattern"]
     assert endpoint == f"^{spec_module.ENDPOINT_URL.pattern}$"
+    store_id = schema["properties"]["store"]["properties"]["id"]["pattern"]
+    assert store_id == f"^{STORE_ID_PATTERN.pattern}$"
     names = [
         schema["properties"]["signingPublicKeySecret"],
         schema["properties"]["store"]["properties"]["credentialsSecret"],
@@ -490,6 +493,10 @@ SPEC_FIELDS: dict[str, Any] = {
         "endpoint": ENDPOINTS,
         "credentialsSecret": OBJECT_NAMES,
         "pvc": OBJECT_NAMES,
+        "id": _field(
+            st.sampled_from(["team-a", "models.prod", "x", "a" * 63]),
+            *["Team-A", "-a", "a.", "a_b", "", "a" * 64, "a\n", 5],
+        ),
     },
     "resources": {
         "gpu": _integer(0, 16),

@@ -143,10 +143,10 @@ async def test_store_check_messages_never_carry_credentials_of_a_url(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     spec = parse_spec({**BODY["spec"], "store": {"url": "s3://models/team"}})
-    result, message = await check_version(spec)
-    assert result is VersionCheck.UNREACHABLE
-    assert "hunter2" not in message and "ops:" not in message
-    assert "http://***@127.0.0.1" in message  # the endpoint is still named
+    answer = await check_version(spec)
+    assert answer.result is VersionCheck.UNREACHABLE
+    assert "hunter2" not in answer.message and "ops:" not in answer.message
+    assert "http://***@127.0.0.1" in answer.message  # the endpoint is still named
 
 
 def test_a_status_that_differs_only_in_update_times_is_not_written_again() -> None:

@@ -38,8 +38,8 @@ async def test_credentials_are_resolved_on_every_check(
     spec = spec_for(store, s3_env.endpoint)
     right_key = os.environ["AWS_ACCESS_KEY_ID"]  # s3_env's
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "not-the-key")
-    result, message = await check_version(spec)
-    assert result is VersionCheck.UNREACHABLE, message  # 403 with the wrong key
+    answer = await check_version(spec)
+    assert answer.result is VersionCheck.UNREACHABLE, answer.message  # 403 with the wrong key
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", right_key)  # the key is rotated to the right one
-    result, message = await check_version(spec)
-    assert result is VersionCheck.PRESENT, message
+    answer = await check_version(spec)
+    assert answer.result is VersionCheck.PRESENT, answer.message

@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", required=True, help="Ed25519 private key (PEM) to sign with")
     p.add_argument("--deployment", required=True, help="the ModelDeployment to roll out to")
     p.add_argument("--store", required=True, help="s3://bucket/prefix or file:///dir")
+    p.add_argument(
+        "--store-id",
+        help="a directory store's identity (the ModelDeployment's spec.store.id), bound by "
+        "the signed manifest",
+    )
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: AWS, or $AWS_ENDPOINT_URL)")
     p.add_argument("--precision", help="the publisher's --precision")
     p.add_argument("--golden", help="golden set signed with the manifest (publisher's --golden)")
@@ -61,7 +66,7 @@ def publish(args: argparse.Namespace) -> str:
     line = publish_argv(
         PublishArgs(
             args.store, args.model, args.version, args.file, args.key,
-            args.s3_endpoint, args.precision, args.golden, args.force,
+            args.s3_endpoint, args.precision, args.golden, args.force, args.store_id,
         )
     )  # fmt: skip
     command = [sys.executable, "-m", "model_sidecar", *line[1:]]
@@ -92,6 +97,15 @@ def _check(args: argparse.Namespace, md: dict[str, Any]) -> None:
     if model != args.model:
         raise CliError(
             f"modeldeployment {args.deployment} serves model {model}, not {args.model}", USAGE
+        )
+    store_id = ((md.get("spec") or {}).get("store") or {}).get("id")
+    if store_id != args.store_id:  # its pods would refuse the version: wrong_store
+        wanted = f"--store-id {store_id}" if store_id else "no --store-id"
+        raise CliError(
+            f"modeldeployment {args.deployment}'s store has "
+            f"{f'the id {store_id}' if store_id else 'no id'} (spec.store.id): publish with "
+            f"{wanted}, or its pods refuse the version",
+            USAGE,
         )
 
 

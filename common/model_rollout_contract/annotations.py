@@ -13,6 +13,9 @@ DOMAIN = "serving.model-rollout.io"
 TARGET_VERSION = f"{DOMAIN}/target-version"  # operator -> sidecar: the version to serve
 PREVIOUS_VERSION = f"{DOMAIN}/previous-version"  # operator -> sidecar: pre-pulled for rollback
 SIDECAR_STATUS = f"{DOMAIN}/sidecar-status"  # sidecar -> operator: a SidecarReport (JSON)
+# operator -> sidecar: the publish sequences pinned when rollouts started (pins.py's JSON);
+# older builds of those versions are refused
+PINNED_SEQUENCES = f"{DOMAIN}/pinned-sequences"
 
 # ModelDeployment annotation: `kubectl annotate md NAME ...=<promotion id>` promotes its canary
 PROMOTE = f"{DOMAIN}/promote"

@@ -130,6 +130,7 @@ class SidecarArgs:
     track: str | None = None
     own_keys: bool = False  # the track's own signing keys (keys_dir), not the deployment's
     metrics_port: int = defaults.SIDECAR_METRICS_PORT  # each sidecar of a pod has its own
+    store_id: str | None = None  # a directory store's identity (layout.StoreUrl.bound_scope)
 
 
 def keys_dir(track: str | None = None, own_keys: bool = False) -> str:
@@ -147,18 +148,22 @@ def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
     """``mode`` is ``init`` (the init container) or ``watch`` (the sidecar container)."""
     if mode not in ("init", "watch"):
         raise ValueError(f"sidecar mode must be init or watch, not {mode!r}")
+    keys = track_keys(a.track)
     argv = [
         "model-sidecar", mode,
         "--store", a.store,
         "--volume", MODELS_DIR,
         "--model", a.model,
         "--annotations-file", PODINFO_ANNOTATIONS,
-        "--configmap-file", f"{CONFIG_DIR}/{track_keys(a.track).configmap_key}",
+        "--configmap-file", f"{CONFIG_DIR}/{keys.configmap_key}",
+        "--pins-file", f"{CONFIG_DIR}/{keys.configmap_pins_key}",
         "--start-jitter-seconds", str(a.start_jitter_seconds),
         "--backoff-base-seconds", str(a.backoff_base_seconds),
         "--backoff-max-seconds", str(a.backoff_max_seconds),
         "--max-concurrent-downloads", str(a.max_concurrent_downloads),
     ]  # fmt: skip
+    if a.store_id is not None:
+        argv += ["--store-id", a.store_id]
     if a.track is not None:
         argv += ["--track", a.track]
     argv += ["--public-key", keys_dir(a.track, a.own_keys)] if a.signed else ["--allow-unsigned"]
@@ -185,6 +190,7 @@ class PublishArgs:
     precision: str | None = None  # None: the publisher's default
     golden: str | None = None
     force: bool = False
+    store_id: str | None = None  # a directory store's identity
 
 
 def publish_argv(a: PublishArgs) -> list[str]:
@@ -198,6 +204,7 @@ def publish_argv(a: PublishArgs) -> list[str]:
         "--key", a.key,
     ]  # fmt: skip
     for flag, value in (
+        ("--store-id", a.store_id),
         ("--s3-endpoint", a.s3_endpoint),
         ("--precision", a.precision),
         ("--golden", a.golden),

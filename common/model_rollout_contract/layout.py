@@ -21,6 +21,7 @@ follows a symbolic link below ``<volume>`` (the volume is shared with the server
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -28,7 +29,23 @@ CURRENT_FILE = "CURRENT"
 TRAFFIC_FILE = "TRAFFIC"
 INCOMING_DIR = ".incoming"
 ACCEPTED_FILE = ".accepted-sequences.json"
-FILE_STORE_SCOPE = "file:"  # every directory store: see StoreUrl.scope
+FILE_STORE_SCOPE = "file:"  # a directory store without an id: see StoreUrl.bound_scope
+# a directory store's configured id (a DNS-1123 label, dots allowed): what names it in the
+# scope a manifest binds, since its path differs between the publisher and the pods
+STORE_ID_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?")
+STORE_ID_RULE = (
+    "1-63 lowercase letters, digits, '.' or '-', starting and ending with a letter or digit"
+)
+
+
+class InvalidStoreId(ValueError):
+    """A store id that breaks :data:`STORE_ID_RULE`, or one given to an S3 store."""
+
+
+def check_store_id(value: object) -> str:
+    if not isinstance(value, str) or STORE_ID_PATTERN.fullmatch(value) is None:
+        raise InvalidStoreId(f"invalid store id {value!r}: {STORE_ID_RULE}")
+    return value
 
 
 def object_key(model: str, version: str, name: str) -> str:
@@ -61,13 +78,25 @@ class StoreUrl:
 
     @property
     def scope(self) -> str:
+        """:meth:`bound_scope` of a store given no id."""
+        return self.bound_scope(None)
+
+    def bound_scope(self, store_id: str | None) -> str:
         """What a signed manifest binds as its ``store``: ``s3://bucket/prefix`` (the
         endpoint left out, so the same bucket through another endpoint is the same store),
-        or ``file:`` for any directory store — a directory is mounted at different paths by
-        the publisher and by the pods, so its path cannot name it."""
+        or for a directory store ``file:<store id>`` — a directory is mounted at different
+        paths by the publisher and by the pods, so its path cannot name it; its configured
+        id does. Without an id it is ``file:``, as every directory store was named before
+        ids existed: versions signed for any other directory store pass (README,
+        "Security"). An S3 store is named by its bucket and prefix: an id is refused."""
         if self.scheme == "s3":
+            if store_id is not None:
+                raise InvalidStoreId(
+                    "a store id names a directory store; an S3 store is named by its bucket "
+                    "and prefix"
+                )
             return f"s3://{self.bucket}/{self.path}" if self.path else f"s3://{self.bucket}"
-        return FILE_STORE_SCOPE
+        return FILE_STORE_SCOPE + (check_store_id(store_id) if store_id is not None else "")
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.path}" if self.scheme == "s3" else f"file://{self.path}"

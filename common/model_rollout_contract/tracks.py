@@ -3,11 +3,11 @@
 A ModelDeployment's pods serve its own model (the *default track*) and, for a platform
 with tenants, tenant models listed in the resource (each a *named track*). Every track has
 its own rollout, so every track has its own pod annotations (the operator's target,
-previous version and traffic policy; its sidecar's report), its own key in the
-deployment's ConfigMap (the default version for new pods), its own ModelDeployment
-annotations for promote, abort and retry, and its own sidecar, which follows only its
-track's keys. The default track keeps the keys it always had, so pods
-of a deployment without tenant models are unchanged.
+previous version, traffic policy and pinned publish sequences; its sidecar's report), its
+own keys in the deployment's ConfigMap (the default version for new pods, and the pins),
+its own ModelDeployment annotations for promote, abort and retry, and its own sidecar,
+which follows only its track's keys. The default track keeps the keys it always had, so
+pods of a deployment without tenant models are unchanged.
 
 A named track's keys are the default ones with ``.<track>`` appended to the name part
 (``serving.model-rollout.io/target-version.acme-resnet``). A track is named, not keyed by
@@ -20,7 +20,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .annotations import ABORT, PREVIOUS_VERSION, PROMOTE, RETRY, SIDECAR_STATUS, TARGET_VERSION
+from .annotations import (
+    ABORT,
+    PINNED_SEQUENCES,
+    PREVIOUS_VERSION,
+    PROMOTE,
+    RETRY,
+    SIDECAR_STATUS,
+    TARGET_VERSION,
+)
 from .canary import TRAFFIC_POLICY
 
 # a DNS label of at most 40 characters: it ends annotation names (63 at most, the
@@ -28,6 +36,7 @@ from .canary import TRAFFIC_POLICY
 TRACK_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 TRACK_RULE = "1-40 lowercase letters, digits or '-', starting and ending with a letter or digit"
 CONFIGMAP_VERSION_KEY = "target-version"  # the default track's ConfigMap key
+CONFIGMAP_PINS_KEY = "pinned-sequences"  # and of its pinned publish sequences
 
 
 class InvalidTrack(ValueError):
@@ -54,6 +63,10 @@ class TrackKeys:
     promote: str = PROMOTE
     abort: str = ABORT
     retry: str = RETRY
+    # operator -> sidecar: publish sequences pinned at rollout starts (pins.py), on the
+    # pod and, for pods not annotated yet, in the ConfigMap
+    pins: str = PINNED_SEQUENCES
+    configmap_pins_key: str = CONFIGMAP_PINS_KEY
 
     @property
     def followed(self) -> tuple[str, str, str]:
@@ -74,6 +87,8 @@ def track_keys(track: str | None = None) -> TrackKeys:
         promote=PROMOTE + suffix,
         abort=ABORT + suffix,
         retry=RETRY + suffix,
+        pins=PINNED_SEQUENCES + suffix,
+        configmap_pins_key=CONFIGMAP_PINS_KEY + suffix,
     )
 
 

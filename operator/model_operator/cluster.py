@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
+from model_rollout_contract.pins import pins_text
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .constants import GROUP, PLURAL, VERSION
@@ -217,16 +219,20 @@ async def set_targets(
     namespace: str,
     actions: tuple[SetTarget, ...],
     keys: TrackKeys = DEFAULT_TRACK,
+    pins: Mapping[str, int] | None = None,
 ) -> None:
-    """Annotate pods with their targets and traffic policies (one patch a pod: the
-    sidecar sees both at once), at most ``MAX_PARALLEL_PATCHES`` at a time; ``keys``: the
-    track's annotations (a tenant model's rollout touches only its own)."""
+    """Annotate pods with their targets, traffic policies and the track's pinned publish
+    sequences (one patch a pod: the sidecar sees them at once), at most
+    ``MAX_PARALLEL_PATCHES`` at a time; ``keys``: the track's annotations (a tenant
+    model's rollout touches only its own)."""
     limit = asyncio.Semaphore(MAX_PARALLEL_PATCHES)
+    pinned = pins_text(pins) if pins else None  # None: removed
 
     async def one(action: SetTarget) -> None:
         annotations: dict[str, str | None] = {
             keys.target: action.version,
             keys.traffic: action.policy,  # None: removed
+            keys.pins: pinned,
         }
         if action.previous:
             annotations[keys.previous] = action.previous

@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -36,6 +36,8 @@ from model_rollout_contract.annotations import (
     PROMOTE,
     RETRY,
 )
+from model_rollout_contract.names import is_valid_name
+from model_rollout_contract.pins import MAX_SEQUENCE
 from model_rollout_contract.states import Phase
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys, track_keys
 
@@ -65,7 +67,7 @@ from .status import (
     was_unsigned,
     without_nulls,
 )
-from .store_check import VersionCheck, boto_credentials, check_version
+from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
 
 _rng = random.SystemRandom()
 API_RETRY_DELAY_S = 2.0  # after a transient API error, the passes start again this late
@@ -300,9 +302,12 @@ async def reconcile_pass(
         for t in spec.tenant_models
     }
 
+    pins: dict[str | None, Mapping[str, int]] = {None: gate.pins}
+    for t in spec.tenant_models:  # a tenant track's new pins reach the ConfigMap next pass
+        pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
     objects = [
         adopted(o, body)
-        for o in children(name, namespace, spec, stable or spec.version, tenant_versions)
+        for o in children(name, namespace, spec, stable or spec.version, tenant_versions, pins)
     ]
     applied = digest(objects)
     events: list[Event] = []
@@ -323,7 +328,7 @@ async def reconcile_pass(
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
-        foreign=foreign, store_problem=gate.problem,
+        foreign=foreign, store_problem=gate.problem, pins=gate.pins,
     )  # fmt: skip
     events += own.events
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
@@ -332,6 +337,7 @@ async def reconcile_pass(
     new_status["appliedHash"] = applied
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = gate.verified
+    new_status[PINS_FIELD] = gate.pins
     wakes = [own.wake_in]
     cleared = list(own.cleared)
 
@@ -353,12 +359,33 @@ async def reconcile_pass(
         # publish the new defaults for pods created later
         versions = {t.track: stables_after.get(t.track) or t.version for t in spec.tenant_models}
         default = new_status.get("currentVersion") or spec.version
-        await cluster.apply(api, adopted(configmap(name, namespace, spec, default, versions), body))
+        for track, after in tenants_after.items():
+            pins[track] = stored_pins(after.get(PINS_FIELD))
+        cm = configmap(name, namespace, spec, default, versions, pins)
+        await cluster.apply(api, adopted(cm, body))
     known = [w for w in wakes if w is not None]
     wake_in = min(known) if known else None
     if gate.problem is not None:
         wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
     return Pass(new_status, wake_in, tuple(events), tuple(cleared))
+
+
+PINS_FIELD = "pinnedSequences"  # .status (and each tenant's entry): version -> sequence
+
+
+def stored_pins(raw: object) -> dict[str, int]:
+    """The pins a status holds (entries that are not a version's sequence are dropped:
+    the status is this operator's own, but an edit of it must not stop a pass)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        version: sequence
+        for version, sequence in raw.items()
+        if is_valid_name(version)
+        and isinstance(sequence, int)
+        and not isinstance(sequence, bool)
+        and 0 <= sequence <= MAX_SEQUENCE
+    }
 
 
 @dataclass(frozen=True)
@@ -369,6 +396,9 @@ class StoreGate:
     verified: list[str]  # versions found in the store (a few, newest last)
     problem: str | None = None  # the store could not be asked: a condition, and a retry
     missing: str | None = None  # the version is not in the store: the spec is refused
+    # the publish sequences pinned when rollouts started (model_rollout_contract.pins):
+    # of the versions verified, serving and kept for a rollback
+    pins: dict[str, int] = field(default_factory=dict)
 
 
 async def _store_gate(
@@ -380,23 +410,38 @@ async def _store_gate(
     logger: kopf.Logger,
 ) -> StoreGate:
     """Is the track's version in the store? Versions checked before, or served before, are
-    never asked again."""
+    never asked again. The sequence of a version found is pinned (never re-read: a build
+    written back into the store later is older than the pin)."""
     verified = list(status.get("verifiedVersions") or [])
     stable = status.get("currentVersion")
     known = (stable, status.get("previousVersion"))  # served before: never blocked by it
+    pins = stored_pins(status.get(PINS_FIELD))
     if not check_store or spec.version in verified or spec.version in known:
-        return StoreGate(spec, verified)
-    result, message = await _check_store(memo.api, namespace, spec)
-    if result is VersionCheck.MISSING:
-        return StoreGate(spec, verified, missing=message)
-    if result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
-        logger.warning("%s; will retry", message)
+        return StoreGate(spec, verified, pins=_kept(pins, verified, status))
+    answer: StoreAnswer = await _check_store(memo.api, namespace, spec)
+    if answer.result is VersionCheck.MISSING:
+        return StoreGate(spec, verified, missing=answer.message, pins=pins)
+    if answer.result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
+        logger.warning("%s; will retry", answer.message)
         held = rollout_from_status(status.get("rollout"))
         current = held.to_version if held is not None else stable
         if current:  # not yet to a version nobody could check: hold where it is
             spec = replace(spec, version=current)
-        return StoreGate(spec, verified, problem=message)
-    return StoreGate(spec, ([*verified, spec.version])[-8:])
+        return StoreGate(spec, verified, problem=answer.message, pins=pins)
+    verified = ([*verified, spec.version])[-8:]
+    if answer.sequence is not None:
+        pins[spec.version] = max(answer.sequence, pins.get(spec.version, answer.sequence))
+    return StoreGate(spec, verified, pins=_kept(pins, verified, status))
+
+
+def _kept(pins: dict[str, int], verified: list[str], status: dict[str, Any]) -> dict[str, int]:
+    """The pins of versions a pod may still be sent to: verified, serving, kept for a
+    rollback, or those of the rollout under way."""
+    rollout = rollout_from_status(status.get("rollout"))
+    wanted = {*verified, status.get("currentVersion"), status.get("previousVersion")}
+    if rollout is not None:
+        wanted |= {rollout.to_version, rollout.from_version}
+    return {version: pins[version] for version in sorted(pins) if version in wanted}
 
 
 @dataclass(frozen=True)
@@ -420,10 +465,12 @@ async def _track_pass(
     *,
     foreign: list[str] | None = None,
     store_problem: str | None = None,
+    pins: Mapping[str, int] | None = None,
 ) -> TrackPass:
     """Plan and act on one track's rollout: the deployment's model (``status`` is the
     resource's) or a tenant model (``status`` is its entry in ``.status.tenants``); the
-    pods are seen, and annotated, through the track's keys only."""
+    pods are seen, and annotated, through the track's keys only; ``pins`` go with each
+    pod's new target."""
     views = [p.of_track(keys) for p in pods]
     stable = status.get("currentVersion")
     now = time.time()
@@ -444,7 +491,7 @@ async def _track_pass(
         aborted_version=annotations.get(keys.abort),
         retried_version=annotations.get(keys.retry),
     )
-    await cluster.set_targets(api, namespace, plan.actions, keys)
+    await cluster.set_targets(api, namespace, plan.actions, keys, pins or {})
     # one promotion promotes one rollout; an abort or a retry is acted on (or ignored) once
     named = {PROMOTE: keys.promote, ABORT: keys.abort, RETRY: keys.retry}
     used = ((keys.promote,) if plan.promotion_used else ()) + tuple(
@@ -492,9 +539,10 @@ async def _tenant_pass(
         return TrackPass(refused.status, events, None)
     passed = await _track_pass(
         gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
-        generation, annotations, store_problem=gate.problem,
+        generation, annotations, store_problem=gate.problem, pins=gate.pins,
     )  # fmt: skip
     passed.status["verifiedVersions"] = gate.verified
+    passed.status[PINS_FIELD] = gate.pins
     passed.status["model"] = tenant.key
     events = [replace(e, message=f"{label}: {e.message}") for e in passed.events]
     wake_in = passed.wake_in
@@ -519,16 +567,14 @@ async def _read_canary(
     return await read_canary(spec, namespace, stable, pods, held.window_start, now)
 
 
-async def _check_store(
-    api: KubeClient, namespace: str, spec: ModelDeploymentSpec
-) -> tuple[VersionCheck, str]:
+async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:
     """Is ``spec.version`` in the store, asked with the resource's own credentials?"""
     secret_name = spec.store.credentials_secret
     if not secret_name or not spec.store.url:
         return await check_version(spec)
     secret = await cluster.get_secret(api, namespace, secret_name)
     if secret is None:
-        return VersionCheck.UNREACHABLE, f"credentials Secret {secret_name} not found"
+        return StoreAnswer(VersionCheck.UNREACHABLE, f"credentials Secret {secret_name} not found")
     return await check_version(spec, boto_credentials(dict(secret.get("data") or {})))
 
 

@@ -17,6 +17,7 @@ from model_rollout_contract import argv, defaults
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_contract.defaults import SERVER_GRPC_PORT, SERVER_PORT, SIDECAR_METRICS_PORT
+from model_rollout_contract.pins import pins_text
 from model_rollout_contract.tracks import track_keys
 
 from .admission_policy import sidecar_service_account
@@ -66,6 +67,7 @@ def _sidecar_args(
     return argv.SidecarArgs(
         tenant.key if tenant else spec.model,
         spec.store.sidecar_url,
+        store_id=spec.store.id,
         # a valid spec has the key, or says allowUnsigned; a tenant's own key is always used
         signed=not spec.allow_unsigned or bool(tenant and tenant.signing_public_key_secret),
         retain=spec.retain_versions,
@@ -451,14 +453,20 @@ def configmap(
     spec: ModelDeploymentSpec,
     version: str,
     tenant_versions: Mapping[str, str] | None = None,
+    pins: Mapping[str | None, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The default version of every track for pods created later: the deployment's model
     (``version``) and each tenant model's (``tenant_versions`` by track; a tenant model
-    not in it: its spec version)."""
+    not in it: its spec version); and each track's pinned publish sequences (``pins`` by
+    track, ``None`` the deployment's model's), which a pod reads before the operator
+    annotates it."""
     held = tenant_versions or {}
     data = {argv.CONFIGMAP_VERSION_KEY: version}
     for tenant in spec.tenant_models:
         data[track_keys(tenant.track).configmap_key] = held.get(tenant.track, tenant.version)
+    for track, pinned in (pins or {}).items():
+        if pinned:
+            data[track_keys(track).configmap_pins_key] = pins_text(pinned)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -526,10 +534,11 @@ def children(
     spec: ModelDeploymentSpec,
     version: str,
     tenant_versions: Mapping[str, str] | None = None,
+    pins: Mapping[str | None, Mapping[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
     return [
         *pod_rbac(name, namespace, spec),
-        configmap(name, namespace, spec, version, tenant_versions),
+        configmap(name, namespace, spec, version, tenant_versions, pins),
         deployment(name, namespace, spec),
         service(name, namespace, spec),
         disruption_budget(name, namespace, spec),

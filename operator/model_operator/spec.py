@@ -12,6 +12,7 @@ from typing import Any
 from model_rollout_contract import defaults
 from model_rollout_contract.argv import STORE_DIR
 from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
+from model_rollout_contract.layout import STORE_ID_PATTERN, STORE_ID_RULE
 from model_rollout_contract.names import NAME_RULE, is_valid_name
 from model_rollout_contract.redact import redact
 from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
@@ -52,6 +53,9 @@ class StoreSpec:
     endpoint: str | None = None
     credentials_secret: str | None = None
     pvc: str | None = None  # claim name: the store is a volume mounted at /store
+    # a volume store's identity, which its manifests bind (StoreUrl.bound_scope); none:
+    # versions signed for any directory store pass
+    id: str | None = None
 
     @property
     def sidecar_url(self) -> str:
@@ -289,6 +293,21 @@ def _object_name(raw: dict[str, Any], key: str, problems: list[str], where: str)
     return value
 
 
+def _store_id(raw: dict[str, Any], problems: list[str]) -> str | None:
+    """``spec.store.id``: a volume store's identity (an S3 store is named by its bucket
+    and prefix: an id beside url is refused, never ignored)."""
+    value = raw.get("id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not STORE_ID_PATTERN.fullmatch(value):
+        problems.append(f"spec.store.id must be {STORE_ID_RULE}, not {value!r}")
+        return None
+    if raw.get("url") is not None:
+        problems.append("spec.store.id names a volume store (pvc); an S3 store is named by its url")
+        return None
+    return value
+
+
 def _endpoint(raw: dict[str, Any], problems: list[str]) -> str | None:
     """The store's endpoint URL, or ``None``; one with credentials in it is refused, and
     the refusal does not repeat them."""
@@ -361,6 +380,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         _endpoint(store_raw, problems),
         _object_name(store_raw, "credentialsSecret", problems, "spec.store."),
         pvc,
+        _store_id(store_raw, problems),
     )
 
     canary = _canary(_get(raw, "canary", dict, problems, "spec.", {}), raw, problems)

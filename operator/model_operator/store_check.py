@@ -1,5 +1,6 @@
 """Does a version exist in the model store? Checked before a rollout starts, by reading
-the version's manifest key (the store layout of :mod:`model_rollout_contract.layout`).
+the version's manifest (the store layout of :mod:`model_rollout_contract.layout`), whose
+publish sequence the operator pins for the rollout (:mod:`model_rollout_contract.pins`).
 The messages become conditions and events that anyone who can read the resource sees:
 credentials written into a URL (the operator's own ``AWS_ENDPOINT_URL``, say) are cut
 out of them."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from dataclasses import dataclass
 from enum import Enum
 
 import boto3
@@ -15,7 +17,12 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from model_rollout_contract.layout import StoreUrl, object_key
-from model_rollout_contract.manifest import MANIFEST_NAME
+from model_rollout_contract.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    ManifestError,
+)
 from model_rollout_contract.redact import redact
 
 from .spec import ModelDeploymentSpec
@@ -30,9 +37,20 @@ class VersionCheck(Enum):
     SKIPPED = "skipped"  # a PVC store is not reachable from the operator
 
 
-def _manifest_exists(
+@dataclass(frozen=True)
+class StoreAnswer:
+    result: VersionCheck
+    message: str  # redacted
+    # the publish sequence of the version's manifest (PRESENT only; None: its manifest
+    # names none, or is not one the sidecars would accept anyway)
+    sequence: int | None = None
+
+
+def _read_manifest(
     url: StoreUrl, endpoint: str | None, key: str, credentials: dict[str, str] | None
-) -> bool:
+) -> bytes | None:
+    """The manifest's bytes (at most one more than a manifest may have), ``None`` when
+    the store does not hold it."""
     given = credentials or {}
     # a session of its own per check: boto3's default session caches the credentials it
     # first resolved (from the environment), so a rotated key would never be seen
@@ -50,12 +68,25 @@ def _manifest_exists(
         ),
     )
     try:
-        client.head_object(Bucket=url.bucket, Key=url.key(key))
+        answer = client.get_object(Bucket=url.bucket, Key=url.key(key))
     except ClientError as exc:
         if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING_CODES:
-            return False
+            return None
         raise
-    return True
+    body = answer["Body"]
+    try:
+        return bytes(body.read(MAX_MANIFEST_BYTES + 1))
+    finally:
+        body.close()
+
+
+def _sequence(data: bytes) -> int | None:
+    if len(data) > MAX_MANIFEST_BYTES:
+        return None
+    try:
+        return Manifest.from_bytes(data).sequence
+    except ManifestError:
+        return None
 
 
 def boto_credentials(secret_data: dict[str, str]) -> dict[str, str]:
@@ -75,29 +106,30 @@ def boto_credentials(secret_data: dict[str, str]) -> dict[str, str]:
 
 async def check_version(
     spec: ModelDeploymentSpec, credentials: dict[str, str] | None = None
-) -> tuple[VersionCheck, str]:
+) -> StoreAnswer:
     """``credentials``: the resource's own (from ``spec.store.credentialsSecret``);
     without them the operator's environment is used. The message is redacted."""
-    result, message = await _check_version(spec, credentials)
-    return result, redact(message)
+    answer = await _check_version(spec, credentials)
+    return StoreAnswer(answer.result, redact(answer.message), answer.sequence)
 
 
 async def _check_version(
     spec: ModelDeploymentSpec, credentials: dict[str, str] | None
-) -> tuple[VersionCheck, str]:
+) -> StoreAnswer:
     if not spec.store.url:
-        return VersionCheck.SKIPPED, "store is a volume; not checked by the operator"
+        return StoreAnswer(VersionCheck.SKIPPED, "store is a volume; not checked by the operator")
     key = object_key(spec.model, spec.version, MANIFEST_NAME)
     try:
         url = StoreUrl.parse(spec.store.url)
-        present = await asyncio.to_thread(
-            _manifest_exists, url, spec.store.endpoint, key, credentials
-        )
+        data = await asyncio.to_thread(_read_manifest, url, spec.store.endpoint, key, credentials)
     except (ClientError, BotoCoreError, OSError, ValueError) as exc:
-        return VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
-    if not present:
-        return VersionCheck.MISSING, (
-            f"version {spec.version} of {spec.model} is not in "
-            f"{spec.store.url} (no {MANIFEST_NAME})"
+        return StoreAnswer(
+            VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
         )
-    return VersionCheck.PRESENT, "ok"
+    if data is None:
+        return StoreAnswer(
+            VersionCheck.MISSING,
+            f"version {spec.version} of {spec.model} is not in "
+            f"{spec.store.url} (no {MANIFEST_NAME})",
+        )
+    return StoreAnswer(VersionCheck.PRESENT, "ok", _sequence(data))

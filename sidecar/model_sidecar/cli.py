@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,9 +26,9 @@ from .pod_watch import PodWatch
 from .publish import publish
 from .redact import install_log_redaction
 from .retry import Backoff
-from .signing import Ed25519PublicKey, generate_keypair, load_trusted_keys
+from .signing import Ed25519PublicKey, TrustedKeys, generate_keypair
 from .status import StatusReporter
-from .store import open_store
+from .store import LocalStore, open_store
 from .target import TargetSource
 from .verify import Verifier
 from .watch import Watcher, WatchSettings
@@ -35,14 +36,15 @@ from .watch import Watcher, WatchSettings
 log = logging.getLogger("model_sidecar")
 
 
-def _fetcher(config: FetchConfig) -> Fetcher:
-    keys: tuple[Ed25519PublicKey, ...] = ()
+def _fetcher(config: FetchConfig, pins: Callable[[], Mapping[str, int]] | None = None) -> Fetcher:
+    """``pins``: the operator's pinned publish sequences (:meth:`TargetSource.pins`)."""
+    keys: TrustedKeys | tuple[Ed25519PublicKey, ...] = ()
     if config.public_key:
-        try:
-            keys = load_trusted_keys(config.public_key)
+        try:  # read again before each verification: the Secret changes under a running pod
+            keys = TrustedKeys(config.public_key)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"model-sidecar: cannot load --public-key: {exc}") from exc
-        log.info("trusting %d signing key(s) from %s", len(keys), config.public_key)
+        log.info("trusting %d signing key(s) from %s", len(keys.current()), config.public_key)
     elif config.allow_unsigned:
         log.warning("signature checks are OFF (--allow-unsigned): development only")
     else:
@@ -54,7 +56,13 @@ def _fetcher(config: FetchConfig) -> Fetcher:
             for line in config.allow_list.read_text().splitlines()
             if line.strip()
         )
-    store = open_store(config.store.store, config.store.s3_endpoint)
+    store = open_store(config.store.store, config.store.s3_endpoint, config.store.store_id)
+    if isinstance(store, LocalStore) and store.store_id is None:
+        log.warning(
+            "the directory store %s has no --store-id: versions signed for any directory "
+            "store are accepted from it",
+            store.description,
+        )
     return Fetcher(
         store,
         Verifier(keys, store.scope, allowed),
@@ -65,6 +73,7 @@ def _fetcher(config: FetchConfig) -> Fetcher:
             max_s=config.backoff_max_seconds,
         ),
         max_concurrent_downloads=config.max_concurrent_downloads,
+        pins=pins,
     )
 
 
@@ -74,7 +83,9 @@ def _pod_api(config: FetchConfig, metrics: SidecarMetrics | None = None) -> PodA
 
 def _source(config: FetchConfig, pod_watch: PodWatch | None = None) -> TargetSource:
     live = pod_watch.view if pod_watch is not None else None
-    return TargetSource(config.annotations_file, config.configmap_file, live, _keys(config))
+    return TargetSource(
+        config.annotations_file, config.configmap_file, live, _keys(config), config.pins_file
+    )
 
 
 def _keys(config: FetchConfig) -> TrackKeys:
@@ -90,7 +101,9 @@ async def _init(config: InitConfig) -> int:
     if pod is not None:
         try:
             annotations = (await pod.read()).annotations
-            source = TargetSource(None, fetch.configmap_file, lambda: annotations, _keys(fetch))
+            source = TargetSource(
+                None, fetch.configmap_file, lambda: annotations, _keys(fetch), fetch.pins_file
+            )
         except KubeError as exc:
             log.warning("cannot read the pod's annotations (%s); using the files", exc)
         finally:
@@ -106,8 +119,9 @@ async def _init(config: InitConfig) -> int:
         log.warning("pod annotation %s ignored: %s", _keys(fetch).traffic, exc)
         policy = None
     code = await pre_pull(
-        _fetcher(fetch), fetch.model, target, previous, fetch.start_jitter_seconds, policy=policy
-    )
+        _fetcher(fetch, source.pins), fetch.model, target, previous, fetch.start_jitter_seconds,
+        policy=policy,
+    )  # fmt: skip
     if code != 0 and fetch.track is not None:
         # a tenant model's pre-pull never holds the pod back: the deployment's model and
         # the other tenants' serve meanwhile, and this track's watch sidecar tries again
@@ -134,13 +148,14 @@ async def _serve_metrics(metrics: SidecarMetrics, port: int) -> web.AppRunner:
 async def _watch(config: WatchConfig) -> int:
     metrics = SidecarMetrics()
     fetch = config.fetch
-    fetcher = _fetcher(fetch)
-    metrics.downloads.labels(fetch.model).set_function(lambda: fetcher.downloading)
     pod = _pod_api(fetch, metrics)
     pod_watch = None
     if pod is not None:
         pod_watch = PodWatch(pod, keys=_keys(fetch), fallback_file=fetch.annotations_file)
         metrics.pod_view_stale.labels(fetch.model).set_function(pod_watch.stale_seconds)
+    source = _source(fetch, pod_watch)
+    fetcher = _fetcher(fetch, source.pins)
+    metrics.downloads.labels(fetch.model).set_function(lambda: fetcher.downloading)
     watcher = Watcher(
         WatchSettings(
             fetch.model,
@@ -151,7 +166,7 @@ async def _watch(config: WatchConfig) -> int:
             backoff=Backoff(base_s=fetch.backoff_base_seconds, max_s=fetch.backoff_max_seconds),
             refused_retry_s=fetch.backoff_max_seconds,
         ),
-        _source(fetch, pod_watch),
+        source,
         fetcher,
         ServerControl(config.control_socket, load_timeout_s=config.load_timeout_seconds),
         StatusReporter(config.status_file, pod, keys=_keys(fetch)),
@@ -190,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(config, PublishConfig):
         try:
             manifest = publish(
-                open_store(config.store.store, config.store.s3_endpoint),
+                open_store(config.store.store, config.store.s3_endpoint, config.store.store_id),
                 config.model,
                 config.version,
                 config.file,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from model_rollout_contract import defaults
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, optional_path, parse_with_environment
+from model_rollout_contract.layout import InvalidStoreId, StoreUrl, check_store_id
 from model_rollout_contract.names import InvalidName, check_model_key
 from model_rollout_contract.tracks import InvalidTrack, check_track
 
@@ -17,6 +18,7 @@ from model_rollout_contract.tracks import InvalidTrack, check_track
 class StoreConfig:
     store: str  # s3://bucket/prefix or file:///dir
     s3_endpoint: str | None = None  # non-AWS stores (default: AWS, or $AWS_ENDPOINT_URL)
+    store_id: str | None = None  # a directory store's identity, bound by its manifests
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class FetchConfig:
     allow_list: Path | None = None  # file of allowed SHA-256 digests, one per line
     annotations_file: Path | None = None  # Downward API file of the pod's annotations
     configmap_file: Path | None = None  # the deployment's default target version
+    pins_file: Path | None = None  # the ConfigMap's pinned publish sequences (pins.py)
     max_concurrent_downloads: int = defaults.MAX_CONCURRENT_DOWNLOADS
     retries: int = defaults.STORE_ATTEMPTS  # attempts of one store operation
     start_jitter_seconds: float = defaults.START_JITTER_SECONDS  # before the first fetch
@@ -112,9 +115,22 @@ def _track(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _store_id(text: str) -> str:
+    try:
+        return check_store_id(text)
+    except InvalidStoreId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="s3://bucket/prefix or file:///dir")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: AWS, or $AWS_ENDPOINT_URL)")
+    p.add_argument(
+        "--store-id",
+        type=_store_id,
+        help="a directory store's identity, the same for its publisher and its pods: "
+        "manifests bind it, so a version signed for another directory store is refused",
+    )
 
 
 def _fetch_args(p: argparse.ArgumentParser) -> None:
@@ -142,6 +158,11 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-list", help="file of allowed SHA-256 digests, one per line")
     p.add_argument("--annotations-file", help="Downward API file of the pod's annotations")
     p.add_argument("--configmap-file", help="file holding the deployment's default version")
+    p.add_argument(
+        "--pins-file",
+        help="file holding the publish sequences the operator pinned (JSON), for a pod "
+        "whose annotations do not carry them yet",
+    )
     p.add_argument(
         "--max-concurrent-downloads",
         type=_positive_int,
@@ -229,9 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _store_config(a: argparse.Namespace) -> StoreConfig:
+    try:
+        StoreUrl.parse(a.store).bound_scope(a.store_id)
+    except ValueError as exc:  # an unsupported URL, or an id given to an S3 store
+        build_parser().error(f"--store {a.store}: {exc}")
+    return StoreConfig(a.store, a.s3_endpoint, a.store_id)
+
+
 def _fetch_config(a: argparse.Namespace) -> FetchConfig:
     return FetchConfig(
-        store=StoreConfig(a.store, a.s3_endpoint),
+        store=_store_config(a),
         volume=Path(a.volume),
         model=a.model,
         public_key=optional_path(a.public_key),
@@ -239,6 +268,7 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
         allow_list=optional_path(a.allow_list),
         annotations_file=optional_path(a.annotations_file),
         configmap_file=optional_path(a.configmap_file),
+        pins_file=optional_path(a.pins_file),
         max_concurrent_downloads=a.max_concurrent_downloads,
         retries=a.retries,
         start_jitter_seconds=a.start_jitter_seconds,
@@ -257,7 +287,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         return KeygenConfig(Path(a.private), Path(a.public))
     if a.command == "publish":
         return PublishConfig(
-            StoreConfig(a.store, a.s3_endpoint), a.model, a.version, Path(a.file), Path(a.key),
+            _store_config(a), a.model, a.version, Path(a.file), Path(a.key),
             a.precision, a.force, optional_path(a.golden),
         )  # fmt: skip
     if a.command == "init":

@@ -6,6 +6,10 @@ SidecarReport`)::
     ├── StoreError             a store operation failed; ``transient`` ones are retried
     │   └── ObjectMissing      the key is not in the store (never transient)
     ├── VerificationError      a version is refused: ``code`` is the reason
+    ├── KeysUnreadable         the trusted keys (the Secret) cannot be read or hold no key:
+    │                          nothing is verified until they can (retried)
+    ├── BadPins                the operator's pinned sequences cannot be read: nothing is
+    │                          fetched until they can (retried)
     ├── VolumeError            the shared volume refused a write or holds something unsafe
     │   ├── VolumeFull         no space (or quota) left for it
     │   └── UnsafeVolume       a symbolic link (or another odd entry) where the sidecar
@@ -63,6 +67,20 @@ class VerificationError(SidecarError):
         super().__init__(message)
         self.reason = reason
         self.code = reason
+
+
+class KeysUnreadable(SidecarError):
+    """The trusted keys cannot be read: no key is trusted meanwhile (never the last ones
+    read: a key removed from the Secret must not stay trusted)."""
+
+    code = "keys_unreadable"
+
+
+class BadPins(SidecarError):
+    """The publish sequences the operator pinned (pod annotation or ConfigMap) do not
+    parse: without them an older build could pass, so nothing is fetched meanwhile."""
+
+    code = "bad_pins"
 
 
 class VolumeError(SidecarError):

@@ -1,7 +1,8 @@
 """Fetch a version from the store into the shared volume, verified and atomically.
 
 Everything is downloaded into ``<volume>/.incoming/<random>/`` (same filesystem), checked
-(signature, binding, publish sequence, size, SHA-256, allow-list), and only then renamed
+(signature, binding, publish sequence — against the volume's ledger and the operator's
+pin —, size, SHA-256, allow-list), and only then renamed
 to ``<volume>/<model>/<version>/``, so the server never sees a partial or unverified
 file. That is every file the manifest names: the model, and the golden set when it has
 one (``golden.npz``; missing from the store while named: ``golden_missing``). Each
@@ -26,7 +27,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -42,10 +43,18 @@ from model_rollout_contract.manifest import (
     Manifest,
 )
 from model_rollout_contract.names import is_valid_name
+from model_rollout_contract.pins import InvalidPins
 from model_rollout_contract.versions import version_order
 
 from . import sequences
-from .errors import ObjectMissing, StoreError, UnsafeVolume, VerificationError, VolumeError
+from .errors import (
+    BadPins,
+    ObjectMissing,
+    StoreError,
+    UnsafeVolume,
+    VerificationError,
+    VolumeError,
+)
 from .publish_window import MIXED_STATE_REASONS, PUBLISH_WINDOW_S, mid_publish
 from .retry import Backoff, retry_async
 from .store import ModelStore, ObjectStream, ObjectTooLarge, read_object
@@ -102,9 +111,13 @@ class Fetcher:
         backoff: Backoff | None = None,
         max_concurrent_downloads: int = 1,
         publish_window_s: float = PUBLISH_WINDOW_S,
+        pins: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
+        """``pins``: the publish sequences the operator pinned, by version, read anew
+        for each fetch (the pod's annotations, the ConfigMap); raises ``InvalidPins``."""
         if max_concurrent_downloads < 1:
             raise ValueError("max_concurrent_downloads must be at least 1")
+        self.pins = pins
         self.store = store
         self.verifier = verifier
         self.volume = volume
@@ -142,9 +155,38 @@ class Fetcher:
             log.info("swept %d leftover download(s) from %s", len(swept), incoming.path)
         return swept
 
+    def pinned(self, version: str) -> int | None:
+        """The operator's pin for ``version``; ``BadPins`` when the pins cannot be read."""
+        if self.pins is None:
+            return None
+        try:
+            return self.pins().get(version)
+        except InvalidPins as exc:
+            raise BadPins(f"the operator's pinned publish sequences are unusable: {exc}") from exc
+
+    def untrusted(self, model: str, version: str) -> str | None:
+        """Why the copy of ``version`` on disk would not be accepted now (its manifest:
+        signature under the keys trusted now, binding, pin; not its files, which the
+        server hashed when it loaded them), or ``None``. For a version the server holds:
+        swapping back to it needs no download, so this is its only check."""
+        pinned = self.pinned(version)
+        with self.root() as root:
+            try:
+                with root.model_dir(model) as model_dir, model_dir.child(version) as directory:
+                    data = directory.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+                    signature = directory.read_bytes(SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
+                    manifest = self.verifier.manifest(model, version, data, signature)
+                    sequences.check(model_dir, model, version, manifest.sequence, pinned)
+            except FileNotFoundError:
+                return "its manifest is not on the volume any more to be checked"
+            except (VerificationError, VolumeError) as exc:
+                return f"{exc.code}: {exc.message}"
+        return None
+
     def verified_local(self, model: str, version: str) -> LocalVersion | None:
         """The copy on disk if it is complete and still verifies, else ``None``. A link
         where the model's or the version's directory should be is refused."""
+        pinned = self.pinned(version)
         with self.root() as root:
             try:
                 model_dir = root.model_dir(model)
@@ -160,7 +202,7 @@ class Fetcher:
                         data = version_dir.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
                         signature = version_dir.read_bytes(SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
                         manifest = self.verifier.manifest(model, version, data, signature)
-                        sequences.check(model_dir, model, version, manifest.sequence)
+                        sequences.check(model_dir, model, version, manifest.sequence, pinned)
                         for expected in manifest.files():
                             with version_dir.open_read(expected.file) as f:
                                 self.verifier.file(f, expected)
@@ -249,6 +291,7 @@ class Fetcher:
         except ObjectTooLarge as exc:
             raise VerificationError("bad_signature", exc.message) from exc
         manifest = self.verifier.manifest(model, version, data, signature)
+        sequences.check(None, model, version, manifest.sequence, self.pinned(version))
         attempt = functools.partial(self._install, model, version, manifest, data, signature)
         size = await retry_async(
             lambda: self._in_thread(attempt),

@@ -41,6 +41,13 @@ class SidecarMetrics:
             ["model"],
             registry=r,
         )
+        self.untrusted = Gauge(
+            "model_sidecar_untrusted_versions",
+            "1 for a version the server holds whose manifest no longer verifies (a signing key "
+            "removed from the Secret, say): it is not swapped back to",
+            ["model", "version"],
+            registry=r,
+        )
         self.serving = Gauge(
             "model_sidecar_serving_version",
             "1 for the version the server serves",

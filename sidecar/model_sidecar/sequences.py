@@ -5,8 +5,10 @@ version it has accepted a newer build of (a replay).
 
 The file is written atomically and never through a link (:class:`~.volume.SafeDir`). An
 unreadable one is an error, not an empty memory: forgetting would let a replay through.
-It lives as long as the volume does (the pod's ``emptyDir``); a new pod starts empty, so
-only the store's own history (``publish`` refuses to overwrite) protects its first fetch.
+It lives as long as the volume does (the pod's ``emptyDir``); a new pod starts empty. Its
+first fetch is held to the sequence the operator pinned when the version's rollout
+started (``model_rollout_contract.pins``), given to the pod in its annotations and the
+ConfigMap.
 """
 
 from __future__ import annotations
@@ -43,8 +45,23 @@ def accepted(model_dir: SafeDir, version: str) -> int | None:
     return _load(model_dir).get(version)
 
 
-def check(model_dir: SafeDir | None, model: str, version: str, sequence: int | None) -> None:
-    """Refuse ``sequence`` when a newer build of the version was accepted before."""
+def check(
+    model_dir: SafeDir | None,
+    model: str,
+    version: str,
+    sequence: int | None,
+    pinned: int | None = None,
+) -> None:
+    """Refuse ``sequence`` when it is older than ``pinned`` (the operator's pin; a
+    manifest with no sequence is older than any), or when a newer build of the version
+    was accepted before on this volume (``model_dir``; ``None``: not asked)."""
+    if pinned is not None and (sequence is None or sequence < pinned):
+        has = "no publish sequence" if sequence is None else f"publish sequence {sequence}"
+        raise VerificationError(
+            "stale_sequence",
+            f"{model}:{version} has {has}, older than {pinned}, the one the operator pinned "
+            "when its rollout started: an older build (replayed into the store?) is not served",
+        )
     if model_dir is None or sequence is None:
         return
     newest = accepted(model_dir, version)

@@ -78,10 +78,13 @@ def read_object(store: ModelStore, key: str, limit: int) -> bytes:
 
 
 class LocalStore:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, store_id: str | None = None) -> None:
+        """``store_id``: the directory's configured identity, which manifests published
+        here bind (``file:<id>``; none: ``file:``, see ``StoreUrl.bound_scope``)."""
         self.root = Path(root)
+        self.store_id = store_id
         self.description = f"file://{self.root}"
-        self.scope = StoreUrl("file", "", str(self.root)).scope
+        self.scope = StoreUrl("file", "", str(self.root)).bound_scope(store_id)
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -250,9 +253,13 @@ class S3Store:
             raise _store_error(exc, prefix) from exc
 
 
-def open_store(url: str, endpoint_url: str | None = None) -> ModelStore:
-    """``s3://bucket/prefix`` or ``file:///dir`` (or a plain directory path)."""
+def open_store(
+    url: str, endpoint_url: str | None = None, store_id: str | None = None
+) -> ModelStore:
+    """``s3://bucket/prefix`` or ``file:///dir`` (or a plain directory path); a
+    ``store_id`` names a directory store only (``InvalidStoreId`` for an S3 one)."""
     parsed = StoreUrl.parse(url)
     if parsed.scheme == "s3":
+        parsed.bound_scope(store_id)  # refuses an id
         return S3Store(parsed.bucket, parsed.path, endpoint_url=endpoint_url)
-    return LocalStore(parsed.path)
+    return LocalStore(parsed.path, store_id)

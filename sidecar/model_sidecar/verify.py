@@ -4,7 +4,12 @@ A manifest is accepted when any trusted key verifies its signature and it binds 
 store, this model and this version; a signed manifest from before the binding fields
 existed is refused (``unbound``): a signature that binds only model and version can be
 replayed into another team's prefix. The publish sequence is checked against what was
-accepted before by :mod:`.sequences`, which needs the volume."""
+accepted before, and against the operator's pin, by :mod:`.sequences`, which needs the
+volume.
+
+The trusted keys are read again for every verification (:class:`~.signing.TrustedKeys`):
+a key removed from the Secret signs nothing from then on; keys that cannot be read trust
+nothing (``keys_unreadable``, an error retried with backoff, not a refusal)."""
 
 from __future__ import annotations
 
@@ -14,28 +19,54 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from model_rollout_contract.canary import MAX_GOLDEN_BYTES
+from model_rollout_contract.layout import FILE_STORE_SCOPE
 from model_rollout_contract.manifest import FileRef, Manifest, ManifestError, sha256_stream
 
-from .errors import VerificationError
-from .signing import Ed25519PublicKey, is_valid
+from .errors import KeysUnreadable, VerificationError
+from .signing import Ed25519PublicKey, TrustedKeys, is_valid
 
 
 @dataclass(frozen=True)
 class Verifier:
-    keys: Sequence[Ed25519PublicKey]  # trusted keys; empty: unsigned accepted (development)
+    # trusted keys: a Secret or file read again before each use, or fixed ones; empty:
+    # unsigned manifests accepted (development)
+    keys: TrustedKeys | Sequence[Ed25519PublicKey]
     store_scope: str  # the store this sidecar reads (StoreUrl.scope)
     allowed_digests: frozenset[str] | None = None
 
+    @property
+    def signed(self) -> bool:
+        """Whether manifests must be signed (no keys at all: development only)."""
+        return isinstance(self.keys, TrustedKeys) or bool(self.keys)
+
+    @property
+    def key_generation(self) -> int:
+        """Grows whenever the trusted keys change (read them first: :meth:`trusted_keys`)."""
+        return self.keys.generation if isinstance(self.keys, TrustedKeys) else 0
+
+    def trusted_keys(self) -> Sequence[Ed25519PublicKey]:
+        """The keys trusted now. Raises ``KeysUnreadable`` when they cannot be read."""
+        if not isinstance(self.keys, TrustedKeys):
+            return self.keys
+        try:
+            return self.keys.current()
+        except (OSError, ValueError) as exc:
+            raise KeysUnreadable(
+                f"the trusted keys at {self.keys.path} cannot be read ({exc}); nothing is "
+                "verified until they can"
+            ) from exc
+
     def manifest(self, model: str, version: str, data: bytes, signature: bytes | None) -> Manifest:
         where = f"{model}:{version}"
-        if self.keys:
+        if self.signed:
+            keys = self.trusted_keys()
             if not signature:
                 raise VerificationError("unsigned", f"{where} has no manifest signature")
-            if not is_valid(self.keys, signature, data):
+            if not is_valid(keys, signature, data):
                 raise VerificationError(
                     "bad_signature",
                     f"{where}: manifest signature does not verify against any of the "
-                    f"{len(self.keys)} trusted public key(s)",
+                    f"{len(keys)} trusted public key(s)",
                 )
         try:
             manifest = Manifest.from_bytes(data)
@@ -46,16 +77,22 @@ class Verifier:
                 "bad_manifest",
                 f"manifest is for {manifest.model}:{manifest.version}, not {where}",
             )
-        if self.keys and manifest.unbound():
+        if self.signed and manifest.unbound():
             raise VerificationError(
                 "unbound",
                 f"{where}: the signed manifest lacks {', '.join(manifest.unbound())} "
                 "(published before manifests bound them); publish it again",
             )
         if manifest.store is not None and manifest.store != self.store_scope:
+            hint = ""
+            if manifest.store == FILE_STORE_SCOPE:
+                hint = (
+                    " (published before its directory store had an id: publish it again "
+                    "with --store-id and --force)"
+                )
             raise VerificationError(
                 "wrong_store",
-                f"{where} was published to {manifest.store}, not to {self.store_scope}",
+                f"{where} was published to {manifest.store}, not to {self.store_scope}{hint}",
             )
         if manifest.golden is not None and manifest.golden.size > MAX_GOLDEN_BYTES:
             raise VerificationError(

@@ -23,6 +23,12 @@ file (what a restarted server resumes), in line with the pod's annotation, and c
 both when the annotation goes or the target moves on; a malformed annotation is reported
 (``bad_policy``) and ignored, a policy the server does not take is an ``error``.
 
+Trust: the keys are read again before every verification (:class:`~.signing.TrustedKeys`).
+When they change, the versions the server holds are checked again (their manifests on the
+volume: ``model_sidecar_untrusted_versions``), versions refused for their signature are
+tried again at once, and a swap back to a held version that no longer verifies is refused
+(``untrusted``) while the serving version keeps serving.
+
 Retention: after a swap the volume keeps the serving version, the previous good one,
 those the server still holds and the stable version a traffic policy names, then the
 newest others up to ``keep_versions``; a version whose bytes the server refused
@@ -73,6 +79,10 @@ class WatchSettings:
     refused_retry_s: float = defaults.BACKOFF_MAX_SECONDS  # a refused target, tried again
 
 
+# refusals that a change of the trusted keys may undo: tried again at once when they change
+_KEY_REFUSALS = frozenset({"bad_signature", "untrusted"})
+
+
 def _refusal(exc: SidecarError) -> bool:
     """Permanent for this version: retrying at once would only hammer the store."""
     return isinstance(exc, VerificationError) or (isinstance(exc, StoreError) and not exc.transient)
@@ -102,6 +112,9 @@ class Watcher:
         self.wake = wake or asyncio.Event()
         self.failures = 0  # failed cycles in a row ("error"): how long the next wait is
         self._refused: dict[str, float] = {}  # version -> when it was refused
+        self._key_refused: set[str] = set()  # refused for its signature: see _recheck_held
+        self._trust_seen: tuple[int, tuple[str, ...]] | None = None  # keys, held: checked
+        self._untrusted: set[str] = set()  # held versions that no longer verify
         self._server_refused: set[str] = set()  # loaded and refused: deleted from disk
         self._last_target: str | None = None
         self._target_seen_at: float | None = None
@@ -201,6 +214,8 @@ class Watcher:
         target, model = self._last_target, self.settings.model
         if target is not None and _refusal(exc):
             self._refused[target] = time.monotonic()
+            if exc.code in _KEY_REFUSALS:
+                self._key_refused.add(target)
             self.metrics.refusals.labels(model, exc.code).inc()
             await self._report(
                 target, self._serving, SidecarState.REFUSED, exc.message, code=exc.code
@@ -269,6 +284,7 @@ class Watcher:
         self._held(status.loaded, serving)
         if serving:
             self.metrics.serving.labels(model, serving).set(1)
+        await self._recheck_held(status.loaded)
         if target is None:
             await self._relay(status)
             await self._report(
@@ -318,12 +334,65 @@ class Watcher:
         if await asyncio.to_thread(read_current, volume, model) != serving:
             await asyncio.to_thread(write_current, volume, model, serving)
 
+    async def _recheck_held(self, loaded: tuple[str, ...]) -> None:
+        """When the trusted keys changed (or what the server holds), check the held
+        versions again: ``model_sidecar_untrusted_versions`` says which no longer verify
+        before a rollback to one is asked for, and refusals for a signature are forgotten
+        (a key added may sign them now). Keys that cannot be read are left to the next
+        verification to report: the serving version is not disturbed for it."""
+        verifier, model = self.fetcher.verifier, self.settings.model
+        if not verifier.signed:
+            return
+        try:
+            await asyncio.to_thread(verifier.trusted_keys)
+        except SidecarError as exc:
+            log.warning("%s: %s", model, exc.message)
+            return
+        seen = (verifier.key_generation, tuple(sorted(loaded)))
+        if seen == self._trust_seen:
+            return
+        if self._trust_seen is not None and seen[0] != self._trust_seen[0]:
+            for version in self._key_refused:
+                self._refused.pop(version, None)
+            self._key_refused.clear()
+        self._trust_seen = seen
+        untrusted: set[str] = set()
+        for version in loaded:
+            try:
+                why = await asyncio.to_thread(self.fetcher.untrusted, model, version)
+            except SidecarError as exc:
+                log.warning("%s: cannot check %s again: %s", model, version, exc.message)
+                continue
+            if why is not None:
+                untrusted.add(version)
+                if version not in self._untrusted:
+                    log.warning("%s:%s, held by the server, is no longer trusted: %s",
+                                model, version, why)  # fmt: skip
+            self.metrics.untrusted.labels(model, version).set(1 if why else 0)
+        for gone in self._untrusted - set(loaded):
+            with contextlib.suppress(KeyError):
+                self.metrics.untrusted.remove(model, gone)
+        self._untrusted = untrusted
+
     async def _swap_retained(self, target: str, serving: str | None) -> str:
-        """Nothing to fetch or verify: the server verified this version when it loaded it.
-        The critical path of a rollback is this one local call."""
+        """Nothing to fetch: the server hashed this version when it loaded it. Its
+        manifest is checked again (the keys may have changed since: a version that no
+        longer verifies is refused, ``untrusted``, and the serving one keeps serving).
+        The critical path of a rollback is this check and one local call."""
         model = self.settings.model
         if self._load_policy(target) is not None:  # the policy goes with the swap: a load
             return await self._switch(target, serving)  # (the server swaps to what it holds)
+        why = await asyncio.to_thread(self.fetcher.untrusted, model, target)
+        self.metrics.untrusted.labels(model, target).set(1 if why else 0)
+        if why is not None:
+            self._untrusted.add(target)
+            kept = f"; {serving} keeps serving" if serving else ""
+            raise VerificationError(
+                "untrusted",
+                f"{model}:{target} is held by the server but its manifest no longer "
+                f"verifies ({why}): not swapped back to{kept}",
+            )
+        self._untrusted.discard(target)
         answer = await self.control.swap_to_retained(model, target)
         if isinstance(answer, ErrorReply):  # evicted meanwhile: fetch and load it instead
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
