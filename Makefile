@@ -78,6 +78,7 @@ demo: install
 	$(BIN)/python -m model_rollout_e2e.demo $(DEMO_ARGS)
 
 lint: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -96,7 +97,7 @@ bench: install
 
 # the KServe v2 gRPC code from the vendored protos (committed; a test checks it is current)
 grpc-protocol: install
-	$(BIN)/python -m model_server.grpc_protocol.generate
+	$(BIN)/python -m model_server.frontends.grpc.protocol.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -21,9 +21,9 @@ from pathlib import Path
 from bench_output import write_json
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.base import ModelFile
+from model_server.backends.engine_cache import EngineCache
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.engine_cache import EngineCache
-from model_server.load_pipeline import warm_up
+from model_server.lifecycle.load_pipeline import warm_up
 
 
 def start_pod(model: str, cache_dir: str, queue: multiprocessing.Queue) -> None:

@@ -34,13 +34,14 @@ import numpy as np
 
 from bench_output import write_json
 from model_rollout_e2e.onnx_models import publish_mlp
-from model_server.audit import AuditLog
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
 from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
-from model_server.engine_manager import EngineManager
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.scheduling.runner import Runner
 
 
 def write_versions(root: Path, args: argparse.Namespace, count: int = 2) -> None:
@@ -94,8 +95,9 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         ServerMetrics(),
         AuditLog(),
         retain=args.retain,
-        executor=threads,
-        quick_run_s=args.quick_run_us / 1e6,
+    )
+    runner = Runner(
+        manager.metrics, manager.row_limits, executor=threads, quick_run_s=args.quick_run_us / 1e6
     )
     manager.register("mlp")
     mib = lambda: round(torch.cuda.memory_allocated() / 2**20, 1)  # noqa: E731
@@ -130,13 +132,13 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         )
     }
     for _ in range(20):  # each inference thread makes its stream and buffers before timing
-        await asyncio.gather(*(manager.infer("mlp", x) for _ in range(args.workers)))
+        await asyncio.gather(*(runner.infer(manager.slot("mlp"), x) for _ in range(args.workers)))
     latencies: list[float] = []
 
     async def client(stop: asyncio.Event) -> None:
         while not stop.is_set():
             t0 = time.perf_counter()
-            await manager.infer("mlp", x)
+            await runner.infer(manager.slot("mlp"), x)
             latencies.append(time.perf_counter() - t0)
             await asyncio.sleep(0)  # a quick run answers without yielding: let others in
 

@@ -29,14 +29,15 @@ import numpy as np
 
 from bench_output import write_json
 from gpu_swap import write_versions
-from model_server import load_pipeline
-from model_server.audit import AuditLog
 from model_server.backends import make_backend
 from model_server.backends.base import ModelFile
 from model_server.config import GIL_SWITCH_INTERVAL_US
-from model_server.engine_manager import EngineManager
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle import load_pipeline
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.scheduling.runner import Runner
 
 Step = tuple[str, float, float]  # (name, start, end), perf_counter seconds
 
@@ -85,21 +86,20 @@ async def timeline(args: argparse.Namespace, root: Path) -> dict:
     options = {"device": args.device} if args.backend == "torch" else {}
     backend = make_backend(args.backend, None, **options)
     threads = ThreadPoolExecutor(args.workers, thread_name_prefix="infer")
-    manager = EngineManager(
-        backend, ModelRepository(root), ServerMetrics(), AuditLog(), retain=2, executor=threads
-    )
+    manager = EngineManager(backend, ModelRepository(root), ServerMetrics(), AuditLog(), retain=2)
+    runner = Runner(manager.metrics, manager.row_limits, executor=threads)
     manager.register("mlp")
     await manager.load("mlp", "v1")
     x = {"input": np.random.default_rng(0).standard_normal((args.batch, args.in_dim), np.float32)}
     for _ in range(20):
-        await asyncio.gather(*(manager.infer("mlp", x) for _ in range(args.workers)))
+        await asyncio.gather(*(runner.infer(manager.slot("mlp"), x) for _ in range(args.workers)))
     requests: list[tuple[float, float]] = []
     stop = asyncio.Event()
 
     async def client() -> None:
         while not stop.is_set():
             started = time.perf_counter()
-            await manager.infer("mlp", x)
+            await runner.infer(manager.slot("mlp"), x)
             requests.append((started, time.perf_counter()))
 
     gaps: list[tuple[float, float]] = []

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_output import write_json
-from model_server.private_copy import PrivateCopy, read_into_private_copy
+from model_server.files.private_copy import PrivateCopy, read_into_private_copy
 
 
 class Watchers:

@@ -25,6 +25,9 @@ from model_rollout_e2e.loadgen import v2_body
 from model_rollout_e2e.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.model_slot import LoadedVersion
+from model_server.scheduling.runner import Runner
 
 IN_DIM = 8
 
@@ -141,6 +144,15 @@ def which_version(versions: dict[str, Version], x: np.ndarray, answer: dict[str,
         f"answer claims {answer['model_version']} but matches {matches}: {json.dumps(answer)[:200]}"
     )
     return matches[0]
+
+
+async def infer_on(
+    manager: EngineManager, key: str, feeds: Mapping[str, np.ndarray], runner: Runner | None = None
+) -> tuple[LoadedVersion, dict[str, np.ndarray]]:
+    """An inference on ``key``'s serving version as the data plane runs one: through
+    ``runner``, by default one with no batching, on the loop's default threads."""
+    runner = runner or Runner(manager.metrics, manager.row_limits)
+    return await runner.infer(manager.slot(key), feeds)
 
 
 async def ask(socket_path: Path, request: dict[str, Any] | bytes) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from model_server.audit import AuditEvent, AuditLog
+from model_server.observability.audit import AuditEvent, AuditLog
 
 EVENT = AuditEvent("load", "mlp", "v2", "socket:uid=1", "socket", "success")
 

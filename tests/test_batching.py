@@ -32,15 +32,17 @@ from model_rollout_contract import argv, defaults
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.audit import AuditLog
-from model_server.backends.base import Engine, ModelFile, TensorSpec
+from model_server.backends.base import Engine, ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.batching import BatchPolicy, engine_max_rows, unbatchable_reason
 from model_server.config import ConfigError, ModelSpec, ServerConfig, parse_args
-from model_server.engine_manager import EngineManager
 from model_server.errors import Unavailable
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.protocol.tensor_spec import TensorSpec
+from model_server.scheduling.batching import BatchPolicy, engine_max_rows, unbatchable_reason
+from model_server.scheduling.runner import Runner
 
 ROOT = Path(__file__).parent.parent
 Feeds = Mapping[str, np.ndarray]
@@ -246,7 +248,7 @@ async def test_a_batch_takes_the_oldest_requests_that_fit_and_the_rest_wait(
         rest = []
         for queued, x in enumerate(xs, 1):
             rest.append(asyncio.create_task(infer(client, x)))
-            await until(lambda queued=queued: server.manager.batchers.queued() == queued)
+            await until(lambda queued=queued: server.runner.batchers.queued() == queued)
         backend.gate("v1").set()
         answers = await asyncio.gather(first, *rest)
         assert backend.rows() == [1, 3, 4, 6]
@@ -286,7 +288,7 @@ async def test_with_no_delay_requests_batch_only_while_the_threads_are_busy(
         await until(lambda: backend.waiting["v1"] == 1)
         xs = [rows_of(rng, 1) for _ in range(5)]
         rest = [asyncio.create_task(infer(client, x)) for x in xs]
-        await until(lambda: server.manager.batchers.queued() == 5)
+        await until(lambda: server.runner.batchers.queued() == 5)
         backend.gate("v1").set()
         answers = await asyncio.gather(first, *rest)
         assert backend.rows() == [1, 5]
@@ -412,14 +414,14 @@ async def test_a_cancelled_request_keeps_its_version_open_until_its_run_ends(
     backend = Recording()
     policy = BatchPolicy(2 if batching else 0, 30.0, 4, frozenset({"mlp"}))
     manager = EngineManager(
-        backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(), retain=1,
-        batching=policy,
-    )  # fmt: skip
+        backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(), retain=1
+    )
+    runner = Runner(manager.metrics, manager.row_limits, batching=policy)
     manager.register("mlp")
     await manager.load("mlp", "v1")
     backend.gate("v1").clear()
     x = {INPUT_NAME: np.ones((1, 8), np.float32)}
-    tasks = [asyncio.create_task(manager.infer("mlp", x)) for _ in range(2)]
+    tasks = [asyncio.create_task(runner.infer(manager.slot("mlp"), x)) for _ in range(2)]
     await until(lambda: backend.waiting["v1"] == (1 if batching else 2))
     await manager.load("mlp", "v2")  # v1 dropped: its requests keep it open
     for task in tasks:
@@ -433,30 +435,33 @@ async def test_a_cancelled_request_keeps_its_version_open_until_its_run_ends(
             await asyncio.wait_for(task, GUARD_S)
     assert backend.closed == ["v1"]
     assert backend.rows("v1") == ([2] if batching else [1, 1])
+    runner.close()
     manager.close()
 
 
 async def test_closing_fails_queued_requests_with_503(repo) -> None:
-    """A request waiting for its batch when the manager closes (the server's shutdown) is
-    failed with 503 unavailable, not left waiting; so is one that arrives after."""
+    """A request waiting for its batch when the server shuts down (its runner, then its
+    engines, closed) is failed with 503 unavailable, not left waiting; so is one that
+    arrives after."""
     backend = Recording()
-    manager = EngineManager(
-        backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(),
-        batching=BatchPolicy(64, 60.0, 4, frozenset({"mlp"})),
-    )  # fmt: skip
+    manager = EngineManager(backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog())
+    runner = Runner(
+        manager.metrics, manager.row_limits, batching=BatchPolicy(64, 60.0, 4, frozenset({"mlp"}))
+    )
     manager.register("mlp")
     await manager.load("mlp", "v1")
     x = {INPUT_NAME: np.ones((1, 8), np.float32)}
-    queued = asyncio.create_task(manager.infer("mlp", x))
-    await until(lambda: manager.batchers.queued() == 1)
+    queued = asyncio.create_task(runner.infer(manager.slot("mlp"), x))
+    await until(lambda: runner.batchers.queued() == 1)
     v1 = manager.slot("mlp").current
     assert v1 is not None
+    runner.close()
     manager.close()
     with pytest.raises(Unavailable, match="shutting down") as caught:
         await asyncio.wait_for(queued, GUARD_S)
     assert caught.value.status == 503 and backend.runs == []
     with pytest.raises(Unavailable, match="shutting down"):
-        await manager.run(v1, x)
+        await runner.run(v1, x)
     assert backend.closed == ["v1"]  # the pins are gone: the engine is closed
 
 

@@ -23,12 +23,13 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 from helpers import sample, samples, worker_processes, write_gate, write_manifest
 from model_rollout_contract.canary import PIN_HEADER, REQUESTS
 from model_server.app import ModelServer
-from model_server.backends.base import ModelFile, TensorSpec
+from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.binary_codec import read_binary_inputs, tensor_bytes, tensor_from_bytes
 from model_server.config import ModelSpec, ServerConfig
 from model_server.errors import BadRequest
-from model_server.tensors import MAX_ELEMENTS, BinaryInput, decode_input_list
+from model_server.protocol.binary_codec import read_binary_inputs, tensor_bytes, tensor_from_bytes
+from model_server.protocol.tensor_spec import TensorSpec
+from model_server.protocol.tensors import MAX_ELEMENTS, BinaryInput, decode_input_list
 
 INFER = "/v2/models/mlp/infer"
 GATE = "/v2/models/gate/infer"

@@ -40,13 +40,14 @@ from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.layout import CURRENT_FILE, TRAFFIC_FILE
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import Engine, ModelFile, TensorSpec
+from model_server.backends.base import Engine, ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import ModelSpec, ServerConfig, parse_args
-from model_server.http_codec import HttpInferBody
-from model_server.traffic import Route, TrafficRouter
-from model_server.v2_codec import InferenceRequest
-from model_server.version_metrics import SHADOW_SKIPPED
+from model_server.frontends.http.codec import HttpInferBody
+from model_server.observability.version_metrics import SHADOW_SKIPPED
+from model_server.protocol.tensor_spec import TensorSpec
+from model_server.protocol.v2_codec import InferenceRequest
+from model_server.scheduling.traffic import Route, TrafficRouter
 
 Feeds = Mapping[str, np.ndarray]
 GRPC_ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # gRPC metadata keys: lower case
@@ -323,7 +324,7 @@ async def test_a_request_its_client_gave_up_on_is_not_the_versions_error(
     async with serving(server_config, backend) as (client, server):
         backend.gate("v1").clear()
         x = np.ones((1, 8), dtype=np.float32)
-        body = HttpInferBody(server.plane.codec, memoryview(json.dumps(infer_body(x)).encode()))
+        body = HttpInferBody(server.codec, memoryview(json.dumps(infer_body(x)).encode()))
         call = asyncio.create_task(server.plane.infer("mlp", "mlp", body))
         while backend.waiting["v1"] == 0:
             await asyncio.sleep(0.01)

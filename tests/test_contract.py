@@ -1,6 +1,6 @@
 """The contract package: one rule, one order, wire formats that round-trip, defaults
-that match the CRD, command lines the real parsers accept, and no program importing
-another program's package."""
+that match the CRD, command lines the real parsers accept, and a contract that needs only
+the standard library."""
 
 from __future__ import annotations
 
@@ -32,14 +32,7 @@ from model_rollout_contract.states import Phase, SidecarState
 from model_rollout_contract.versions import newest, predecessor, sorted_versions
 
 ROOT = Path(__file__).parent.parent
-PROGRAMS = {
-    "model_server": ROOT / "server" / "model_server",
-    "model_sidecar": ROOT / "sidecar" / "model_sidecar",
-    "model_operator": ROOT / "operator" / "model_operator",
-    "model_rollout_cli": ROOT / "cli" / "model_rollout_cli",
-}
 CONTRACT = ROOT / "common" / "model_rollout_contract"
-TOOLING = "model_rollout_e2e"
 
 
 def imported_packages(source: Path) -> set[str]:
@@ -54,13 +47,9 @@ def imported_packages(source: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
-def test_no_program_imports_another_program(program: str) -> None:
-    others = (set(PROGRAMS) | {TOOLING}) - {program}
-    assert imported_packages(PROGRAMS[program]) & others == set()
-
-
-def test_the_contract_imports_no_program_and_no_third_party_package() -> None:
+def test_the_contract_imports_no_third_party_package() -> None:
+    """Which program imports which is import-linter's (pyproject.toml); that the contract
+    needs nothing but the standard library is not something it can say."""
     imported = imported_packages(CONTRACT) - {"model_rollout_contract", "__future__"}
     import sys
 
@@ -68,8 +57,8 @@ def test_the_contract_imports_no_program_and_no_third_party_package() -> None:
 
 
 def test_the_import_check_sees_imports() -> None:  # the check above cannot pass vacuously
-    assert "model_rollout_contract" in imported_packages(PROGRAMS["model_operator"])
-    assert "kopf" in imported_packages(PROGRAMS["model_operator"])
+    operator = ROOT / "operator" / "model_operator"
+    assert {"model_rollout_contract", "kopf"} <= imported_packages(operator)
 
 
 @pytest.mark.parametrize("name", ["v1", "2026-11-30", "a_b.c", "A" * 128])
@@ -585,7 +574,7 @@ def test_jwt_argv_is_what_the_server_parses(jwks_url: str | None) -> None:
 
 
 def test_the_servers_jwt_defaults_are_the_contracts() -> None:
-    from model_server import jwt_auth
+    from model_server.security import jwt_auth
 
     assert jwt_auth.DEFAULT_ALGORITHMS == defaults.JWT_ALGORITHMS
     assert set(defaults.JWT_ALGORITHMS) <= set(defaults.JWT_ASYMMETRIC_ALGORITHMS)

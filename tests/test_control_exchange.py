@@ -30,7 +30,7 @@ from model_rollout_contract.control import (
     parse_reply,
 )
 from model_server.errors import Unavailable
-from model_server.pool_relay import WorkerLink
+from model_server.pool.relay import WorkerLink
 from model_sidecar.control_client import ServerControl
 from model_sidecar.errors import ControlFailure, ServerUnavailable
 from model_sidecar.retry import Backoff

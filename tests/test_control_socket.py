@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from helpers import add_version, ask
 from model_server.app import ModelServer
-from model_server.control_socket import ControlSocketServer
+from model_server.frontends.control_socket import ControlSocketServer
 
 
 async def test_load_rollback_status(

@@ -14,17 +14,17 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
 from conftest import ADMIN
-from helpers import GatedBackend, Version, add_version, ask, infer_body, output_of
+from helpers import GatedBackend, Version, add_version, ask, infer_body, infer_on, output_of
 from model_rollout_contract.manifest import Manifest, sha256_bytes
 from model_server.app import SERVER, ModelServer
-from model_server.audit import AuditLog
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import ModelSpec, ServerConfig
-from model_server.engine_manager import EngineManager
 from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded, NotReady
-from model_server.metrics import ServerMetrics
-from model_server.model_slot import VersionState, VersionStatus
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.model_slot import VersionState, VersionStatus
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
 
 X = np.ones((1, 8), np.float32)
 
@@ -107,7 +107,7 @@ async def test_a_failed_load_leaves_the_rollback_target_loaded(tmp_path: Path) -
     assert gauges(manager) == before  # v3 never counted, v1 counted again
     result = await manager.rollback("mlp")  # to v1, instantly: it is held
     assert (result.to_version, result.instant) == ("v1", True)
-    served, out = await manager.infer("mlp", {"input": X})
+    served, out = await infer_on(manager, "mlp", {"input": X})
     np.testing.assert_allclose(out["output"], v1.expected(X), atol=1e-5)
     assert served.sha256 == v1.sha256
     assert manager.total_memory_bytes() <= manager.budget.limit_bytes  # type: ignore[operator]
@@ -328,7 +328,7 @@ async def test_an_unload_during_a_load_that_made_room_keeps_the_model_unloaded(
     with pytest.raises(Conflict, match="no retained"):
         await manager.rollback("m", "v1")
     with pytest.raises(NotReady):
-        await manager.infer("m", {"input": X})
+        await infer_on(manager, "m", {"input": X})
     manager.close()
 
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import IN_DIM, Version, add_version
+from helpers import IN_DIM, Version, add_version, infer_on
 from model_rollout_contract.manifest import sha256_file
 from model_rollout_e2e.onnx_models import INPUT_NAME, write_mlp
-from model_server.audit import AuditLog
 from model_server.backends.base import ModelFile
+from model_server.backends.engine_cache import DIGEST_SUFFIX, CacheKey, EngineCache
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.engine_cache import DIGEST_SUFFIX, CacheKey, EngineCache
-from model_server.engine_manager import EngineManager
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
 
 KEY = CacheKey("resnet50", "ab" * 32, "trt10.3.0", "NVIDIA H200", "fp16", "input:1x3-8x3-32x3")
 
@@ -176,7 +176,7 @@ def test_a_link_planted_as_an_entry_is_rebuilt_never_loaded(
 
     async def serve() -> tuple[str, np.ndarray]:
         await manager.load("m", "1", path=v1.path, expected_sha256=v1.sha256)
-        version, outputs = await manager.infer("m", {INPUT_NAME: _x()})
+        version, outputs = await infer_on(manager, "m", {INPUT_NAME: _x()})
         return version.sha256, next(iter(outputs.values()))
 
     try:

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import GatedBackend, add_version
-from model_server.audit import AuditLog
+from helpers import GatedBackend, add_version, infer_on
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
-from model_server.engine_manager import EngineManager
 from model_server.errors import Conflict, LoadRefused, MemoryBudgetExceeded
-from model_server.metrics import ServerMetrics
-from model_server.model_slot import VersionState, VersionStatus
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.model_slot import VersionState, VersionStatus
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.scheduling.runner import Runner
 
 
 def make_manager(root: Path, retain: int = 2, budget: int | None = None) -> EngineManager:
@@ -50,7 +51,7 @@ async def test_old_engine_freed_only_after_its_in_flight_requests(root: Path) ->
     assert isinstance(backend, GatedBackend)
     await manager.load("mlp", "v1")
     backend.gate.clear()
-    in_flight = [asyncio.create_task(manager.infer("mlp", X)) for _ in range(5)]
+    in_flight = [asyncio.create_task(infer_on(manager, "mlp", X)) for _ in range(5)]
     await asyncio.sleep(0.05)
     slot = manager.slot("mlp")
     v1 = slot.current
@@ -132,8 +133,8 @@ async def test_a_slow_load_never_blocks_inference(root: Path) -> None:
         ModelRepository(root),
         ServerMetrics(),
         AuditLog(),
-        executor=ThreadPoolExecutor(1),
     )
+    runner = Runner(manager.metrics, manager.row_limits, executor=ThreadPoolExecutor(1))
     manager.register("mlp")
     await manager.load("mlp", "v1")
     loading = asyncio.create_task(manager.load("mlp", "v2"))
@@ -141,7 +142,7 @@ async def test_a_slow_load_never_blocks_inference(root: Path) -> None:
     answered = 0
     started = time.monotonic()
     while not loading.done():
-        version, _ = await manager.infer("mlp", X)
+        version, _ = await infer_on(manager, "mlp", X, runner)
         assert version.version == "v1"
         answered += 1
     await loading

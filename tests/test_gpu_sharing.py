@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from model_server import pool
 from model_server.config import parse_args
-from model_server.gpu_sharing import (
+from model_server.pool import supervisor as pool
+from model_server.pool.gpu_sharing import (
     mps_control_pipe,
     mps_daemon_answers,
     pool_without_mps_warning,
@@ -107,7 +107,7 @@ def test_the_pool_logs_it_at_start(
     monkeypatch.setattr(pool.Pool, "run", ran)
     argv = ["--repository", str(tmp_path), "--model", "m", "--backend", "torch"]
     config = parse_args([*argv, "--processes", "3"])
-    with caplog.at_level(logging.WARNING, logger="model_server.pool"):
+    with caplog.at_level(logging.WARNING, logger="model_server.pool.supervisor"):
         assert pool.run_pool(config, argv) == 0
     assert said == [("torch", 3)]
     assert "pool: no MPS here" in caplog.text

@@ -21,7 +21,7 @@ from helpers import infer_body, output_of, worker_processes, write_manifest
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig
-from model_server.v2_codec import encode_response
+from model_server.protocol.v2_codec import encode_response
 
 INFER = "/v2/models/mlp/infer"
 JSON = {"Content-Type": "application/json"}

@@ -27,10 +27,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import ADMIN
 from helpers import RaisingBackend, infer_body
 from model_server.app import ModelServer
-from model_server.binary_codec import ALIGNMENT
 from model_server.config import MAX_REQUEST_BYTES, ServerConfig
 from model_server.errors import BadRequest, RequestTimeout
-from model_server.http_body import BodyBuffer, read_body
+from model_server.frontends.http.body import BodyBuffer, read_body
+from model_server.protocol.binary_codec import ALIGNMENT
 
 INFER = "/v2/models/mlp/infer"
 X1 = np.ones((1, 8), np.float32)
@@ -317,7 +317,7 @@ async def test_an_engine_raising_is_a_500_json_answer_and_logged(
         "error": f"internal error: {RaisingBackend.MESSAGE}",
         "code": "internal_error",
     }
-    [record] = [r for r in caplog.records if r.name == "model_server.http_api"]
+    [record] = [r for r in caplog.records if r.name == "model_server.frontends.http.api"]
     assert record.exc_info is not None and "POST /v2/models/mlp/infer" in record.getMessage()
     fine = await failing_client.post(INFER, json=infer_body(np.ones((1, 8), np.float32)))
     assert fine.status == 200, await fine.text()

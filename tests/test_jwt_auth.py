@@ -34,8 +34,8 @@ from helpers import Version, add_version, infer_body, which_version
 from model_server.app import SERVER, ModelServer
 from model_server.config import ServerConfig, parse_args
 from model_server.errors import Unauthorized
-from model_server.jwks import JwksUrl, parse_jwks
-from model_server.jwt_auth import EXPIRED, INVALID, NOT_YET_VALID, JwtConfig, JwtVerifier
+from model_server.security.jwks import JwksUrl, parse_jwks
+from model_server.security.jwt_auth import EXPIRED, INVALID, NOT_YET_VALID, JwtConfig, JwtVerifier
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "model-rollout"

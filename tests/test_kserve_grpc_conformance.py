@@ -50,13 +50,13 @@ from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_rollout_e2e.processes import ServerProcess, free_port
 from model_server import errors
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import TensorSpec
 from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, parse_args
 from model_server.errors import BadRequest
-from model_server.grpc_api import STATUS_CODES, UNIMPLEMENTED, InferenceService
-from model_server.grpc_codec import decode_request, encode_response
-from model_server.grpc_protocol import generate
-from model_server.grpc_protocol import grpc_service_pb2 as pb
+from model_server.frontends.grpc.api import STATUS_CODES, UNIMPLEMENTED, InferenceService
+from model_server.frontends.grpc.codec import decode_request, encode_response
+from model_server.frontends.grpc.protocol import generate
+from model_server.frontends.grpc.protocol import grpc_service_pb2 as pb
+from model_server.protocol.tensor_spec import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE = "inference.GRPCInferenceService"

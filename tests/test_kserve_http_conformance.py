@@ -28,7 +28,7 @@ from conftest import ADMIN
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
 from model_server.app import ModelServer
 from model_server.config import ServerConfig
-from model_server.protocol_metadata import EXTENSIONS
+from model_server.dataplane.metadata import EXTENSIONS
 
 T = TypeVar("T")
 X = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)

@@ -20,8 +20,8 @@ from model_operator.metrics import OperatorMetrics
 from model_rollout_contract import canary
 from model_server.app import ModelServer
 from model_server.config import ServerConfig
-from model_server.metrics import PREFIX as SERVER_PREFIX
-from model_server.pool_metrics import merge_expositions
+from model_server.observability.metrics import PREFIX as SERVER_PREFIX
+from model_server.pool.metrics import merge_expositions
 from model_sidecar.metrics import PREFIX as SIDECAR_PREFIX
 from model_sidecar.metrics import SidecarMetrics
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from model_rollout_contract import control
-from model_server.pool_relay import ControlRelay, WorkerLink
-from model_server.pool_replay import replay
+from model_server.pool.relay import ControlRelay, WorkerLink
+from model_server.pool.replay import replay
 
 
 @dataclass
@@ -125,7 +125,7 @@ async def test_the_replay_skips_a_retained_version_whose_directory_is_gone(
         }
     }
     worker = Worker("v0", ["v0"], retain=3)
-    with caplog.at_level(logging.WARNING, logger="model_server.pool_replay"):
+    with caplog.at_level(logging.WARNING, logger="model_server.pool.replay"):
         await replay(state, ScriptedLink(0, worker))
     loads = [r.version for r in worker.asked if isinstance(r, control.LoadRequest)]
     assert loads == ["v2", "v3"] and worker.serving == "v3"

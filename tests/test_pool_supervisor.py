@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from model_server import pool as pool_module
 from model_server.config import ServerConfig
-from model_server.pool import Pool
-from model_server.pool_replay import ReplayFailed
+from model_server.pool import supervisor as pool_module
+from model_server.pool.replay import ReplayFailed
+from model_server.pool.supervisor import Pool
 
 # a worker as the supervisor sees one: its control socket answers; SIGTERM drains a
 # moment, then exits 0

@@ -25,17 +25,17 @@ import pytest
 from helpers import add_version, write_manifest
 from model_rollout_contract.manifest import sha256_file
 from model_rollout_e2e.onnx_models import write_mlp
-from model_server import private_copy
-from model_server.audit import AuditLog
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.backends.torch_backend import TorchBackend
-from model_server.engine_manager import EngineManager
 from model_server.errors import MemoryBudgetExceeded, ServingError
-from model_server.load_pipeline import LoadPipeline
-from model_server.metrics import ServerMetrics
-from model_server.private_copy import PrivateCopy, read_into_private_copy
-from model_server.repository import ModelRepository
+from model_server.files import private_copy
+from model_server.files.private_copy import PrivateCopy, read_into_private_copy
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.load_pipeline import LoadPipeline
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from helpers import add_version
-from model_server.audit import AuditLog
 from model_server.backends.base import ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import QUICK_RUN_US, parse_args
-from model_server.engine_manager import EngineManager
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.scheduling.runner import Runner
 
 X = np.ones((1, 8), np.float32)
 
@@ -54,10 +55,8 @@ class QuickBackend(OnnxRuntimeBackend):
         return engine
 
 
-def manager(root: Path, backend: QuickBackend, quick_run_s: float) -> EngineManager:
-    m = EngineManager(
-        backend, ModelRepository(root), ServerMetrics(), AuditLog(), quick_run_s=quick_run_s
-    )
+def manager(root: Path, backend: QuickBackend) -> EngineManager:
+    m = EngineManager(backend, ModelRepository(root), ServerMetrics(), AuditLog())
     m.register("mlp")
     return m
 
@@ -65,18 +64,19 @@ def manager(root: Path, backend: QuickBackend, quick_run_s: float) -> EngineMana
 async def test_a_quick_run_is_made_on_the_event_loop_and_counted(tmp_path: Path) -> None:
     version = add_version(tmp_path, "mlp", "v1", seed=1)
     backend = QuickBackend(run_seconds=100e-6)
-    m = manager(tmp_path, backend, quick_run_s=300e-6)
+    m = manager(tmp_path, backend)
+    runner = Runner(m.metrics, m.row_limits, quick_run_s=300e-6)
     try:
         await m.load("mlp", "v1")
         backend.runs.clear()  # the warm-up's
-        served, out = await m.infer("mlp", {"input": X})
+        served, out = await runner.infer(m.slot("mlp"), {"input": X})
         np.testing.assert_allclose(out["output"], version.expected(X), atol=1e-5)
         assert backend.runs == [("quick", threading.current_thread().name)]
         assert served.metrics.engine_latency._sum.get() > 0  # timed like any run
         assert served.metrics.output_values._value.get() == out["output"].size
         backend.runs.clear()
         x2 = np.ones((2, 8), np.float32)  # no quick run for this shape: a thread's
-        _, out2 = await m.infer("mlp", {"input": x2})
+        _, out2 = await runner.infer(m.slot("mlp"), {"input": x2})
         np.testing.assert_allclose(out2["output"], version.expected(x2), atol=1e-5)
         ((how, thread),) = backend.runs
         assert how == "thread" and thread != threading.current_thread().name
@@ -93,11 +93,12 @@ async def test_runs_longer_than_the_budget_or_with_it_off_go_to_a_thread(
 ) -> None:
     add_version(tmp_path, "mlp", "v1", seed=1)
     backend = QuickBackend(run_seconds)
-    m = manager(tmp_path, backend, quick_run_s)
+    m = manager(tmp_path, backend)
+    runner = Runner(m.metrics, m.row_limits, quick_run_s=quick_run_s)
     try:
         await m.load("mlp", "v1")
         backend.runs.clear()
-        await m.infer("mlp", {"input": X})
+        await runner.infer(m.slot("mlp"), {"input": X})
         ((how, thread),) = backend.runs
         assert how == "thread" and thread != threading.current_thread().name
     finally:

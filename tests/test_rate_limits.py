@@ -26,12 +26,12 @@ from helpers import (
     write_tenants,
 )
 from model_server.app import SERVER, ModelServer
-from model_server.auth import parse_tenants
-from model_server.binary_codec import HEADER_LENGTH
 from model_server.config import ServerConfig
 from model_server.errors import RateLimited
-from model_server.metrics import TenantRequests
-from model_server.rate_limits import RateLimit, TenantRateLimits, TokenBucket
+from model_server.observability.metrics import TenantRequests
+from model_server.protocol.binary_codec import HEADER_LENGTH
+from model_server.security.auth import parse_tenants
+from model_server.security.rate_limits import RateLimit, TenantRateLimits, TokenBucket
 
 X = np.ones((1, 8), np.float32)
 ACME = {"X-API-Key": "key-acme"}

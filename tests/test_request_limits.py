@@ -27,14 +27,15 @@ from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
 from model_rollout_e2e.onnx_models import INPUT_NAME
 from model_server.app import SERVER, ModelServer
-from model_server.backends.base import ModelFile, TensorSpec
+from model_server.backends.base import ModelFile
 from model_server.backends.onnx_rows import bytes_per_row
 from model_server.config import ModelSpec, ServerConfig, parse_args
 from model_server.errors import BadRequest
-from model_server.grpc_protocol import grpc_service_pb2 as pb
-from model_server.grpc_protocol import grpc_service_pb2_grpc as pb_grpc
-from model_server.request_limits import RowLimits
-from model_server.tensors import MAX_ELEMENTS
+from model_server.frontends.grpc.protocol import grpc_service_pb2 as pb
+from model_server.frontends.grpc.protocol import grpc_service_pb2_grpc as pb_grpc
+from model_server.lifecycle.request_limits import RowLimits
+from model_server.protocol.tensor_spec import TensorSpec
+from model_server.protocol.tensors import MAX_ELEMENTS
 
 ROOT = Path(__file__).parent.parent
 WIDE = "/v2/models/wide/infer"
@@ -284,7 +285,7 @@ def test_a_model_without_an_estimate_is_logged_once(caplog: pytest.LogCaptureFix
     and only the element limit bounds its requests."""
     limits = RowLimits(2**20)
     engine = _NoEstimate()
-    with caplog.at_level(logging.WARNING, logger="model_server.request_limits"):
+    with caplog.at_level(logging.WARNING, logger="model_server.lifecycle.request_limits"):
         for _ in range(3):
             limits.check("seq", engine, {"x": np.ones((4000, 200), np.float32)})
         with pytest.raises(BadRequest, match="elements"):

@@ -41,11 +41,11 @@ from model_rollout_e2e.processes import ServerProcess, free_port
 from model_server.app import SERVER, ModelServer
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import ModelSpec, ServerConfig, parse_args
-from model_server.pool_metrics import GAUGE_MERGE, UNANSWERED, is_created, merge_expositions
-from model_server.pool_relay import ControlRelay, WorkerLink, manifest_digests, merged_status
-from model_server.pool_statistics import merge_statistics
-from model_server.pool_worker import WORKER_HEADER, worker_rate_limits
-from model_server.rate_limits import RateLimit, TenantRateLimits
+from model_server.pool.metrics import GAUGE_MERGE, UNANSWERED, is_created, merge_expositions
+from model_server.pool.relay import ControlRelay, WorkerLink, manifest_digests, merged_status
+from model_server.pool.statistics import merge_statistics
+from model_server.pool.worker import WORKER_HEADER, worker_rate_limits
+from model_server.security.rate_limits import RateLimit, TenantRateLimits
 
 PROCESSES = 3
 CLIENTS = 16
@@ -178,7 +178,7 @@ async def test_connections_spread_and_metrics_and_statistics_are_the_pods(
         ]
     assert len(scraped_by) > 1, scraped_by
     log = (tmp_path / "server.log").read_text()  # every worker bound the one gRPC port too
-    assert log.count("model_server.grpc_api: serving gRPC on") == PROCESSES
+    assert log.count("model_server.frontends.grpc.api: serving gRPC on") == PROCESSES
 
 
 async def test_a_load_swaps_every_worker_under_load(

@@ -28,7 +28,7 @@ from model_server.backends.tensorrt_backend import (
     check_version,
 )
 from model_server.errors import BadRequest
-from model_server.load_pipeline import warm_up
+from model_server.lifecycle.load_pipeline import warm_up
 
 
 class DataType(enum.Enum):

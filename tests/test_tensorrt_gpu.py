@@ -46,8 +46,8 @@ def cuda(gpu: object) -> object:
 
 
 def _backend(cache_dir: Path, **options: object) -> object:
+    from model_server.backends.engine_cache import EngineCache
     from model_server.backends.tensorrt_backend import TensorRTBackend
-    from model_server.engine_cache import EngineCache
 
     return TensorRTBackend(EngineCache(cache_dir, suffix="engine"), **options)  # type: ignore[arg-type]
 
@@ -68,7 +68,7 @@ def test_default_build_on_the_dynamic_mlp_serves_and_counts_its_memory(
 
 def test_warm_up_with_a_minimum_batch_above_one(cuda: object, tmp_path: Path) -> None:
     from model_server.backends.tensorrt_backend import DynamicBounds, ShapeProfile
-    from model_server.load_pipeline import warm_up
+    from model_server.lifecycle.load_pipeline import warm_up
 
     version = add_version(tmp_path / "repo", "mlp", "v1", seed=5)
     profile = ShapeProfile(bounds=DynamicBounds(batch=(4, 8, 32)))
@@ -120,7 +120,7 @@ import json, sys
 from pathlib import Path
 from model_server.backends.base import ModelFile
 from model_server.backends.tensorrt_backend import TensorRTBackend
-from model_server.engine_cache import EngineCache
+from model_server.backends.engine_cache import EngineCache
 backend = TensorRTBackend(EngineCache(Path(sys.argv[1]), suffix="engine"))
 model = ModelFile.read(sys.argv[2])
 with backend.cache.open(backend.cache_key(model), lambda tmp: backend.build(model, tmp)) as hit:

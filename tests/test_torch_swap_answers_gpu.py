@@ -25,11 +25,12 @@ import pytest
 
 from model_rollout_contract.manifest import sha256_file
 from model_rollout_e2e.onnx_models import MlpWeights, write_mlp
-from model_server.audit import AuditLog
-from model_server.batching import BatchPolicy
-from model_server.engine_manager import EngineManager
-from model_server.metrics import ServerMetrics
-from model_server.repository import ModelRepository
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.scheduling.batching import BatchPolicy
+from model_server.scheduling.runner import Runner
 
 pytestmark = pytest.mark.gpu
 
@@ -106,6 +107,10 @@ async def serve_and_swap(
         ServerMetrics(),
         AuditLog(),
         retain=2,
+    )
+    runner = Runner(
+        manager.metrics,
+        manager.row_limits,
         executor=threads,
         batching=batching,
         quick_run_s=quick_run_us / 1e6,
@@ -118,7 +123,7 @@ async def serve_and_swap(
         rng = np.random.default_rng(seed)
         while loading:
             x = rng.standard_normal((rows, IN_DIM)).astype(np.float32)
-            version, out = await manager.infer("mlp", {"input": x})
+            version, out = await runner.infer(manager.slot("mlp"), {"input": x})
             answers.add(version.version, x, np.asarray(out["output"]))
             await asyncio.sleep(0)  # a quick run answers inline: let the loads run
 
@@ -134,6 +139,7 @@ async def serve_and_swap(
     finally:
         loading = False
         await asyncio.gather(*clients)
+        runner.close()
         threads.shutdown()
     return answers, loads
 

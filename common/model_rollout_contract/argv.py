@@ -81,7 +81,7 @@ class ServerArgs:
     # the models' own bounds on rows per request (--max-rows); the others' are derived
     max_rows: tuple[tuple[str, int], ...] = ()
     jwt: JwtArgs | None = None  # with tenants only
-    processes: int = defaults.SERVER_PROCESSES  # behind the one port (model_server.pool)
+    processes: int = defaults.SERVER_PROCESSES  # behind the one port (model_server.pool.supervisor)
 
 
 def server_argv(a: ServerArgs) -> list[str]:

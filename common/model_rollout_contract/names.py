@@ -27,6 +27,13 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
+def model_key(name: str, tenant: str | None = None) -> str:
+    """A served model's key: models of the default namespace are keyed by name, tenants'
+    by ``tenant/name``."""
+    check_name("model name", name)
+    return f"{check_name('tenant', tenant)}/{name}" if tenant else name
+
+
 def check_model_key(value: object) -> str:
     """A served model's key: ``name``, or ``tenant/name`` for a tenant's model."""
     parts = value.split("/") if isinstance(value, str) else [value]

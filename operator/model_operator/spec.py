@@ -152,7 +152,7 @@ class SidecarSettings:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """spec.server.batching: the server's dynamic batching (model_server.batching)."""
+    """spec.server.batching: the server's dynamic batching (model_server.scheduling.batching)."""
 
     max_batch_size: int = defaults.MAX_BATCH_SIZE  # rows per engine run; 0 = off
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS

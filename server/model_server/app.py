@@ -10,29 +10,37 @@ from aiohttp import web
 
 from model_rollout_contract.names import InvalidName, is_valid_name
 from model_rollout_contract.versions import newest
-
-from .audit import AuditLog
-from .auth import AccessPolicy
-from .backends import Backend, make_backend
-from .batching import BatchPolicy
-from .codec_workers import JsonCodec
-from .config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
-from .control_socket import ControlSocketServer
-from .data_plane import DataPlane
-from .engine_manager import EngineManager
-from .http_api import BODY_TIMEOUT, METRICS, PLANE, POLICY, add_routes, json_errors
-from .in_flight import InFlightRequests
-from .metrics import ServerMetrics
-from .pool_worker import POOL, PoolPeers, tag_responses, worker_rate_limits
-from .repository import ModelRepository
-from .request_limits import RowLimits
-from .shadow import ShadowRunner
-from .startup import load_at_start, resumed_policy
-from .traffic import TrafficRouter
-from .trusted_files import UntrustedPath
+from model_server.backends import Backend, make_backend
+from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
+from model_server.dataplane.data_plane import DataPlane
+from model_server.files.trusted_files import UntrustedPath
+from model_server.frontends.control_socket import ControlSocketServer
+from model_server.frontends.http.api import (
+    BODY_TIMEOUT,
+    JSON_CODEC,
+    METRICS,
+    PLANE,
+    POLICY,
+    add_routes,
+    json_errors,
+)
+from model_server.frontends.http.codec_workers import JsonCodec
+from model_server.frontends.http.in_flight import InFlightRequests
+from model_server.lifecycle.engine_manager import EngineManager
+from model_server.lifecycle.repository import ModelRepository
+from model_server.lifecycle.request_limits import RowLimits
+from model_server.lifecycle.startup import load_at_start, resumed_policy
+from model_server.observability.audit import AuditLog
+from model_server.observability.metrics import ServerMetrics
+from model_server.pool.worker import PoolPeers, install_pool_handlers, worker_rate_limits
+from model_server.scheduling.batching import BatchPolicy
+from model_server.scheduling.runner import Runner
+from model_server.scheduling.shadow import ShadowRunner
+from model_server.scheduling.traffic import TrafficRouter
+from model_server.security.auth import AccessPolicy
 
 if TYPE_CHECKING:
-    from .grpc_api import GrpcServer
+    from model_server.frontends.grpc.api import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +63,10 @@ class ModelServer:
         self.repository = ModelRepository(config.repository)
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="infer")
         budget = config.memory_budget_mb
-        self.manager = EngineManager(
-            backend or make_backend(config.backend, config.cache_dir, **config.backend_options()),
-            self.repository,
+        row_limits = RowLimits(config.request_memory_mb * 2**20, config.max_rows)
+        self.runner = Runner(
             self.metrics,
-            self.audit,
-            retain=config.retain,
-            memory_budget_bytes=int(budget * 2**20 / share) if budget else None,
+            row_limits,
             executor=self.executor,
             batching=BatchPolicy.from_flags(
                 config.max_batch_size,
@@ -70,7 +75,15 @@ class ModelServer:
                 config.batch_models,
             ),
             quick_run_s=config.quick_run_us / 1e6,
-            row_limits=RowLimits(config.request_memory_mb * 2**20, config.max_rows),
+        )
+        self.manager = EngineManager(
+            backend or make_backend(config.backend, config.cache_dir, **config.backend_options()),
+            self.repository,
+            self.metrics,
+            self.audit,
+            retain=config.retain,
+            memory_budget_bytes=int(budget * 2**20 / share) if budget else None,
+            row_limits=row_limits,
             tenant_memory_caps={
                 t.name: int(t.memory_mb * 2**20 / share)
                 for t in self.policy.tenants.values()
@@ -83,7 +96,7 @@ class ModelServer:
         if seed is not None and config.worker_index is not None:
             seed += config.worker_index  # the same seed would split alike in every worker
         self.plane = DataPlane(
-            self.manager, self.metrics, self.codec, TrafficRouter(seed), self.shadows
+            self.manager, self.runner, self.metrics, TrafficRouter(seed), self.shadows
         )
         self.peers: PoolPeers | None = None
         if config.worker_index is not None and config.pool_dir is not None:
@@ -103,7 +116,9 @@ class ModelServer:
         )
         self.grpc: GrpcServer | None = None
         if config.grpc_port is not None:
-            from .grpc_api import GrpcServer  # grpcio is needed only with the gRPC API on
+            from model_server.frontends.grpc.api import (
+                GrpcServer,  # grpcio is needed only with the gRPC API on
+            )
 
             self.grpc = GrpcServer(
                 self.plane,
@@ -169,6 +184,7 @@ class ModelServer:
         if self.control is not None:
             await self.control.stop()
         self.shadows.close()
+        self.runner.close()
         self.manager.close()
         self.codec.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -184,9 +200,9 @@ class ModelServer:
         app[METRICS] = self.metrics
         app[BODY_TIMEOUT] = self.config.body_read_timeout_seconds
         app[SERVER] = self
+        app[JSON_CODEC] = self.codec
         if self.peers is not None:
-            app[POOL] = self.peers
-            tag_responses(app, self.peers.index)
+            install_pool_handlers(app, self.peers)
         add_routes(app)
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from .backends import BackendUnavailable
-from .config import ConfigError, parse_args
-from .pool_worker import end_with_supervisor
-from .serving import run
+from model_server.backends import BackendUnavailable
+from model_server.config import ConfigError, parse_args
+from model_server.pool.worker import end_with_supervisor
+from model_server.serving import run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.in_pool:
         end_with_supervisor()
     if config.processes > 1:
-        from .pool import run_pool
+        from model_server.pool.supervisor import run_pool
 
         return run_pool(config, list(sys.argv[1:] if argv is None else argv))
     try:

@@ -11,10 +11,9 @@ from pathlib import Path
 from model_rollout_contract import defaults
 from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path, parse_with_environment
 from model_rollout_contract.names import InvalidName, check_model_key, check_name
-
-from .backends import BACKEND_NAMES
-from .data_plane import SHADOW_MAX_IN_FLIGHT
-from .jwt_auth import (
+from model_server.backends import BACKEND_NAMES
+from model_server.dataplane.data_plane import SHADOW_MAX_IN_FLIGHT
+from model_server.security.jwt_auth import (
     DEFAULT_ALGORITHMS,
     DEFAULT_LEEWAY_S,
     DEFAULT_MAX_AGE_S,
@@ -79,7 +78,7 @@ class TensorRTConfig:
     plugin_libraries: tuple[Path, ...] = ()
 
     def backend_options(self) -> dict[str, object]:
-        from .backends.tensorrt_build import DynamicBounds, ShapeProfile
+        from model_server.backends.tensorrt_build import DynamicBounds, ShapeProfile
 
         return {
             "precision": self.precision,
@@ -136,12 +135,12 @@ class ServerConfig:
     json_max_pending: int | None = None  # large bodies decoding or queued (None: 2/worker)
     traffic_seed: int | None = None  # seeds the per-request split of a traffic policy
     shadow_max_in_flight: int = SHADOW_MAX_IN_FLIGHT  # shadow runs at once; more are skipped
-    # dynamic batching (model_server.batching): rows per engine run, 0 = off (the model
+    # dynamic batching (model_server.scheduling.batching): rows per engine run, 0 = off (the model
     # configuration's max_batch_size); how long a request may wait for others
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_MICROSECONDS
     batch_models: tuple[str, ...] = ()  # the models that batch (keys): opted in, none else
-    # rows per request (model_server.request_limits): a model's configured bound, by its
+    # rows per request (model_server.lifecycle.request_limits): a model's configured bound, by its
     # key, else what ``request_memory_mb`` over its memory per row allows
     max_rows: dict[str, int] = field(default_factory=dict)
     request_memory_mb: int = defaults.REQUEST_MEMORY_MB
@@ -152,7 +151,7 @@ class ServerConfig:
     # runs on the event loop rather than on an inference thread; 0: never
     quick_run_us: int = QUICK_RUN_US
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
-    # several processes behind one port (model_server.pool): the supervisor has
+    # several processes behind one port (model_server.pool.supervisor): the supervisor has
     # ``processes`` > 1; each worker it starts has its index, the pool's size and the
     # pool's private directory (its sockets), and is an ordinary server otherwise
     processes: int = 1

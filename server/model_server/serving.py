@@ -21,9 +21,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .app import SERVER, ModelServer, create_app
-from .config import ServerConfig
-from .pool_worker import private_app, private_socket
+from model_server.app import SERVER, ModelServer, create_app
+from model_server.config import ServerConfig
+from model_server.pool.worker import private_app, private_socket
 
 log = logging.getLogger(__name__)
 

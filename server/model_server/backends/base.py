@@ -10,8 +10,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from model_rollout_contract.manifest import sha256_bytes
-
-from ..private_copy import PrivateCopy
+from model_server.files.private_copy import PrivateCopy
+from model_server.protocol.tensor_spec import TensorSpec
 
 
 class BackendUnavailable(RuntimeError):
@@ -50,32 +50,9 @@ class ModelFile:
     @classmethod
     def read(cls, path: str | Path) -> ModelFile:
         """Read a file that needs no trust checks (tools, benchmarks); the server reads
-        through :meth:`model_server.repository.ModelRepository.read_announced`."""
+        through :meth:`model_server.lifecycle.repository.ModelRepository.read_announced`."""
         data = Path(path).read_bytes()
         return cls(Path(path), data, sha256_bytes(data))
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Name, numpy dtype and shape of an input or output; ``-1`` marks a dynamic axis.
-    ``symbols`` names the dynamic axes the model names (ONNX's ``dim_param``, None for the
-    others; empty when the backend does not say): inputs whose axes share a name must
-    agree on their size, as the model's graph assumes."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    symbols: tuple[str | None, ...] = field(default=(), kw_only=True)
-
-    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
-        return len(shape) == len(self.shape) and all(
-            want < 0 or want == got for want, got in zip(self.shape, shape, strict=True)
-        )
-
-    def example(self, dynamic_size: int = 1) -> np.ndarray:
-        """A zero tensor usable for warm-up: dynamic axes get ``dynamic_size``."""
-        shape = tuple(dim if dim > 0 else dynamic_size for dim in self.shape)
-        return np.zeros(shape, dtype=self.dtype)
 
 
 @runtime_checkable
@@ -90,7 +67,7 @@ class Engine(Protocol):
 
     An engine may also have ``bytes_per_row``: what one row of a request (the first
     axis) takes while it runs, which bounds the rows of a request
-    (:mod:`model_server.request_limits`); ONNX Runtime's estimates it from the graph."""
+    (:mod:`model_server.lifecycle.request_limits`); ONNX Runtime's estimates it from the graph."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

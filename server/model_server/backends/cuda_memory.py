@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import BackendUnavailable
+from model_server.backends.base import BackendUnavailable
 
 # the cuda-python majors this module is tested with (cuda-bindings 12.9 and 13.5)
 SUPPORTED_CUDA_PYTHON_MAJORS = (12, 13)

@@ -1,5 +1,5 @@
 """How much memory one row of a request takes in an ONNX model: the estimate behind the
-default maximum rows per request (:mod:`model_server.request_limits`)."""
+default maximum rows per request (:mod:`model_server.lifecycle.request_limits`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from . import onnx_weights
+from model_server.backends import onnx_weights
 
 
 def _itemsize(elem_type: int) -> int:

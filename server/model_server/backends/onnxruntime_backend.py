@@ -14,11 +14,12 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
-from ..device_info import cpu_name
-from ..engine_cache import CacheKey, EngineCache
-from ..errors import BadRequest
-from .base import ModelFile, TensorSpec
-from .onnx_rows import bytes_per_row
+from model_server.backends.base import ModelFile
+from model_server.backends.device_info import cpu_name
+from model_server.backends.engine_cache import CacheKey, EngineCache
+from model_server.backends.onnx_rows import bytes_per_row
+from model_server.errors import BadRequest
+from model_server.protocol.tensor_spec import TensorSpec
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,

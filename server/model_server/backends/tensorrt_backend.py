@@ -31,11 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from ..engine_cache import CacheKey, EngineCache
-from ..errors import BadRequest
-from . import cuda_memory
-from .base import BackendUnavailable, ModelFile, TensorSpec
-from .tensorrt_build import BuildOptions, BuildRefused, DynamicBounds, ShapeProfile, build_engine
+from model_server.backends import cuda_memory
+from model_server.backends.base import BackendUnavailable, ModelFile
+from model_server.backends.engine_cache import CacheKey, EngineCache
+from model_server.backends.tensorrt_build import (
+    BuildOptions,
+    BuildRefused,
+    DynamicBounds,
+    ShapeProfile,
+    build_engine,
+)
+from model_server.errors import BadRequest
+from model_server.protocol.tensor_spec import TensorSpec
 
 __all__ = [
     "BuildRefused",

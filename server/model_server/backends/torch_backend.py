@@ -37,10 +37,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..errors import BadRequest
-from . import onnx_weights, torch_gpu
-from .base import BackendUnavailable, ModelFile, TensorSpec
-from .replay_times import ReplayTimes
+from model_server.backends import onnx_weights, torch_gpu
+from model_server.backends.base import BackendUnavailable, ModelFile
+from model_server.backends.replay_times import ReplayTimes
+from model_server.errors import BadRequest
+from model_server.protocol.tensor_spec import TensorSpec
 
 log = logging.getLogger(__name__)
 

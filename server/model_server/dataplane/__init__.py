@@ -1,0 +1,1 @@
+"""What a request does, whatever the frontend: pick a version, run it, count it."""

@@ -1,0 +1,1 @@
+"""Metrics, per-version series and the audit log."""

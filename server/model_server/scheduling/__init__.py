@@ -1,0 +1,1 @@
+"""How runs reach an engine: dynamic batching, the traffic split and shadow runs."""

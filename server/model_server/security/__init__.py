@@ -1,0 +1,1 @@
+"""Who may call: bearer tokens (JWT, JWKS) and per-tenant rate limits."""
