@@ -52,6 +52,9 @@ async def test_sigterm_drains_then_finishes_in_flight_requests(tmp_path: Path) -
         workers = worker_processes(server.proc.pid)
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)  # so the next large request stays in flight
+        slow_session = aiohttp.ClientSession()
+        slow = asyncio.create_task(slow_session.post(infer, data=big, headers=JSON))
+        await _until_in_flight(server.url, 1)  # its body read, its decode held: before SIGTERM
         statuses: list[int] = []
         errors: list[str] = []
         small = infer_body(np.ones((1, 8), np.float32))
@@ -59,8 +62,6 @@ async def test_sigterm_drains_then_finishes_in_flight_requests(tmp_path: Path) -
             asyncio.create_task(keep_sending(infer, small, statuses, errors))
             for _ in range(CLIENTS)
         ]
-        slow_session = aiohttp.ClientSession()
-        slow = asyncio.create_task(slow_session.post(infer, data=big, headers=JSON))
         while len(statuses) < 5 * CLIENTS:  # every connection is kept alive by now
             await asyncio.sleep(0.01)
             assert not errors, errors
@@ -116,11 +117,7 @@ async def test_requests_in_flight_get_the_grace_the_pod_leaves_then_are_cancelle
             for pid in workers:
                 os.kill(pid, signal.SIGSTOP)  # the next large request never finishes
             stuck = asyncio.create_task(session.post(infer, data=big, headers=JSON))
-            metrics = f"{server.url}/metrics"
-            while 'model_server_inference_requests_in_flight{model="mlp"} 1.0' not in await _text(
-                metrics
-            ):
-                await asyncio.sleep(0.05)
+            await _until_in_flight(server.url, 1)
             server.proc.send_signal(signal.SIGTERM)
             # a hang guard, far beyond the grace: the assertion is on what the log says
             assert await asyncio.to_thread(server.run_to_end, 120) == 0, server.log_tail()
@@ -136,6 +133,13 @@ async def test_requests_in_flight_get_the_grace_the_pod_leaves_then_are_cancelle
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         server.kill()
+
+
+async def _until_in_flight(url: str, requests: int) -> None:
+    """Wait until the server's gauge says ``requests`` inference requests are in flight."""
+    gauge = f'model_server_inference_requests_in_flight{{model="mlp"}} {float(requests)}'
+    while gauge not in await _text(f"{url}/metrics"):
+        await asyncio.sleep(0.05)
 
 
 async def _text(url: str) -> str:

@@ -3,11 +3,12 @@
 A pod's endpoints learn of its termination only after the kubelet has sent SIGTERM, so
 the server keeps serving for ``drain_seconds`` with readiness at 503 (every answer now
 closes its connection, so clients with kept-alive connections move on), then stops
-listening (HTTP and gRPC: gRPC clients get a GOAWAY then), lets the requests in flight
-finish for up to ``inflight_grace_seconds`` (what the pod's grace period leaves after the
-preStop pause and the drain: ``model_rollout_contract.defaults.INFLIGHT_GRACE_SECONDS``),
-cancels any still running, and exits with status 0. A second signal ends the drain at
-once.
+listening (HTTP and gRPC: gRPC clients get a GOAWAY then; the HTTP connections the kernel
+had accepted are still served, see :mod:`.drain`), closes the connections idle between
+requests, lets the requests in flight finish for up to ``inflight_grace_seconds`` (what
+the pod's grace period leaves after the preStop pause and the drain:
+``model_rollout_contract.defaults.INFLIGHT_GRACE_SECONDS``), cancels any still running,
+and exits with status 0. A second signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from model_server.app import SERVER, ModelServer, create_app
 from model_server.config import ServerConfig
+from model_server.frontends.http.drain import Listener, finish_connections, listen
 from model_server.pool.worker import private_app, private_socket
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,10 @@ async def serve(config: ServerConfig) -> None:
 async def _serve_and_drain(
     runner: web.AppRunner, app: web.Application, config: ServerConfig, signalled: asyncio.Event
 ) -> None:
+    assert runner.server is not None  # set up
     # a pool's workers share the port: the kernel spreads connections over them
-    await web.TCPSite(runner, config.host, config.port, reuse_port=config.in_pool).start()
+    sockets = await listen(config.host, config.port, reuse_port=config.in_pool)
+    listeners = [Listener(sock, runner.server) for sock in sockets]
     log.info("serving on %s:%d", config.host, config.port)
     await signalled.wait()
     signalled.clear()
@@ -70,7 +74,7 @@ async def _serve_and_drain(
     log.info("draining: unready, serving for %.1f s more", config.drain_seconds)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(signalled.wait(), config.drain_seconds)
-    await _finish_in_flight(runner, app, config.inflight_grace_seconds)
+    await _finish_in_flight(runner.server, listeners, app, config.inflight_grace_seconds)
 
 
 async def _first(wanted: asyncio.Event, other: asyncio.Event) -> bool:
@@ -95,22 +99,30 @@ async def start_private(server: ModelServer, opened: asyncio.Event) -> web.AppRu
     return runner
 
 
-async def _finish_in_flight(runner: web.AppRunner, app: web.Application, grace_s: float) -> None:
-    """Stop listening, close idle kept-alive connections, and give the requests in flight
-    up to ``grace_s`` to finish (gRPC's too)."""
-    for site in list(runner.sites):
-        await site.stop()
-    if runner.server is not None:
-        runner.server.pre_shutdown()  # no new request on a kept-alive connection
+async def _finish_in_flight(
+    server: web.Server, listeners: list[Listener], app: web.Application, grace_s: float
+) -> None:
+    """Stop listening (serving the connections already accepted), close the connections
+    idle between requests, and give the requests in flight up to ``grace_s`` to finish
+    (gRPC's too); the runner's cleanup then cancels what is left."""
+    taken = sum([await listener.close() for listener in listeners])
     grpc = app[SERVER].grpc
     grpc_stopped = asyncio.ensure_future(grpc.stop(grace_s)) if grpc is not None else None
-    log.info("drained: no new connections; finishing the requests in flight")
-    left = await app[SERVER].in_flight.wait(grace_s)
+    log.info("drained: no new connections (%d taken from the backlog); finishing the "
+             "requests in flight", taken)  # fmt: skip
+    left = await finish_connections(server, grace_s)
     if grpc_stopped is not None:
         await grpc_stopped  # its calls done, or cancelled after the same grace
-    if left:
+    requests = app[SERVER].in_flight.count
+    if requests:
         log.warning(
-            "%d request(s) still in flight after the %g s grace: cancelling them", left, grace_s
+            "%d request(s) still in flight after the %g s grace: cancelling them", requests, grace_s
+        )
+    if len(left) > requests:
+        log.warning(
+            "%d connection(s) sent no request to answer within the %g s grace: closing them",
+            len(left) - requests,
+            grace_s,
         )
 
 
