@@ -35,7 +35,11 @@ from kubernetes_asyncio import config as k8s_config
 from model_operator import admission_policy
 from model_operator.manifests import pod_rbac
 from model_operator.spec import ModelDeploymentSpec, parse_spec
-from model_rollout_contract.annotations import SIDECAR_STATUS, TARGET_VERSION
+from model_rollout_contract.annotations import (
+    SIDECAR_STATUS,
+    TARGET_VERSION,
+    format_downward_annotations,
+)
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_e2e.control_plane import ControlPlane
@@ -201,6 +205,18 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return podinfo, configmap
 
 
+def modified(annotations: object) -> dict[str, object]:
+    """A watch event for the pod whose annotations are ``annotations`` (as sent)."""
+    meta = {"name": POD, "resourceVersion": "1", "annotations": annotations}
+    return {"type": "MODIFIED", "object": {"metadata": meta}}
+
+
+def watch_error(code: object) -> dict[str, object]:
+    """A watch's ERROR event: a ``Status`` of ``code`` (as sent)."""
+    status = {"kind": "Status", "status": "Failure", "message": "too old", "code": code}
+    return {"type": "ERROR", "object": status}
+
+
 # the fault, its Retry-After, and how many requests one attempt may make of the server:
 # aiohttp (kubernetes_asyncio's HTTP client) sends an idempotent request once more when
 # its connection is dropped without an answer
@@ -208,8 +224,15 @@ FAULTS = {
     "503": (Fault("status", 503), 0.0, 1),
     "403": (Fault("status", 403), 0.0, 1),
     "429 with Retry-After": (Fault("status", 429, retry_after="1"), 1.0, 1),
+    # "²".isdigit() is true, float("²") fails: no Retry-After, not a crash
+    "429 with a Retry-After that is no number": (Fault("status", 429, retry_after="²"), 0.0, 1),
     "connections dropped": (Fault("drop"), 0.0, 2),
-    "watches that end at once": (Fault("empty"), 0.0, 1),
+    "watches that end at once": (Fault("events"), 0.0, 1),
+    "annotations that are a list": (Fault("events", events=(modified(["x"]),)), 0.0, 1),
+    "an annotation that is no string": (Fault("events", events=(modified({"a": 1}),)), 0.0, 1),
+    "an ERROR event of code 'Gone'": (Fault("events", events=(watch_error("Gone"),)), 0.0, 1),
+    "a line that is no JSON": (Fault("events", events=('{"type": "MODIF',)), 0.0, 1),
+    "a line nested too deep for JSON": (Fault("events", events=("[" * 100_000,)), 0.0, 1),
 }
 
 
@@ -218,8 +241,10 @@ async def test_an_api_outage_keeps_the_last_view_and_backs_off(
     sidecar_pod: SidecarPod, tmp_path: Path, case: tuple[Fault, float, int]
 ) -> None:
     """The watch is cut (the first failure) and every call after it meets the fault:
-    the target stays the API's last (not the stale file's, not the ConfigMap's), and
-    the calls are no more than the policy allows in that time."""
+    the target stays the API's last (not the stale file's, not the ConfigMap's), the view
+    is stale and says so, and the calls are no more than the policy allows in that time.
+    An answer no API server should give (garbage) is a failure like any other: the watch
+    goes on following the pod, never stops on it."""
     fault, retry_after_s, requests_per_attempt = case
     sidecar_pod.set_target("v2")
     podinfo, configmap = files(tmp_path)
@@ -243,6 +268,7 @@ async def test_an_api_outage_keeps_the_last_view_and_backs_off(
             await until(failing)
             window_s, failed = time.monotonic() - started, proxy.count(faulted=True)
             assert targets == {"v2"}, "the last view of the pod is kept through the outage"
+            assert not watch.current and watch.stale_seconds() > 0, "the view is stale"
             most = most_calls(BACKOFF, window_s, retry_after_s, failed_before=1)  # the cut
             assert failed <= requests_per_attempt * most, (failed, window_s)
             errors = metrics.registry.get_sample_value(
@@ -253,7 +279,115 @@ async def test_an_api_outage_keeps_the_last_view_and_backs_off(
             proxy.fault = None
             sidecar_pod.set_target("v3")
             await until(lambda: source.target() == "v3")
-            assert watch.current and watch.failures == 0
+            assert watch.current and watch.stale_seconds() == 0
+            await until(lambda: watch.failures == 0)  # once the watch has lived a while
+
+
+async def test_a_bookmark_then_410_again_and_again_is_held_to_the_backoff(
+    sidecar_pod: SidecarPod, tmp_path: Path
+) -> None:
+    """Every watch answers a bookmark, then 410 Gone: each 410 reads the pod again (the
+    first at once), but one item is not a watch that lived, so the pauses grow as for any
+    failures in a row: the watches are no more than the policy allows in that time (one
+    item used to end the pauses: about 290 requests a second)."""
+    sidecar_pod.set_target("v2")
+    podinfo, configmap = files(tmp_path)
+    cluster = sidecar_pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        pod = PodApi(await api_client(sidecar_pod.sidecar, proxy.url), sidecar_pod.namespace,
+                     POD)  # fmt: skip
+        watch = PodWatch(pod, BACKOFF, 60, random.Random(6), fallback_file=podinfo)
+        source = TargetSource(podinfo, configmap, watch.view)
+        async with following(watch):
+            await until(lambda: source.target() == "v2" and proxy.open_watches == 1)
+            bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "1"}}}
+            proxy.fault = Fault("events", events=(bookmark, watch_error(410)))
+            first, started = len(proxy.calls), time.monotonic()
+            proxy.cut()
+            targets = set()
+
+            def looping() -> bool:
+                targets.add(source.target())
+                return proxy.count("watch", faulted=True) >= 6
+
+            await until(looping)
+            window_s, watches = time.monotonic() - started, proxy.count("watch", faulted=True)
+            reads = sum(1 for call in proxy.calls[first:] if call.kind == "read")
+            assert watches <= most_calls(BACKOFF, window_s), (watches, window_s)
+            assert reads <= watches and watch.relists >= 5
+            assert targets == {"v2"}
+            proxy.fault = None
+            sidecar_pod.set_target("v3")
+            await until(lambda: source.target() == "v3")
+
+
+def another_annotation(podinfo: Path) -> None:
+    """The kubelet refreshes the file for a change this track does not read (the
+    sidecar's own report), its target as stale as before."""
+    podinfo.write_text(
+        format_downward_annotations({TARGET_VERSION: "v1", "other": "y", SIDECAR_STATUS: "{}"})
+    )
+
+
+FILE_EVENTS: dict[str, Callable[[Path], None]] = {
+    "the file goes missing": Path.unlink,  # the kubelet swapping its ..data link, say
+    "another annotation changes": another_annotation,
+}
+
+
+@pytest.mark.parametrize("event", FILE_EVENTS.values(), ids=FILE_EVENTS.keys())
+async def test_the_downward_file_is_news_only_when_what_the_track_reads_changes(
+    sidecar_pod: SidecarPod, tmp_path: Path, event: Callable[[Path], None]
+) -> None:
+    """The API lost after it said v2, the file stale (v1): a file that cannot be read, or
+    one in which only annotations this track does not read changed, is no news, and the
+    API's last view is kept (neither the ConfigMap's v1 nor the file's). The file's
+    target moving is news: followed."""
+    sidecar_pod.set_target("v2")
+    podinfo, configmap = files(tmp_path)
+    cluster = sidecar_pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        pod = PodApi(await api_client(sidecar_pod.sidecar, proxy.url), sidecar_pod.namespace,
+                     POD)  # fmt: skip
+        watch = PodWatch(pod, BACKOFF, 60, random.Random(7), fallback_file=podinfo)
+        source = TargetSource(podinfo, configmap, watch.view)
+        async with following(watch):
+            await until(lambda: source.target() == "v2" and proxy.open_watches == 1)
+            proxy.fault = Fault("drop")
+            proxy.cut()
+            await until(lambda: not watch.current)
+            event(podinfo)
+            assert source.target() == "v2"
+            set_target(podinfo, "v3")  # the kubelet saw the pod's newer target
+            assert source.target() == "v3"
+
+
+async def test_a_refused_patch_with_a_retry_after_that_is_no_number_is_a_refusal(
+    sidecar_pod: SidecarPod,
+) -> None:
+    """A 429 whose Retry-After is "²" (a digit to ``str.isdigit``, not to ``float``):
+    the report is refused and counted like any other, never an exception out of the
+    report (which the watch loop's own error report would raise again)."""
+    cluster = sidecar_pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        proxy.fault = Fault("status", 429, retry_after="²")
+        metrics = SidecarMetrics()
+        client = await api_client(sidecar_pod.sidecar, proxy.url)
+        reporter = StatusReporter(
+            None,
+            PodApi(client, sidecar_pod.namespace, POD, metrics),
+            backoff=BACKOFF,
+            rng=random.Random(8),
+        )
+        try:
+            await reporter.report(SidecarReport("mlp", "v2", "v2", SidecarState.OK))
+            assert reporter.patch_failures == 1 and proxy.count("patch") == 1
+            errors = metrics.registry.get_sample_value(
+                "model_sidecar_kube_api_errors_total", {"call": "annotate", "status": "429"}
+            )
+            assert errors == 1
+        finally:
+            await client.close()
 
 
 @contextlib.asynccontextmanager

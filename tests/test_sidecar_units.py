@@ -154,7 +154,8 @@ def test_retry_after_in_seconds_or_as_a_date_and_bounded() -> None:
     assert retry_after_seconds("86400") == RETRY_AFTER_MAX_S  # one odd answer is not a stop
     assert retry_after_seconds(format_datetime(datetime.fromtimestamp(now - 5, timezone.utc)),
                                now=now) == 0.0  # fmt: skip
-    for bad in (None, "", "soon", "-3", "1.5e9", "Tue, 99 Foo 2026 00:00:00"):
+    # "²" and "١٢" (Arabic-Indic 12) are digits to str.isdigit: not to HTTP
+    for bad in (None, "", "soon", "-3", "1.5e9", "Tue, 99 Foo 2026 00:00:00", "\u00b2", "١٢"):
         assert retry_after_seconds(bad) is None, bad
 
 

@@ -16,7 +16,9 @@ from model_rollout_e2e.kube_emulator import EmulatedCluster, kube_emulator
 from model_rollout_e2e.processes import free_port
 from model_server.app import ModelServer
 from model_server.config import ModelSpec, ServerConfig
-from model_sidecar.kube import PodApi
+from model_sidecar.cli import _watch
+from model_sidecar.config import WatchConfig, parse_args
+from model_sidecar.kube import PodApi, PodSnapshot
 from model_sidecar.pod_watch import PodWatch
 from model_sidecar.retry import Backoff
 from model_sidecar.store import LocalStore
@@ -80,6 +82,63 @@ async def test_the_pod_watch_follows_the_api_and_relists_after_410(
         stop.set()
         await following
         await pod.close()
+
+
+async def test_an_unexpected_failure_is_an_api_failure_and_following_goes_on(
+    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong in following the pod, foreseen or not (here a defect in
+    reading it, twice), is logged, paused for and retried like any API failure; the view
+    is stale meanwhile, and the pod's new target is followed once it works again."""
+    read, defects = PodApi.read, [RuntimeError("a defect"), TypeError("another")]
+    between: list[tuple[bool, float, int]] = []  # the view as the second read began
+
+    async def flaky(self: PodApi) -> PodSnapshot:
+        if len(defects) == 1:
+            between.append((watch.current, watch.stale_seconds(), watch.failures))
+        if defects:
+            raise defects.pop(0)
+        return await read(self)
+
+    monkeypatch.setattr(PodApi, "read", flaky)
+    pod = PodApi.connect(cluster.url, NS, POD)
+    assert pod is not None
+    watch = PodWatch(pod, backoff=Backoff(base_s=0.05, max_s=0.1))
+    stop = asyncio.Event()
+    following = asyncio.create_task(watch.run(stop))
+    try:
+        await until(lambda: watch.current)
+        [(current, stale_s, failures)] = between
+        assert not current and stale_s > 0 and failures == 1
+        await set_pod_target(cluster, "v5")
+        await until(lambda: (watch.annotations or {}).get(TARGET_VERSION) == "v5")
+        assert watch.current and watch.stale_seconds() == 0 and not following.done()
+    finally:
+        stop.set()
+        await following
+        await pod.close()
+
+
+async def test_the_sidecar_exits_non_zero_if_following_its_pod_ever_ends(
+    cluster: EmulatedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Following the pod retries every failure and never ends by itself; should it end
+    all the same (a defect), the view would freeze on the old target for good: the
+    sidecar exits non-zero instead, so that the pod restarts."""
+
+    async def defect(self: PodWatch) -> None:
+        raise RuntimeError("a defect in following the pod")
+
+    monkeypatch.setattr(PodWatch, "_follow", defect)
+    config = parse_args(
+        ["watch", "--store", (tmp_path / "store").as_uri(), "--volume", str(tmp_path / "volume"),
+         "--model", "mlp", "--allow-unsigned", "--control-socket", str(tmp_path / "ctl.sock"),
+         "--start-jitter-seconds", "0", "--kube-api", cluster.url, "--pod-namespace", NS,
+         "--pod-name", POD]
+    )  # fmt: skip
+    assert isinstance(config, WatchConfig)
+    async with asyncio.timeout(60):
+        assert await _watch(config) == 1
 
 
 async def test_while_the_api_is_unreachable_the_downward_file_is_used(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """A fault proxy in front of the real API server (:mod:`.control_plane`), for the faults
 the API server does not make on demand: an outage answered with error statuses, a cut
-watch, connections dropped without an answer, watches that end at once.
+watch, connections dropped without an answer, watches that end at once or carry events the
+API server would never send (garbage, an ERROR event of a given code).
 
 Clients talk plain HTTP to :attr:`FaultProxy.url` with their own credentials (a bearer
 token: the API server authenticates and authorizes them as it would directly); the proxy
@@ -33,12 +34,14 @@ _NOT_FORWARDED = {"host", "content-length", "transfer-encoding", "connection", "
 @dataclass(frozen=True)
 class Fault:
     """How the proxy answers instead of the API server: ``status`` with a ``Status`` body
-    (and ``Retry-After``), ``drop`` the connection without an answer, or ``empty``: a
-    watch answered 200 that ends at once (other calls pass)."""
+    (and ``Retry-After``), ``drop`` the connection without an answer, or ``events``: a
+    watch answered 200 with ``events``, one line each (a string as it is, anything else
+    as JSON), that then ends (other calls pass); no events: a watch that ends at once."""
 
-    kind: Literal["status", "drop", "empty"] = "status"
+    kind: Literal["status", "drop", "events"] = "status"
     status: int = 503
     retry_after: str | None = None
+    events: tuple[object, ...] = ()
 
     def status_body(self) -> dict[str, object]:
         reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError"}
@@ -137,7 +140,7 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         fault = self.fault
         watch = request.query.get("watch") in ("true", "1")
-        if fault is not None and (fault.kind != "empty" or watch):
+        if fault is not None and (fault.kind != "events" or watch):
             return await self._inject(request, fault)
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
@@ -161,10 +164,13 @@ class FaultProxy:
             if request.transport is not None:
                 request.transport.abort()
             raise asyncio.CancelledError  # nothing is answered
-        if fault.kind == "empty":
+        if fault.kind == "events":
             self._record(request, 200, faulted=True)
             response = web.StreamResponse(headers={"Content-Type": "application/json"})
             await response.prepare(request)
+            for event in fault.events:
+                line = event if isinstance(event, str) else json.dumps(event)
+                await response.write(line.encode() + b"\n")
             await response.write_eof()
             return response
         self._record(request, fault.status, faulted=True)

@@ -17,7 +17,7 @@ from model_rollout_contract.tracks import TrackKeys, track_keys
 
 from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
 from .control_client import ServerControl
-from .errors import KubeError, SidecarError
+from .errors import KubeError, PodWatchEnded, SidecarError
 from .fetcher import Fetcher
 from .init_mode import pre_pull
 from .kube import PodApi
@@ -178,18 +178,30 @@ async def _watch(config: WatchConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = await _serve_metrics(metrics, config.metrics_port) if config.metrics_port else None
+    watching = asyncio.create_task(watcher.run(stop))
     following = asyncio.create_task(pod_watch.run(stop)) if pod_watch is not None else None
-    try:
-        await watcher.run(stop)
+    code = 0
+    try:  # supervised: following the pod ends only with the watch loop
+        await asyncio.wait(
+            [watching] if following is None else [watching, following],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         stop.set()
-        if following is not None:
-            await following
-        if pod is not None:
-            await pod.close()
-        if runner is not None:
-            await runner.cleanup()
-    return 0
+        try:
+            await watching
+        finally:
+            if following is not None:
+                try:
+                    await following
+                except PodWatchEnded as exc:  # a defect: never serve a view frozen for good
+                    log.error("%s (%r): exiting, so that the pod restarts", exc, exc.__cause__)
+                    code = 1
+            if pod is not None:
+                await pod.close()
+            if runner is not None:
+                await runner.cleanup()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

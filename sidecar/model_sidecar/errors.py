@@ -22,10 +22,12 @@ SidecarReport`)::
     ├── PublishRefused         ``publish`` would overwrite a published version
     ├── BadGolden              ``publish --golden``: a golden set a server could not run
     ├── PolicyNotApplied       the server did not take the pod's traffic policy
-    └── KubeError              the Kubernetes API refused or missed a call (``status``;
-        │                      0 when it could not be reached or its answer was not one;
-        │                      ``retry_after_s``: the answer's Retry-After)
-        └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
+    ├── KubeError              the Kubernetes API refused or missed a call (``status``;
+    │   │                      0 when it could not be reached or its answer was not one;
+    │   │                      ``retry_after_s``: the answer's Retry-After)
+    │   └── WatchExpired       a watch's resourceVersion is gone (410): read the pod again
+    └── PodWatchEnded          following the pod ended by itself (a defect: it retries
+                               every failure): the sidecar exits, the pod restarts
 
 What each means to the pod: a ``VerificationError`` or a permanent ``StoreError`` (bad
 credentials, a missing object) is reported ``refused`` and not retried for that target
@@ -150,3 +152,10 @@ class KubeError(SidecarError):
 class WatchExpired(KubeError):
     def __init__(self, message: str) -> None:
         super().__init__(410, message)
+
+
+class PodWatchEnded(SidecarError):
+    """Following the pod ended though nobody stopped it: the view would stay frozen on
+    the old target for good, so the sidecar exits non-zero (a restart is better)."""
+
+    code = "pod_watch_ended"

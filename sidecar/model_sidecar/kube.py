@@ -41,6 +41,8 @@ API_BACKOFF = Backoff(base_s=1.0, max_s=30.0, floor=0.5)
 # a watch the server ends sooner than this with nothing in it is a failure, not the
 # server's timeout (client-go's "very short watch"): resuming at once would spin
 SHORT_WATCH_S = 1.0
+# what json.loads raises for text that is not JSON (too deeply nested: RecursionError)
+_NOT_JSON = (json.JSONDecodeError, UnicodeDecodeError, RecursionError)
 # the longest Retry-After taken as it is: a longer one (or a date far ahead) is cut to it,
 # so that one odd answer cannot stop the sidecar following its pod
 RETRY_AFTER_MAX_S = 300.0
@@ -61,14 +63,29 @@ class Bookmark:
     resource_version: str
 
 
-def _snapshot(raw: dict[str, Any], deleted: bool = False) -> PodSnapshot:
-    meta = raw.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    return PodSnapshot(
-        {str(k): str(v) for k, v in annotations.items()},
-        str(meta.get("resourceVersion") or ""),
-        deleted,
-    )
+def _snapshot(raw: dict[str, Any], deleted: bool = False) -> PodSnapshot | str:
+    """The pod in ``raw``, or why it is not one: annotations that are not a map of strings
+    are no pod's (the API server never sends them), never a pod without its target."""
+    meta = raw.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        return f"metadata is a {type(meta).__name__}, not a map"
+    annotations = meta.get("annotations")
+    if annotations is None:
+        annotations = {}
+    if not isinstance(annotations, dict):
+        return f"annotations are a {type(annotations).__name__}, not a map"
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+        return "annotations are not all strings"
+    return PodSnapshot(dict(annotations), str(meta.get("resourceVersion") or ""), deleted)
+
+
+def _error_code(raw: dict[str, Any]) -> int:
+    """The HTTP status of a watch's ERROR event (a ``Status``); 0 for one without a number
+    there (no API server sends that: it is an answer that is not one)."""
+    code = raw.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -77,7 +94,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # not "²" or "١٢": digits to str, not to HTTP
         seconds = float(value)
     else:
         try:
@@ -94,7 +111,7 @@ def _status_message(body: bytes, reason: str) -> str:
     """The message of a ``Status`` body, else the start of the body, else the reason."""
     try:
         status = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except _NOT_JSON:
         status = None
     if isinstance(status, dict) and status.get("message"):
         return str(status["message"])[:500]
@@ -189,7 +206,7 @@ class PodApi:
             raw = json.loads(await response.read())
         except _TRANSPORT_ERRORS as exc:
             raise self._error("read", 0, str(exc) or type(exc).__name__) from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except _NOT_JSON as exc:
             raise self._error("read", 0, f"not a JSON pod: {exc}") from exc
         finally:
             response.release()
@@ -198,7 +215,10 @@ class PodApi:
             raise self._error("read", 0, "the answer is not a pod")
         if meta.get("name") != self.name:
             raise self._error("read", 0, f"the answer is pod {meta.get('name')!r}")
-        return _snapshot(raw)
+        snapshot = _snapshot(raw)
+        if isinstance(snapshot, str):
+            raise self._error("read", 0, f"the answer is not a pod: {snapshot}")
+        return snapshot
 
     @contextlib.asynccontextmanager
     async def watch(
@@ -240,23 +260,30 @@ class PodApi:
                     raise self._error("watch", 0, f"not a watch event: {line[:200]!r}")
                 kind, raw = event.get("type"), event["object"]
                 if kind == "ERROR":
-                    code = int(raw.get("code") or 0)
-                    raise self._error("watch", code, str(raw.get("message") or "watch error"))
+                    code, message = _error_code(raw), str(raw.get("message") or "watch error")
+                    if code == 0:
+                        message = f"an ERROR event of code {raw.get('code')!r}: {message}"
+                    raise self._error("watch", code, message[:500])
                 items += 1
                 if kind == "BOOKMARK":
                     meta = raw.get("metadata") or {}
+                    if not isinstance(meta, dict):
+                        raise self._error("watch", 0, "not a bookmark: metadata is not a map")
                     yield Bookmark(str(meta.get("resourceVersion") or ""))
                     continue
                 if kind not in ("ADDED", "MODIFIED", "DELETED"):
                     raise self._error("watch", 0, f"not a watch event: type {kind!r}")
+                snapshot = _snapshot(raw, deleted=kind == "DELETED")
+                if isinstance(snapshot, str):
+                    raise self._error("watch", 0, f"not a pod in a watch event: {snapshot}")
                 if (raw.get("metadata") or {}).get("name") not in (None, self.name):
                     continue  # a server that ignores the field selector
-                yield _snapshot(raw, deleted=kind == "DELETED")
+                yield snapshot
             if items == 0 and time.monotonic() - started < SHORT_WATCH_S:
                 raise self._error("watch", 0, "the server ended the watch at once, empty")
         except _TRANSPORT_ERRORS as exc:
             raise self._error("watch", 0, str(exc) or type(exc).__name__) from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except _NOT_JSON as exc:
             raise self._error("watch", 0, f"not a JSON event: {exc}") from exc
 
     async def annotate(self, annotations: dict[str, str]) -> None:
