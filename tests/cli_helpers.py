@@ -29,7 +29,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from helm_chart import RELEASE, render_chart
-from model_operator import admission_policy
+from model_operator import admission_policy, editor_policy
 from model_rollout_cli.kube import GROUP, PLURAL, VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
@@ -46,7 +46,7 @@ TENANT_MODELS = [
     {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
 ]
 USER_ROLES = {"userRoles": {"create": True}}  # the chart's values that install them
-VIEWER, EDITOR = f"{RELEASE}-viewer", f"{RELEASE}-rollout-editor"
+VIEWER, EDITOR, OWNER = f"{RELEASE}-viewer", f"{RELEASE}-rollout-editor", f"{RELEASE}-owner"
 # what every ModelDeployment needs besides (the CRD requires an image, a store and a key)
 REQUIRED_SPEC = {
     "image": "registry.example.com/model-server:0.1.0",
@@ -76,33 +76,67 @@ async def run_tool(
 
 
 def user_roles(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The chart's viewer and rollout-editor ClusterRoles, by name, as Helm renders them."""
+    """The chart's viewer, rollout-editor and owner ClusterRoles, by name, as Helm renders
+    them."""
     docs = render_chart(CHART, USER_ROLES if values is None else values)
-    names = {VIEWER, EDITOR}
+    names = {VIEWER, EDITOR, OWNER}
     return {d["metadata"]["name"]: d for d in docs if d["metadata"].get("name") in names}
 
 
 def install_tools(cluster: ControlPlane) -> None:
-    """The CRD (established) and the chart's user roles (aggregated into view and edit,
-    the chart's default), as ``helm install --set userRoles.create=true`` leaves them."""
+    """The CRD (established), the chart's user roles (aggregated into view, edit and
+    admin, the chart's default) and its editor admission policy (enforced), as ``helm
+    install --set userRoles.create=true`` leaves them."""
     admin = cluster.kubectl
     admin("apply", "--server-side", "-f", str(CRD))
     admin("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
     admin.apply(*user_roles().values())
+    install_editor_policy(cluster)
 
 
-def install_sidecar_policy(cluster: ControlPlane) -> None:
-    """The chart's sidecar admission policy, once the API server has type-checked it: a
-    (simulated) sidecar's writes are judged as in a cluster the chart installed."""
+def _install_policy(cluster: ControlPlane, objects: list[dict[str, Any]], name: str) -> None:
+    """A policy and its binding, once the API server has type-checked it."""
     admin = cluster.kubectl
-    admin.apply(*admission_policy.objects())
+    admin.apply(*objects)
 
     def checked() -> bool:
-        vap = admin.get("validatingadmissionpolicy", admission_policy.POLICY_NAME)
+        vap = admin.get("validatingadmissionpolicy", name)
         generation = vap["metadata"]["generation"]
         return bool(vap.get("status", {}).get("observedGeneration") == generation)
 
-    wait_until(checked, 60, interval_s=0.5, what="the sidecar policy's type check")
+    wait_until(checked, 60, interval_s=0.5, what=f"the type check of {name}")
+
+
+def install_sidecar_policy(cluster: ControlPlane) -> None:
+    """The chart's sidecar admission policy: a (simulated) sidecar's writes are judged as
+    in a cluster the chart installed."""
+    _install_policy(cluster, admission_policy.objects(), admission_policy.POLICY_NAME)
+
+
+EDITOR_POLICY_DENIAL = (
+    f"ValidatingAdmissionPolicy '{editor_policy.POLICY_NAME}' with binding "
+    f"'{editor_policy.POLICY_NAME}' denied request: "
+)
+
+
+def install_editor_policy(cluster: ControlPlane) -> None:
+    """The chart's editor admission policy, installed and enforced: the API server's
+    admission plugin has it once a rollout editor's server-side dry run of a label
+    change is refused by it (a ModelDeployment and an editor in a namespace of their
+    own, deleted afterwards), so that a test's editor is judged by it from the start."""
+    _install_policy(cluster, editor_policy.objects(), editor_policy.POLICY_NAME)
+    with namespace_of_its_own(cluster, "policy-probe") as namespace:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment",
+                "metadata": {"name": "probe", "namespace": namespace},
+                "spec": {**REQUIRED_SPEC, "model": "mlp", "version": "v1"}}  # fmt: skip
+        cluster.kubectl.apply(body)
+        editor = bound_user(cluster, namespace, "probe", EDITOR)
+        probe = ["patch", "md", "probe", "--type=merge", "--dry-run=server",
+                 "-p", '{"metadata": {"labels": {"probe": "1"}}}']  # fmt: skip
+        wait_until(
+            lambda: EDITOR_POLICY_DENIAL in editor.kubectl.run(*probe).err,
+            60, interval_s=0.5, what="the editor policy to be enforced",
+        )  # fmt: skip
 
 
 @contextlib.contextmanager

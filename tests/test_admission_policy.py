@@ -274,20 +274,32 @@ def test_every_expression_compiles() -> None:
         cel.compile("request.userInfo.username.matches(")
 
 
-def test_the_chart_template_is_generated_from_the_policy() -> None:
-    assert chart_policy.TEMPLATE.read_text() == chart_policy.render(), (
+@pytest.mark.parametrize("policy", chart_policy.POLICIES, ids=lambda p: p.module)
+def test_the_chart_templates_are_generated_from_the_policies(
+    policy: chart_policy.ChartPolicy,
+) -> None:
+    assert policy.template.read_text() == chart_policy.render(policy), (
         "run: .venv/bin/python -m model_rollout_e2e.chart_policy"
     )
 
 
-def test_the_chart_installs_exactly_the_generated_policy() -> None:
-    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    rendered = [d for d in render_chart(CHART) if d["kind"] in kinds]
-    assert json.dumps(rendered, sort_keys=True) == json.dumps(
-        admission_policy.objects(), sort_keys=True
-    )
-    off = render_chart(CHART, {chart_policy.VALUE: False})
-    assert [d for d in off if d["kind"] in kinds] == []
+KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def _canonical(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, sort_keys=True)
+
+
+def test_the_chart_installs_exactly_the_generated_policies() -> None:
+    """The sidecar's and the editors' policies, each turned off by its own value."""
+    rendered = [d for d in render_chart(CHART) if d["kind"] in KINDS]
+    generated = [obj for policy in chart_policy.POLICIES for obj in policy.objects()]
+    assert sorted(map(_canonical, rendered)) == sorted(map(_canonical, generated))
+    for policy in chart_policy.POLICIES:
+        off = render_chart(CHART, {policy.value: False})
+        left = [d for d in off if d["kind"] in KINDS]
+        others = [o for p in chart_policy.POLICIES if p is not policy for o in p.objects()]
+        assert sorted(map(_canonical, left)) == sorted(map(_canonical, others))
 
 
 TENANT = "acme-resnet"  # a named track (model_rollout_contract.tracks)

@@ -5,6 +5,7 @@ change-cause, argument parsing; and the CRD's history schema and LAST-RESULT col
 from __future__ import annotations
 
 import io
+import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -195,10 +196,18 @@ def test_back_to_the_version_the_operator_is_on_succeeds_without_a_new_entry() -
 
 
 def test_api_errors_say_what_to_do() -> None:
-    body = '{"kind": "Status", "message": "no"}'
-    e = api_error(403, body, "patch", "modeldeployments.serving.model-rollout.io", "ml", "m")
-    assert e.message.startswith("forbidden: patch modeldeployments.serving.model-rollout.io in")
-    assert e.message.endswith("there (no)") and e.code == 4
+    resource = "modeldeployments.serving.model-rollout.io"
+    rbac = (f'{resource} "m" is forbidden: User "alice" cannot patch resource "modeldeployments"'
+            ' in API group "serving.model-rollout.io" in the namespace "ml"')  # fmt: skip
+    e = api_error(403, json.dumps({"kind": "Status", "message": rbac}), "patch", resource, "ml",
+                  "m", "modeldeployment")  # fmt: skip
+    assert e.message.startswith(f"forbidden: patch {resource} in namespace ml: ask for RBAC")
+    assert e.message.endswith(f"there ({rbac})") and e.code == 4
+    # forbidden by an admission policy, which more RBAC would not lift: its words alone
+    policy = f"{resource} \"m\" is forbidden: ValidatingAdmissionPolicy 'p' ... denied request: no"
+    e = api_error(403, json.dumps({"kind": "Status", "message": policy}), "patch", resource,
+                  "ml", "m", "modeldeployment")  # fmt: skip
+    assert (e.message, e.code) == (f"patch modeldeployment m refused: {policy}", 4)
     e = api_error(404, "", "get", "modeldeployments.x", "ml", "m", "modeldeployment")
     assert e.message == "modeldeployment m not found in namespace ml"
     assert "HTTP 500" in api_error(500, "boom", "get", "pods", "ml").message

@@ -1,14 +1,18 @@
 """The chart's opt-in ClusterRoles for the day-2 tools (templates/user-roles.yaml):
-``<release>-viewer`` for ``kubectl model status`` / ``history`` and
+``<release>-viewer`` for ``kubectl model status`` / ``history``,
 ``<release>-rollout-editor`` for promote, abort, retry, rollback and ``model-rollout
-release``. They render, validate (kubernetes-validate, a real API server's dry run,
-``helm lint``) and aggregate into the built-in view / edit roles when asked; and they are
-what the README says, as real RBAC: ServiceAccounts bound to them the way the README
-binds them, on the session's real API server, run the real tools (every call they make
-recorded by a proxy in front of the server, which forwards everything), succeed where
-the README says and get the API server's 403 otherwise; the server's own authorizer
-(SelfSubjectAccessReview) allows each role exactly the README's verbs, and every rule
-is one the tools use."""
+release``, and ``<release>-owner`` for those who write the resource itself. They render,
+validate (kubernetes-validate, a real API server's dry run, ``helm lint``) and aggregate
+into the built-in view / edit / admin roles when asked; and they are what the README
+says, as real RBAC: ServiceAccounts bound to them the way the README binds them, on the
+session's real API server, run the real tools (every call they make recorded by a proxy
+in front of the server, which forwards everything), succeed where the README says and
+get the API server's 403 otherwise; the server's own authorizer
+(SelfSubjectAccessReview) allows each role exactly the README's verbs, and every rule of
+the tools' roles is one the tools use. The chart's editor admission policy
+(``model_operator.editor_policy``, issue 29) keeps the editor to ``spec.version`` and
+the rollout annotations on the same server, while the owner, the operator and the
+garbage collector keep their writes."""
 
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ import model_rollout_cli
 from cli_helpers import (
     CHART,
     EDITOR,
+    EDITOR_POLICY_DENIAL,
+    OWNER,
     USER_ROLES,
     VIEWER,
     Admin,
@@ -44,13 +50,22 @@ from cli_helpers import (
     run_tool,
     user_roles,
 )
+from control_plane_operator import install_chart, role_without
 from helm_chart import lint_chart
+from model_operator import cluster as operator_cluster
+from model_operator import editor_policy
+from model_operator.constants import KOPF_FINALIZER
+from model_operator.errors import ApiError
+from model_operator.kube_client import KubeClient, load_configuration
 from model_rollout_cli import kube
-from model_rollout_cli.errors import API_ERROR, OK, TIMED_OUT
-from model_rollout_cli.kube import GROUP, PLURAL, Cluster
+from model_rollout_cli.errors import API_ERROR, OK, TIMED_OUT, CliError
+from model_rollout_cli.kube import GROUP, PLURAL, Cluster, KubeOptions
+from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, PROMOTE, RETRY
+from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.onnx_models import write_mlp
+from model_rollout_e2e.processes import wait_until
 from sidecar_helpers import make_keys
 
 K8S_VERSION = "1.37.0"  # as tests/test_manifests.py
@@ -323,7 +338,7 @@ def test_the_roles_are_opt_in() -> None:
     assert user_roles({}) == {}
     assert user_roles({"userRoles": {"create": False, "aggregateToBuiltin": True}}) == {}
     assert user_roles({"userRoles": None}) == {}  # no such values (an older release's)
-    assert set(user_roles(ENABLED)) == {VIEWER, EDITOR}
+    assert set(user_roles(ENABLED)) == {VIEWER, EDITOR, OWNER}
 
 
 def test_the_roles_aggregate_into_view_and_edit_when_asked() -> None:
@@ -331,11 +346,13 @@ def test_the_roles_aggregate_into_view_and_edit_when_asked() -> None:
     labels = {n: r["metadata"]["labels"] for n, r in roles.items()}
     assert labels[VIEWER][AGGREGATE.format("view")] == "true"
     assert labels[EDITOR][AGGREGATE.format("edit")] == "true"  # edit aggregates into admin
+    assert labels[OWNER][AGGREGATE.format("admin")] == "true"
     aggregations = {n: {k for k in ls if k.startswith("rbac.authorization.k8s.io/")}
                     for n, ls in labels.items()}  # fmt: skip
-    assert aggregations == {VIEWER: {AGGREGATE.format("view")}, EDITOR: {AGGREGATE.format("edit")}}
+    assert aggregations == {VIEWER: {AGGREGATE.format("view")}, EDITOR: {AGGREGATE.format("edit")},
+                            OWNER: {AGGREGATE.format("admin")}}  # fmt: skip
     alone = user_roles({"userRoles": {"create": True, "aggregateToBuiltin": False}})
-    assert set(alone) == {VIEWER, EDITOR}
+    assert set(alone) == {VIEWER, EDITOR, OWNER}
     for role in alone.values():
         assert not [k for k in role["metadata"]["labels"] if k.startswith("rbac.authorization")]
         assert "aggregationRule" not in role
@@ -361,6 +378,7 @@ def test_the_api_server_takes_the_roles(tools: ControlPlane, tmp_path: Path) -> 
         assert {i["metadata"]["name"] for i in json.loads(result.out)["items"]} == {
             VIEWER,
             EDITOR,
+            OWNER,
         }
 
 
@@ -369,11 +387,14 @@ def test_the_api_server_takes_the_roles(tools: ControlPlane, tmp_path: Path) -> 
 
 def test_the_roles_grant_exactly_the_tools_calls() -> None:
     """Nothing a tool does not call (and kubectl get): the viewer its reads, the editor
-    those and patch."""
+    those and patch; the owner, who writes the resource itself, the editor's rights and
+    create, update, delete and the policy's verb."""
     roles = user_roles(ENABLED)
     reads = set(READ_CALLS.values()) | KUBECTL_READS
     assert granted(roles[VIEWER]) == reads
     assert granted(roles[EDITOR]) == reads | set(WRITE_CALLS.values())
+    owns = {Call(v, GROUP, PLURAL) for v in ("create", "update", "delete", CONFIGURE)}
+    assert granted(roles[OWNER]) == reads | set(WRITE_CALLS.values()) | owns
 
 
 def test_the_viewer_has_no_write_verbs() -> None:
@@ -473,20 +494,24 @@ def test_requests_are_read_as_the_api_server_reads_them() -> None:
 # Everything a user of the tools might try, for the API server's authorizer to judge:
 # every verb on the ModelDeployments (and their status), pods (and their logs), events
 # and what the operator owns or reads (Deployments, Secrets)
-VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+CONFIGURE = editor_policy.CONFIGURE_VERB  # change any field (the editor policy's verb)
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection",
+         CONFIGURE)  # fmt: skip
 RESOURCES = (
     (GROUP, PLURAL, ""), (GROUP, PLURAL, "status"), ("", "pods", ""), ("", "pods", "log"),
     ("", "events", ""), ("apps", "deployments", ""), ("", "secrets", ""),
 )  # fmt: skip
 EVERY_CALL = [Call(verb, *resource) for verb in VERBS for resource in RESOURCES]
+OWNER_VERBS = (*READ_VERBS, "patch", "create", "update", "delete", CONFIGURE)
 README = {  # the README's "RBAC for the tools"
     VIEWER: {Call(v, GROUP, PLURAL) for v in READ_VERBS} | {PODS, EVENTS},
     EDITOR: {Call(v, GROUP, PLURAL) for v in (*READ_VERBS, "patch")} | {PODS, EVENTS},
+    OWNER: {Call(v, GROUP, PLURAL) for v in OWNER_VERBS} | {PODS, EVENTS},
 }
 HANG_GUARD_S = 60.0
 
 
-@pytest.mark.parametrize("role", [VIEWER, EDITOR])
+@pytest.mark.parametrize("role", [VIEWER, EDITOR, OWNER])
 async def test_the_api_server_allows_each_role_exactly_what_the_readme_says(
     tools: ControlPlane, namespace: str, role: str
 ) -> None:
@@ -506,6 +531,7 @@ async def test_the_api_server_allows_each_role_exactly_what_the_readme_says(
         assert Call("update", GROUP, PLURAL) not in here
         assert Call("patch", "", "pods") not in here
         assert Call("delete", GROUP, PLURAL) not in here
+        assert Call(CONFIGURE, GROUP, PLURAL) not in here  # the policy holds it to version
 
 
 async def test_a_refused_call_is_the_api_servers_403(
@@ -534,25 +560,37 @@ async def test_a_refused_call_is_the_api_servers_403(
     assert header.split()[:3] == ["NAME", "MODEL", "VERSION"]  # the printer columns
 
 
-async def test_the_builtin_view_and_edit_roles_carry_them(
+async def test_the_builtin_view_edit_and_admin_roles_carry_them(
     tools: ControlPlane, namespace: str, admin: Admin
 ) -> None:
     """Aggregated (the default): whoever is bound to the built-in ``view`` in a namespace
-    may follow its rollouts, whoever has ``edit`` may steer them (the controller-manager
-    aggregates the chart's rules into both)."""
+    may follow its rollouts, whoever has ``edit`` may steer them (and, the editor policy
+    holding them to it, do nothing more), whoever has ``admin`` owns the resources (the
+    controller-manager aggregates the chart's rules into all three)."""
     await model_deployment(admin, "held", CANARY_HELD)
     view = bound_user(tools, namespace, "dora", "view")
     edit = bound_user(tools, namespace, "erin", "edit")
-    async with authorizer_of(view) as view_can, authorizer_of(edit) as edit_can:
+    owner = bound_user(tools, namespace, "olga", "admin")
+    configure = Call(CONFIGURE, GROUP, PLURAL)
+    async with (
+        authorizer_of(view) as view_can,
+        authorizer_of(edit) as edit_can,
+        authorizer_of(owner) as admin_can,
+    ):
 
         async def aggregated() -> bool:  # the aggregation controller's pass is done
-            while not (await view_can(GET, namespace) and await edit_can(PATCH, namespace)):
+            while not (
+                await view_can(GET, namespace)
+                and await edit_can(PATCH, namespace)
+                and await admin_can(configure, namespace)
+            ):
                 await asyncio.sleep(0.2)
             return True
 
         assert await asyncio.wait_for(aggregated(), HANG_GUARD_S)
         assert await view_can(PODS, namespace) and await view_can(EVENTS, namespace)
         assert not await view_can(PATCH, namespace)
+        assert not await edit_can(configure, namespace)
     code, out, err = await run_tool("kubectl-model", "status", "held", "--kubeconfig",
                                     str(view.kubeconfig))  # fmt: skip
     assert code == OK and "AwaitingPromotion" in out, (out, err)
@@ -562,6 +600,11 @@ async def test_the_builtin_view_and_edit_roles_carry_them(
     code, out, err = await run_tool("kubectl-model", "promote", "held", "--kubeconfig",
                                     str(edit.kubeconfig))  # fmt: skip
     assert code == OK and "canary of v2 promoted" in out, (out, err)
+    image = ["patch", "md", "held", "--type=merge", "-p", json.dumps({"spec": {"image": EVIL}})]
+    refused = edit.kubectl.run(*image)
+    assert refused.code != 0 and EDITOR_POLICY_DENIAL in refused.err, str(refused)
+    owner.kubectl(*image)
+    assert (await admin.read("held"))["spec"]["image"] == EVIL
 
 
 async def test_a_ci_account_of_another_namespace_bound_as_the_readme_says_releases(
@@ -589,3 +632,225 @@ async def test_a_ci_account_of_another_namespace_bound_as_the_readme_says_releas
         code, out, err = await run_tool("model-rollout", *argv)  # its own namespace: none
         assert code == API_ERROR and "forbidden: get" in json.loads(out)["reason"], (out, err)
     assert (await admin.read("held"))["spec"]["version"] == "v4"
+
+
+# ------------------------------------------------------------- the editor admission policy
+
+EVIL = "attacker.example/shell:latest"
+TENANT = track_keys("acme-mlp")
+EDITOR_WRITES = {  # what the tools write (a merge patch each), and kubectl's equivalent
+    "release / rollback": {"metadata": {"annotations": {CHANGE_CAUSE: "v3: rollback by ann"}},
+                           "spec": {"version": "v3"}},
+    "spec.version alone": {"spec": {"version": "v4"}},
+    "promote": {"metadata": {"annotations": {PROMOTE: "v4@1000000000"}}},
+    "abort": {"metadata": {"annotations": {ABORT: "v4"}}},
+    "retry": {"metadata": {"annotations": {RETRY: "v4", CHANGE_CAUSE: "v4: retry by ann"}}},
+    "a tenant track's promote, abort and retry": {"metadata": {"annotations": {
+        TENANT.promote: "a3@1000000000", TENANT.abort: "a3", TENANT.retry: "a3"}}},
+    "a promote taken back": {"metadata": {"annotations": {PROMOTE: None}}},
+}  # fmt: skip
+# what the editor may not change: (merge patch, what the refusal names as changed)
+EDITOR_REFUSED = {
+    "issue 29's patch: another image, unsigned, the sidecar given a Secret": (
+        {"spec": {"version": "v9", "image": EVIL, "allowUnsigned": True,
+                  "signingPublicKeySecret": None,
+                  "store": {"pvc": None, "url": "s3://models/x",
+                            "credentialsSecret": "prod-database-password"}}},
+        "spec.image, spec.store, spec.signingPublicKeySecret, spec.allowUnsigned"),
+    "the image": ({"spec": {"image": EVIL}}, "spec.image"),
+    "the sidecar's image": ({"spec": {"sidecarImage": EVIL}}, "spec.sidecarImage"),
+    "the sidecar's settings": ({"spec": {"sidecar": {"maxConcurrentDownloads": 16}}},
+                               "spec.sidecar"),
+    "another volume for the store": (
+        {"spec": {"store": {"pvc": "someone-elses", "url": None, "credentialsSecret": None}}},
+        "spec.store"),
+    "unsigned versions": ({"spec": {"allowUnsigned": True, "signingPublicKeySecret": None}},
+                          "spec.signingPublicKeySecret, spec.allowUnsigned"),
+    "the replicas": ({"spec": {"replicas": 50}}, "spec.replicas"),
+    "the canary": ({"spec": {"canary": {"manualPromote": False}}}, "spec.canary"),
+    "a label": ({"metadata": {"labels": {"team": "attackers"}}}, "metadata.labels"),
+    "another annotation": ({"metadata": {"annotations": {"example.com/x": "1"}}},
+                           "metadata.annotations[example.com/x]"),
+    "a finalizer": ({"metadata": {"finalizers": ["example.com/keep"]}}, "metadata.finalizers"),
+}  # fmt: skip
+
+
+def merge(*patches: dict[str, Any]) -> dict[str, Any]:
+    """The annotations the patches leave, in order (``None`` removes one)."""
+    annotations: dict[str, Any] = {}
+    for patch in patches:
+        annotations.update((patch.get("metadata") or {}).get("annotations") or {})
+    return {k: v for k, v in annotations.items() if v is not None}
+
+
+def test_the_api_server_type_checks_the_editor_policy_cleanly(tools: ControlPlane) -> None:
+    """Against the CRD's schema (the policy names the CRD's version, which is what lets
+    the server resolve it): no validation names a field a ModelDeployment or an
+    admission request does not have. The server does not report on variables: the spec
+    fields that ``changed`` compares are checked against the CRD by
+    ``test_editor_policy.py``, and a wrong one would fail every editor write here."""
+    vap = tools.kubectl.get("validatingadmissionpolicy", editor_policy.POLICY_NAME)
+    checking = vap["status"].get("typeChecking", {})
+    assert checking.get("expressionWarnings", []) == [], checking
+    assert not [c for c in vap["status"].get("conditions", []) if c["status"] != "True"]
+
+
+async def test_the_editor_changes_the_version_and_the_rollout_annotations(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """Each write of the tools, sent with kubectl as the editor: all go through."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    editor = bound_user(tools, namespace, "editor", EDITOR).kubectl
+    for what, patch in EDITOR_WRITES.items():
+        result = editor.run("patch", "md", "held", "--type=merge", "-p", json.dumps(patch))
+        assert result.code == 0, (what, str(result))
+    md = await admin.read("held")
+    assert md["spec"]["version"] == "v4"
+    assert md["metadata"]["annotations"] == merge(*EDITOR_WRITES.values())
+
+
+@pytest.mark.parametrize("case", EDITOR_REFUSED.values(), ids=EDITOR_REFUSED.keys())
+async def test_the_editor_may_change_nothing_else(
+    tools: ControlPlane, namespace: str, admin: Admin, case: tuple[dict[str, Any], str]
+) -> None:
+    """Refused by the API server with the policy's words, naming what the patch would
+    have changed beyond the editor's fields; nothing is written."""
+    patch, changed = case
+    await model_deployment(admin, "held", CANARY_HELD)
+    before = await admin.read("held")
+    editor = bound_user(tools, namespace, "editor", EDITOR).kubectl
+    result = editor.run("patch", "md", "held", "--type=merge", "-p", json.dumps(patch))
+    assert result.code != 0
+    assert (
+        f'modeldeployments.{GROUP} "held" is forbidden: {EDITOR_POLICY_DENIAL}'
+        "a rollout editor may change only spec.version"
+    ) in result.err, str(result)
+    assert f"this request also changes {changed}; changing anything else needs the verb" in (
+        result.err
+    ), str(result)
+    assert (await admin.read("held"))["metadata"]["resourceVersion"] == (
+        before["metadata"]["resourceVersion"]
+    )
+
+
+async def test_the_tools_pass_the_policys_refusal_through(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """The tools' own API layer (Cluster.patch) sending what the policy refuses: the
+    server's words, not advice to ask for RBAC (which allowed the patch); exit 4."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    editor = bound_user(tools, namespace, "editor", EDITOR)
+    cluster = kube.connect(KubeOptions(kubeconfig=str(editor.kubeconfig)))
+    with pytest.raises(CliError) as refused:
+        await asyncio.to_thread(cluster.patch, "held", {"spec": {"image": EVIL}})
+    assert refused.value.code == API_ERROR
+    assert refused.value.message.startswith(
+        f'patch modeldeployment held refused: modeldeployments.{GROUP} "held" is forbidden: '
+        f"{EDITOR_POLICY_DENIAL}a rollout editor may change only spec.version"
+    ), refused.value.message
+    assert "ask for RBAC" not in refused.value.message
+
+
+async def test_the_editor_cannot_delete(tools: ControlPlane, namespace: str, admin: Admin) -> None:
+    """Deletion is RBAC's: the role has no delete (the policy does not judge deletes)."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    editor = bound_user(tools, namespace, "editor", EDITOR).kubectl
+    result = editor.run("delete", "md", "held", "--wait=false")
+    assert result.code != 0 and f'cannot delete resource "{PLURAL}"' in result.err, str(result)
+    assert (await admin.read("held"))["metadata"].get("deletionTimestamp") is None
+
+
+async def test_the_owner_role_changes_anything(
+    tools: ControlPlane, namespace: str, admin: Admin, tmp_path: Path
+) -> None:
+    """Full edit, as without the policy: every patch the editor is refused, then
+    ``kubectl apply`` of an edited manifest (client-side, its last-applied annotation
+    included), then a delete."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    owner = bound_user(tools, namespace, "owner", OWNER).kubectl
+    for what, (patch, _) in EDITOR_REFUSED.items():
+        result = owner.run("patch", "md", "held", "--type=merge", "-p", json.dumps(patch))
+        assert result.code == 0, (what, str(result))
+    md = await admin.read("held")
+    assert md["spec"]["image"] == EVIL and md["metadata"]["labels"] == {"team": "attackers"}
+    manifest = {"apiVersion": md["apiVersion"], "kind": md["kind"],
+                "metadata": {"name": "held", "namespace": namespace, "labels": {"team": "ml"}},
+                "spec": {**md["spec"], "image": "registry.example.com/model-server:0.2.0",
+                         "replicas": 3}}  # fmt: skip
+    path = tmp_path / "held.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    owner("apply", "-f", str(path))
+    applied = await admin.read("held")
+    assert (applied["spec"]["image"], applied["spec"]["replicas"]) == (
+        "registry.example.com/model-server:0.2.0", 3)  # fmt: skip
+    assert "kubectl.kubernetes.io/last-applied-configuration" in applied["metadata"]["annotations"]
+    owner("delete", "md", "held", "--wait=false")
+
+
+async def test_a_foreground_delete_completes_through_the_policy(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """The garbage collector, which has no 'configure', removes the foregroundDeletion
+    finalizer of an owner's foreground delete: the policy lets finalizers go once
+    deletion has begun, so the resource goes (a hang guard, not a time)."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    owner = bound_user(tools, namespace, "owner", OWNER).kubectl
+    owner("delete", "md", "held", "--cascade=foreground", "--wait=false")
+    assert (await admin.read("held"))["metadata"]["finalizers"] == ["foregroundDeletion"]
+
+    def gone() -> bool:
+        return "NotFound" in tools.kubectl.run("get", "md", "held", "-n", namespace).err
+
+    # the garbage collector watches the CRD's resources once its discovery pass has
+    # found them (every 30 s): a generous hang guard
+    wait_until(gone, HANG_GUARD_S * 3, interval_s=0.5, what="the foreground delete to finish")
+
+
+async def test_the_operators_writes_pass_the_policy(
+    tools: ControlPlane, namespace: str, admin: Admin
+) -> None:
+    """The operator's own writes of the resource, sent by its code as the chart's
+    ServiceAccount: clearing the rollout annotations it acted on, removing an earlier
+    version's kopf finalizer, writing the status. The finalizer is what needs the
+    chart's 'configure' for the operator: the same role without it is refused that."""
+    await model_deployment(admin, "held", CANARY_HELD)
+    await admin.patch("held", {"metadata": {
+        "annotations": {PROMOTE: "v2@1000000000", ABORT: "v2", RETRY: "v2"},
+        "finalizers": [KOPF_FINALIZER]}})  # fmt: skip
+    operator = install_chart(tools)  # the chart's RBAC and policies; the operator's identity
+    api = KubeClient(await load_configuration(None, str(operator.kubeconfig)))
+    try:
+        await operator_cluster.clear_annotations(api, namespace, "held", (PROMOTE, ABORT, RETRY))
+        await operator_cluster.remove_finalizer(
+            api, namespace, "held", [KOPF_FINALIZER], KOPF_FINALIZER
+        )
+        status = await operator_cluster.patch_status(api, namespace, "held", {"phase": "Failed"})
+    finally:
+        await api.close()
+    md = await admin.read("held")
+    assert md["metadata"].get("annotations") is None and md["metadata"].get("finalizers") is None
+    assert status["phase"] == "Failed"
+
+    # the operator's role less 'configure', as a ServiceAccount of its own
+    role = role_without(CONFIGURE, PLURAL, f"no-configure-{namespace}")
+    tools.kubectl.apply(role)
+    try:
+        bare = bound_user(tools, namespace, "bare-operator")
+        tools.kubectl("create", "rolebinding", "bare-operator", "-n", namespace,
+                      f"--clusterrole={role['metadata']['name']}",
+                      f"--serviceaccount={namespace}:bare-operator")  # fmt: skip
+        await admin.patch("held", {"metadata": {"finalizers": [KOPF_FINALIZER]}})
+        api = KubeClient(await load_configuration(None, str(bare.kubeconfig)))
+        try:
+            with pytest.raises(ApiError) as refused:
+                await operator_cluster.remove_finalizer(
+                    api, namespace, "held", [KOPF_FINALIZER], KOPF_FINALIZER
+                )
+        finally:
+            await api.close()
+    finally:
+        tools.kubectl.run("delete", "clusterrole", role["metadata"]["name"])
+    assert refused.value.status == 403 and EDITOR_POLICY_DENIAL in str(refused.value)
+    assert "metadata.finalizers" in str(refused.value)
+    assert (await admin.read("held"))["metadata"]["finalizers"] == [KOPF_FINALIZER]
+    await admin.patch("held", {"metadata": {"finalizers": None}})  # the namespace can go

@@ -65,6 +65,10 @@ def api_error(
     word = singular or resource
     what = f"{word} {name}" if name else word
     detail = _api_message(body)
+    if status == 403 and detail and f"cannot {verb} resource" not in detail:
+        # forbidden, but not by RBAC: an admission policy's or the namespace's refusal,
+        # which more RBAC would not lift; its own words say why
+        return CliError(f"{verb} {what} refused: {detail}")
     if status == 403:
         return CliError(
             f"forbidden: {verb} {resource} in namespace {namespace}: ask for RBAC that allows "

@@ -42,7 +42,7 @@ SIDECAR_ANNOTATIONS = (SIDECAR_STATUS, f"{SIDECAR_STATUS}.<track>")
 SIDECAR_USERNAME = rf"^system:serviceaccount:[^:]+:{SIDECAR_SA_PREFIX}[^:]+$"
 
 
-def _literal(text: str) -> str:
+def literal_pattern(text: str) -> str:
     """``text`` as a regex matching only itself, without backslashes (which a CEL string
     and the YAML around it would each need escaped): a dot becomes ``[.]``."""
     if not all(c.isalnum() or c in "-/." for c in text):
@@ -51,7 +51,9 @@ def _literal(text: str) -> str:
 
 
 # the report keys (``matches`` is RE2 in the API server; the track rule is the contract's)
-SIDECAR_ANNOTATION_PATTERN = f"^{_literal(SIDECAR_STATUS)}(?:[.](?:{TRACK_PATTERN.pattern}))?$"
+SIDECAR_ANNOTATION_PATTERN = (
+    f"^{literal_pattern(SIDECAR_STATUS)}(?:[.](?:{TRACK_PATTERN.pattern}))?$"
+)
 # a literal pattern, not a variable: the API server compiles it once, when the policy is
 # written, and refuses the policy if it does not compile
 _K_IS_A_SIDECAR_REPORT = f'k.matches("{SIDECAR_ANNOTATION_PATTERN}")'
@@ -62,7 +64,7 @@ def sidecar_service_account(name: str) -> str:
     return f"{SIDECAR_SA_PREFIX}{name}"
 
 
-def _or_empty(path: str, empty: str) -> str:
+def or_empty(path: str, empty: str) -> str:
     """``path`` when the field is there, else ``empty`` (absent lists and maps are empty)."""
     return f"(has({path}) ? {path} : {empty})"
 
@@ -74,8 +76,8 @@ def _token_extra(key: str) -> str:
 
 def _unchanged(field: str, empty: str) -> str:
     return (
-        f"{_or_empty(f'object.metadata.{field}', empty)} =="
-        f" {_or_empty(f'oldObject.metadata.{field}', empty)}"
+        f"{or_empty(f'object.metadata.{field}', empty)} =="
+        f" {or_empty(f'oldObject.metadata.{field}', empty)}"
     )
 
 
@@ -87,10 +89,10 @@ VARIABLES = {
     "tokenPodUid": _token_extra(POD_UID_EXTRA),
     # only an UPDATE has both objects (CREATE has no old one, DELETE no new one)
     "oldAnnotations": (
-        f"variables.isPodUpdate ? {_or_empty('oldObject.metadata.annotations', '{}')} : {{}}"
+        f"variables.isPodUpdate ? {or_empty('oldObject.metadata.annotations', '{}')} : {{}}"
     ),
     "newAnnotations": (
-        f"variables.isPodUpdate ? {_or_empty('object.metadata.annotations', '{}')} : {{}}"
+        f"variables.isPodUpdate ? {or_empty('object.metadata.annotations', '{}')} : {{}}"
     ),
 }
 
