@@ -2,8 +2,9 @@
 follow a rollout through the pods: a namespace of the test's own; the operator as the
 Helm chart runs it (``python -m model_operator`` as the chart's ServiceAccount, with a
 kubeconfig: :class:`control_plane_operator.Operator`), started, killed and restarted by
-the test; the Deployment's pods made by the real controller-manager and scheduler and
-run by a simulated node (conftest's ``node_agents``) whose sidecars read their pod and
+the test, or one process a module's tests share (:func:`shared_operator`); the
+Deployment's pods made by the real controller-manager and scheduler and run by a
+simulated node (conftest's ``node_agents``) whose sidecars read their pod and
 report on it through the API as the real ones do (``model_rollout_e2e.simulated_sidecar``)
 ; and the cluster's admin on the test's loop, following every status the operator writes
 with a watch, so that a status held for a moment (one batch of a rollout) is not missed
@@ -16,7 +17,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.raw_api import check, json_call
+from model_rollout_e2e.seaweed import CREDENTIALS_ENV
 from model_rollout_e2e.simulated_sidecar import SidecarBehaviour, model_store_claim
 
 log = logging.getLogger(__name__)
@@ -53,14 +55,16 @@ class RolloutCluster:
         api: k8s.ApiClient,
         node_agents: Callable[..., NodeAgent],
         work: Path,
+        shared: Operator | None = None,
     ) -> None:
         self.cluster, self.namespace, self.identity, self.work = cluster, namespace, identity, work
         self._node_agents = node_agents
+        self._shared = shared
         self.core: Any = k8s.CoreV1Api(api)  # raw JSON calls (_preload_content=False)
         self.apps: Any = k8s.AppsV1Api(api)
         self.custom: Any = k8s.CustomObjectsApi(api)
         self.coordination: Any = k8s.CoordinationV1Api(api)
-        self.operator: Operator | None = None
+        self.operator: Operator | None = shared  # the one running for this namespace
         self.node: NodeAgent | None = None
         self.statuses: dict[str, list[Status]] = {}  # every status written, by resource
         self.history: list[Status] = []  # mlp's statuses (not empty), since last cleared
@@ -76,6 +80,8 @@ class RolloutCluster:
         log_name: str = "operator.log",
     ) -> Operator:
         """``python -m model_operator`` for this namespace, as the chart's account."""
+        if self._shared is not None:
+            raise RuntimeError(f"{self.namespace} has the module's operator already")
         operator = Operator(
             kubeconfig or self.identity.kubeconfig, self.namespace, self.work / log_name,
             INTERVAL_S, extra=extra, env=env,
@@ -87,13 +93,13 @@ class RolloutCluster:
     async def stop_operator(self) -> None:
         """SIGTERM, as a pod's shutdown; the process's end awaited (kopf gives the
         resources' tasks 5 s)."""
-        if self.operator is not None:
+        if self.operator is not None and self.operator is not self._shared:
             await asyncio.to_thread(self.operator.stop)
             self.operator = None
 
     async def kill_operator(self) -> None:
         """SIGKILL: the end of a test, which has no use for a graceful stop."""
-        if self.operator is not None:
+        if self.operator is not None and self.operator is not self._shared:
             await asyncio.to_thread(self.operator.kill)
             self.operator = None
 
@@ -277,6 +283,25 @@ class RolloutCluster:
             response.release()
 
 
+@contextlib.contextmanager
+def shared_operator(
+    cluster: ControlPlane, identity: Identity, work: Path, prefix: str
+) -> Iterator[Operator]:
+    """One operator process for every namespace named ``<prefix>-*`` (a kopf glob), as
+    the chart runs it, with the model store's credentials (SeaweedFS'), for the tests of
+    a module that need no operator of their own: each test then starts none, which costs
+    a loaded machine a few seconds of CPU. Killed at the end."""
+    operator = Operator(
+        identity.kubeconfig, f"{prefix}-*", work / "operator.log", INTERVAL_S,
+        env=CREDENTIALS_ENV,
+    ).start()  # fmt: skip
+    assert isinstance(operator, Operator)
+    try:
+        yield operator
+    finally:
+        operator.kill()
+
+
 @contextlib.asynccontextmanager
 async def rollout_cluster(
     cluster: ControlPlane,
@@ -284,9 +309,11 @@ async def rollout_cluster(
     node_agents: Callable[..., NodeAgent],
     work: Path,
     prefix: str = "rollout",
+    shared: Operator | None = None,
 ) -> AsyncIterator[RolloutCluster]:
-    """A :class:`RolloutCluster` in a new namespace; its operator killed and the
-    namespace deleted afterwards."""
+    """A :class:`RolloutCluster` in a new namespace ``<prefix>-...``, which ``shared``
+    (if any) runs for; an operator the test started is killed and the namespace deleted
+    afterwards."""
     namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
     await asyncio.to_thread(cluster.kubectl, "create", "namespace", namespace)
     configuration = k8s.Configuration()
@@ -294,7 +321,7 @@ async def rollout_cluster(
         config_file=str(cluster.kubeconfig), client_configuration=configuration
     )
     async with k8s.ApiClient(configuration) as api:
-        rollouts = RolloutCluster(cluster, namespace, identity, api, node_agents, work)
+        rollouts = RolloutCluster(cluster, namespace, identity, api, node_agents, work, shared)
         following = asyncio.create_task(rollouts.follow())
         try:
             yield rollouts

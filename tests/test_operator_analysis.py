@@ -11,14 +11,15 @@ the pod's traffic policy says."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from control_plane_operator import install_chart
+from control_plane_operator import Operator, install_chart
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
 from model_rollout_e2e.binaries import BinaryNotFound, prometheus_binary
@@ -28,7 +29,7 @@ from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.prometheus import PrometheusServer
 from model_rollout_e2e.simulated_servers import Behaviour
 from model_rollout_e2e.simulated_traffic import TrafficModelContainers
-from rollout_cluster import RolloutCluster, condition, rollout_cluster
+from rollout_cluster import RolloutCluster, condition, rollout_cluster, shared_operator
 
 pytestmark = pytest.mark.slow
 GOOD = Behaviour(latency_s=0.010)
@@ -59,19 +60,62 @@ def operator_identity(control_plane: ControlPlane) -> Identity:
     return install_chart(control_plane)
 
 
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Operator]:
+    """The operator of the tests that need none of their own (namespaces ``analysis-*``)."""
+    work = tmp_path_factory.mktemp("operator")
+    with shared_operator(control_plane, operator_identity, work, "analysis") as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def harness_on(
+    control_plane: ControlPlane,
+    identity: Identity,
+    node_agents: Callable[..., NodeAgent],
+    work: Path,
+    prefix: str,
+    operator: Operator | None,
+) -> AsyncIterator[Harness]:
+    async with rollout_cluster(
+        control_plane, identity, node_agents, work, prefix, operator
+    ) as cluster:
+        node = cluster.run_pods(runtime=lambda kubeconfig: TrafficModelContainers(kubeconfig))
+        assert isinstance(node.runtime, TrafficModelContainers)
+        yield Harness(cluster, node.runtime)
+
+
 @pytest.fixture
 async def harness(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    operator: Operator,
+    node_agents: Callable[..., NodeAgent],
+    tmp_path: Path,
+) -> AsyncIterator[Harness]:
+    """Pods with traffic in a namespace the module's operator runs for."""
+    async with harness_on(
+        control_plane, operator_identity, node_agents, tmp_path, "analysis", operator
+    ) as created:
+        yield created
+
+
+@pytest.fixture
+async def bare_harness(
     control_plane: ControlPlane,
     operator_identity: Identity,
     node_agents: Callable[..., NodeAgent],
     tmp_path: Path,
 ) -> AsyncIterator[Harness]:
-    async with rollout_cluster(
-        control_plane, operator_identity, node_agents, tmp_path, "analysis"
-    ) as cluster:
-        node = cluster.run_pods(runtime=lambda kubeconfig: TrafficModelContainers(kubeconfig))
-        assert isinstance(node.runtime, TrafficModelContainers)
-        yield Harness(cluster, node.runtime)
+    """Pods with traffic in a namespace no operator runs for: the test starts its own."""
+    async with harness_on(
+        control_plane, operator_identity, node_agents, tmp_path, "own-analysis", None
+    ) as created:
+        yield created
 
 
 def body(**canary: Any) -> dict[str, Any]:
@@ -116,7 +160,6 @@ async def test_a_bad_candidate_is_rolled_back_automatically(
     harness: Harness, behaviour: Behaviour, words: str
 ) -> None:
     harness.pods.behaviours = {"v1": GOOD, "v2": behaviour}
-    harness.cluster.start_operator()
     await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
     canary_status = await harness.wait(lambda s: s.get("phase") == "Canary")
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
@@ -136,7 +179,6 @@ async def test_a_bad_candidate_is_rolled_back_automatically(
 
 async def test_a_good_candidate_passes_its_checks_and_is_promoted(harness: Harness) -> None:
     harness.pods.behaviours = {"v1": GOOD, "v2": GOOD}
-    harness.cluster.start_operator()
     await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
     canary = await harness.wait(lambda s: s.get("phase") == "Canary" and s.get("analysis"))
     assert canary["analysis"]["rollout"].startswith("v2@")
@@ -165,7 +207,6 @@ async def test_a_canary_of_whole_pods_is_compared_with_the_stable_pods(harness: 
     """No traffic policy: the canary pod serves the candidate only, and the reference
     latency is the stable pods' (read from their own /metrics)."""
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(latency_s=0.5)}
-    harness.cluster.start_operator()
     await roll_out_v2(harness)
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
     message = condition(status, "Degraded")["message"]
@@ -177,7 +218,6 @@ async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
     harness: Harness,
 ) -> None:
     harness.pods.requests_per_tick = 0  # nobody sends a request
-    harness.cluster.start_operator()
     await roll_out_v2(harness, trafficPercent=25)
     status = await harness.wait(lambda s: s.get("message", "").endswith("after a passed check"))
     assert status["phase"] == "Canary" and status["analysis"]["lastResult"] == "Inconclusive"
@@ -192,7 +232,7 @@ async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
 
 
 async def test_a_restarted_operator_continues_the_analysis_from_the_status(
-    harness: Harness,
+    bare_harness: Harness,
 ) -> None:
     """The operator process is stopped after the first failed check; a new one goes on
     from .status (the failures so far and the last scrape) instead of starting over.
@@ -201,6 +241,7 @@ async def test_a_restarted_operator_continues_the_analysis_from_the_status(
     are inconclusive (no failure, no promotion) however long the stop takes: on a loaded
     machine the first operator once ran two more failing checks before it stopped,
     reached the failure limit itself and left the second nothing to continue."""
+    harness = bare_harness
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
     harness.cluster.start_operator()
     await roll_out_v2(harness, trafficPercent=50, analysis={"failureLimit": 3})
@@ -236,7 +277,6 @@ async def test_with_prometheus_the_figures_come_from_promql(
     except BinaryNotFound as exc:  # .ci/run installs it: under CI=true this fails
         pytest.skip(str(exc))
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
-    harness.cluster.start_operator()
     prometheus = PrometheusServer(tmp_path / "prometheus", [], scrape_interval_s=0.5)
     analysis = {"intervalSeconds": 2, "minRequests": 10, "prometheus": {"url": prometheus.url}}
     await harness.cluster.create(body(trafficPercent=25, analysis=analysis))

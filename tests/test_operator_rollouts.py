@@ -15,7 +15,7 @@ import asyncio
 import base64
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,13 @@ from model_rollout_e2e.processes import free_port
 from model_rollout_e2e.raw_api import json_call
 from model_rollout_e2e.simulated_sidecar import SidecarBehaviour
 from model_sidecar.store import S3Store
-from rollout_cluster import INTERVAL_S, RolloutCluster, condition, rollout_cluster
+from rollout_cluster import (
+    INTERVAL_S,
+    RolloutCluster,
+    condition,
+    rollout_cluster,
+    shared_operator,
+)
 from sidecar_helpers import make_keys, publish_versions
 
 pytestmark = pytest.mark.slow  # whole operator loops with a node: not in make test-fast
@@ -48,15 +54,45 @@ def operator_identity(control_plane: ControlPlane) -> Identity:
     return install_chart(control_plane)
 
 
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Operator]:
+    """The operator of the tests that need none of their own (namespaces ``rollouts-*``)."""
+    work = tmp_path_factory.mktemp("operator")
+    with shared_operator(control_plane, operator_identity, work, "rollouts") as running:
+        yield running
+
+
 @pytest.fixture
 async def cluster(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    operator: Operator,
+    node_agents: Callable[..., NodeAgent],
+    tmp_path: Path,
+) -> AsyncIterator[RolloutCluster]:
+    """A namespace the module's operator runs for."""
+    async with rollout_cluster(
+        control_plane, operator_identity, node_agents, tmp_path, "rollouts", operator
+    ) as created:
+        yield created
+
+
+@pytest.fixture
+async def bare_cluster(
     control_plane: ControlPlane,
     operator_identity: Identity,
     node_agents: Callable[..., NodeAgent],
     tmp_path: Path,
 ) -> AsyncIterator[RolloutCluster]:
-    async with rollout_cluster(control_plane, operator_identity, node_agents, tmp_path) as c:
-        yield c
+    """A namespace no operator runs for: the test starts its own (stops, kills it)."""
+    async with rollout_cluster(
+        control_plane, operator_identity, node_agents, tmp_path, "rollout"
+    ) as created:
+        yield created
 
 
 @pytest.fixture
@@ -113,7 +149,6 @@ async def test_create_rollout_canary_batches_and_rollback(
     cluster: RolloutCluster, store: S3Store
 ) -> None:
     cluster.run_pods()
-    cluster.start_operator()
     await cluster.create(md_body(store))
     status = await cluster.wait(versions({"v1": 4}))
     assert status["currentVersion"] == "v1" and status["readyReplicas"] == 4
@@ -170,8 +205,9 @@ async def test_create_rollout_canary_batches_and_rollback(
 
 
 async def test_operator_process_stopped_mid_rollout_resumes_from_status(
-    cluster: RolloutCluster, store: S3Store
+    bare_cluster: RolloutCluster, store: S3Store
 ) -> None:
+    cluster = bare_cluster
     cluster.run_pods()
     cluster.start_operator()
     await cluster.create(md_body(store))
@@ -213,7 +249,6 @@ async def test_malformed_spec_is_rejected_and_changes_nothing(
     the edit with the field's name. What only the operator can tell (a version the
     store does not have) is a condition on the resource. Neither moves a pod."""
     cluster.run_pods()
-    cluster.start_operator()
     await cluster.create(md_body(store, replicas=2))
     await cluster.wait(versions({"v1": 2}))
     targets = await cluster.pod_targets()
@@ -243,7 +278,6 @@ async def test_malformed_spec_is_rejected_and_changes_nothing(
 
 async def test_refused_version_stops_the_rollout(cluster: RolloutCluster, store: S3Store) -> None:
     cluster.run_pods(SidecarBehaviour(fetch_s=0.1, load_s=0.3, refuse={"v3": "bad_signature"}))
-    cluster.start_operator()
     await cluster.create(md_body(store))
     await cluster.wait(versions({"v1": 4}))
     await cluster.patch({"spec": {"version": "v3"}})
@@ -269,7 +303,6 @@ async def test_deleted_and_evicted_pods_are_replaced_and_the_rollout_completes(
     picks a new canary); a pod of the rollout evicted by its node under memory pressure
     (kept, Failed: no replica any more; the ReplicaSet replaces it)."""
     node = cluster.run_pods(SidecarBehaviour(fetch_s=0.1, load_s=1.5))  # slow loads
-    cluster.start_operator()
     await cluster.create(md_body(None, canary={"percent": 25, "pauseSeconds": 0.5}))
     await cluster.wait(versions({"v1": 4}))
     await cluster.patch({"spec": {"version": "v2"}})
@@ -293,7 +326,6 @@ async def test_deleted_and_evicted_pods_are_replaced_and_the_rollout_completes(
 
 async def test_a_promotion_promotes_one_rollout_and_is_cleared(cluster: RolloutCluster) -> None:
     cluster.run_pods()
-    cluster.start_operator()
     await cluster.create(md_body(None, canary={"percent": 25, "manualPromote": True}))
     await cluster.wait(versions({"v1": 4}))
     await cluster.patch({"spec": {"version": "v2"}})
@@ -315,12 +347,13 @@ async def test_a_promotion_promotes_one_rollout_and_is_cleared(cluster: RolloutC
 
 
 async def test_a_promotion_is_cleared_only_once_the_status_saying_so_is_written(
-    cluster: RolloutCluster,
+    bare_cluster: RolloutCluster,
 ) -> None:
     """A pass that acted on the promote annotation but could not write its status is
     repeated from the old status: the annotation must still be there for it. The API
     server answers 503 to the status write only (the fault proxy in front of it, which
     the operator's kubeconfig names)."""
+    cluster = bare_cluster
     cluster.run_pods()
     server, ca = cluster.cluster.server, cluster.cluster.pki.ca.cert
     async with FaultProxy(server, ca) as proxy:
@@ -349,7 +382,6 @@ async def test_a_promotion_is_cleared_only_once_the_status_saying_so_is_written(
 
 async def test_children_are_recreated_restored_and_never_adopted(cluster: RolloutCluster) -> None:
     cluster.run_pods()
-    cluster.start_operator()
     core, ns = cluster.core, cluster.namespace
     foreign = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "other"},
                "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 81}]}}  # fmt: skip
@@ -402,7 +434,8 @@ async def test_children_are_recreated_restored_and_never_adopted(cluster: Rollou
 
 async def test_the_operator_reports_its_own_metrics(cluster: RolloutCluster) -> None:
     cluster.run_pods()
-    operator = cluster.start_operator()
+    operator = cluster.operator
+    assert operator is not None
     await cluster.create(md_body(None, replicas=2))
     await cluster.wait(versions({"v1": 2}))
     labels = f'name="mlp",namespace="{cluster.namespace}"'
@@ -423,12 +456,13 @@ LEASE = "model-rollout-operator"  # leader.LeaseSettings' default name
 
 
 async def test_the_standby_takes_over_when_the_leader_dies_mid_rollout(
-    cluster: RolloutCluster,
+    bare_cluster: RolloutCluster,
 ) -> None:
     """Two replicas on the chart's Lease; the leader is killed (SIGKILL) mid-rollout, once
     the canary's events are posted (an event goes on a task of its own after the status
     write, so a kill just then may lose it, never repeat it), and the standby finishes
     the rollout, repeating no event."""
+    cluster = bare_cluster
     cluster.run_pods(SidecarBehaviour(fetch_s=0.1, load_s=1.5))
 
     async def holder() -> dict[str, Any]:
@@ -437,7 +471,9 @@ async def test_the_standby_takes_over_when_the_leader_dies_mid_rollout(
         )
         return dict(lease["spec"])
 
-    election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "2"]
+    # a leader that cannot renew for two thirds of this gives up leading (the fence): on a
+    # loaded 2-core machine 2 s was once too short for it, and the standby left early
+    election = ["--leader-election", "--lease-namespace", NAMESPACE, "--lease-seconds", "6"]
     names = (f"{cluster.namespace}-a", f"{cluster.namespace}-b")  # not an earlier test's
     replicas = {
         name: Operator(
@@ -454,7 +490,10 @@ async def test_the_standby_takes_over_when_the_leader_dies_mid_rollout(
         await cluster.events_of("CanaryPromoted", 1)
         leader = (await holder())["holderIdentity"]
         assert leader in replicas
+        standby = next(name for name in replicas if name != leader)
+        assert replicas[standby].running(), replicas[standby].log_tail()
         await asyncio.to_thread(replicas[leader].kill)  # mid-rollout, without a word
+        cluster.operator = replicas[standby]  # its log, should the rollout not finish
         assert (await cluster.md())["status"]["versions"] != {"v2": 4}  # not over yet
         status = await cluster.wait(versions({"v2": 4}))
         assert (status["currentVersion"], status["previousVersion"]) == ("v2", "v1")
@@ -476,7 +515,6 @@ async def test_an_unreachable_store_is_a_condition_and_holds_the_rollout(
     cluster: RolloutCluster,
 ) -> None:
     cluster.run_pods()
-    cluster.start_operator()
     body = md_body(None)
     body["spec"]["store"] = {"url": "s3://models/p", "endpoint": f"http://127.0.0.1:{free_port()}"}
     await cluster.create(body)
@@ -498,8 +536,9 @@ async def test_an_unreachable_store_is_a_condition_and_holds_the_rollout(
 
 
 async def test_the_store_is_checked_with_the_resources_own_credentials(
-    cluster: RolloutCluster, store: S3Store
+    bare_cluster: RolloutCluster, store: S3Store
 ) -> None:
+    cluster = bare_cluster
     from model_rollout_e2e.seaweed import CREDENTIALS
 
     cluster.run_pods()
@@ -539,7 +578,6 @@ async def test_a_pod_that_never_turns_ready_fails_the_rollout_at_its_deadline(
     cluster: RolloutCluster,
 ) -> None:
     node = cluster.run_pods()
-    cluster.start_operator()
     body = md_body(
         None,
         canary={"percent": 0},
@@ -572,7 +610,6 @@ async def test_pods_run_unsigned_only_when_the_spec_says_so_and_then_it_shows(
     resource it finds without one); with allowUnsigned the pods run unsigned, and the
     status shows it."""
     cluster.run_pods()
-    cluster.start_operator()
     body = md_body(None, replicas=2)
     del body["spec"]["signingPublicKeySecret"]
     with pytest.raises(ApiException) as refused:
