@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +97,10 @@ def node_agents(control_plane, tmp_path: Path):  # type: ignore[no-untyped-def]
     plane: ``node_agents(processes=True, mounts=..., **NodeAgent options)``; simulated
     (no processes) unless ``processes``, the operator's pods with their sidecars' reports
     faked (``model_rollout_e2e.simulated_sidecar``) when given ``sidecars=
-    SidecarBehaviour(...)``. Each is stopped (its processes killed) and its
-    Node deleted when the test ends, so the next test's pods go to the next test's node."""
+    SidecarBehaviour(...)``, or the runtime ``runtime(kubeconfig)`` makes from the node's
+    kubeconfig (``model_rollout_e2e.simulated_traffic``). Each is stopped (its processes
+    killed) and its Node deleted when the test ends, so the next test's pods go to the
+    next test's node."""
     import uuid
 
     from model_rollout_e2e.container_runtime import ProcessContainers, SimulatedContainers
@@ -112,18 +114,21 @@ def node_agents(control_plane, tmp_path: Path):  # type: ignore[no-untyped-def]
         processes: bool = False,
         mounts: dict[str, Path] | None = None,
         sidecars: SidecarBehaviour | None = None,
+        runtime: Callable[[Path], ContainerRuntime] | None = None,
         **options: Any,
     ) -> NodeAgent:
         name = f"node-{uuid.uuid4().hex[:8]}"
         kubeconfig = control_plane.node_kubeconfig(name)
-        runtime: ContainerRuntime = (
+        containers: ContainerRuntime = (
             ProcessContainers(tmp_path / name, mounts=mounts)
             if processes
+            else runtime(kubeconfig)
+            if runtime is not None
             else SimulatedContainers()
             if sidecars is None
             else SimulatedModelContainers(kubeconfig, sidecars)
         )
-        agent = NodeAgent(kubeconfig, runtime, name, **options)
+        agent = NodeAgent(kubeconfig, containers, name, **options)
         threads.append(AgentThread(agent).start())
         return agent
 

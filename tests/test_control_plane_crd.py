@@ -1,8 +1,8 @@
 """The ModelDeployment CRD as a real API server serves it (issue 28): ``kubectl apply``
 refuses what the schema refuses with the schema's message, drops unknown fields with a
-warning, and ``kubectl get md`` prints the CRD's columns. The emulators (kmock,
-``kube_emulator``) and ``crd_validation`` re-implement these rules; this is the API
-server's own answer."""
+warning, and ``kubectl get md`` prints the CRD's columns. ``crd_validation``
+re-implements these rules for the tests that run without a control plane; this is the
+API server's own answer."""
 
 from __future__ import annotations
 

@@ -293,6 +293,51 @@ def test_a_services_endpointslice_lists_the_ready_pods_of_a_simulated_node(
     )
 
 
+def test_a_node_evicts_a_pod_or_fails_its_readiness_when_a_test_asks(
+    node_agent: NodeAgent, admin: Kubectl, namespace: str
+) -> None:
+    """What a kubelet does to a pod of its own accord, here on a test's request: an
+    evicted pod (memory pressure) is killed and kept, Failed with reason Evicted, and its
+    ReplicaSet replaces it (a Failed pod is no replica); a pod whose readiness probe
+    starts failing stays Running, not Ready; the evicted pod goes once deleted."""
+    admin.apply(web_deployment(namespace, 2))
+    first, second = (p["metadata"]["name"] for p in ready_pods(admin, namespace, 2))
+    node_agent.evict(namespace, first)
+
+    def phase(name: str, wanted: str) -> dict[str, Any] | None:
+        pod = admin.get("pod", name, "-n", namespace)
+        return pod if pod["status"].get("phase") == wanted else None
+
+    evicted = wait_until(lambda: phase(first, "Failed"), WAIT_S, 0.2, "the eviction")
+    assert evicted["status"]["reason"] == "Evicted", evicted["status"]
+    assert "low on resource: memory" in evicted["status"]["message"]
+    assert condition(evicted, "Ready") == "False"
+    assert all("terminated" in c["state"] for c in evicted["status"]["containerStatuses"])
+
+    def replaced() -> set[str] | None:
+        running = {
+            p["metadata"]["name"] for p in pods(admin, namespace)
+            if p["status"].get("phase") == "Running" and is_ready(p)
+        }  # fmt: skip
+        return running if len(running) == 2 else None
+
+    running = wait_until(replaced, WAIT_S, 0.5, "a replacement of the evicted pod")
+    assert first not in running and second in running
+    node_agent.fail_readiness(namespace, second)
+
+    def unready() -> dict[str, Any] | None:
+        pod = admin.get("pod", second, "-n", namespace)
+        return pod if condition(pod, "Ready") == "False" else None
+
+    pod = wait_until(unready, WAIT_S, 0.2, "the failing readiness")
+    assert pod["status"]["phase"] == "Running" and condition(pod, "ContainersReady") == "False"
+    assert phase(first, "Failed") is not None  # kept until deleted
+    admin("delete", "pod", first, "-n", namespace, "--wait=false")
+    wait_until(lambda: gone(admin, namespace, first), WAIT_S, 0.5, f"pod {first} deleted")
+    with pytest.raises(LookupError, match="runs no pod"):
+        node_agent.evict(namespace, first)
+
+
 def test_deleting_a_pod_runs_prestop_then_sigterm_and_the_deployment_replaces_it(
     node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
 ) -> None:

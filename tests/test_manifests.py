@@ -1,12 +1,11 @@
 """Every YAML we ship is checked: kubernetes-validate against the Kubernetes schemas, real
-kubectl (client dry-run, with an emulated API server for discovery), the Helm chart
+kubectl (client dry-run, with the session's real API server for discovery), the Helm chart
 rendered and linted by real Helm (with its default values and each example's values),
 and ModelDeployments against the CRD as the API server applies it (defaults, the
 openAPIV3Schema and its CEL rules: ``crd_validation``)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import math
@@ -28,8 +27,7 @@ from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import defaults
 from model_rollout_contract.layout import STORE_ID_PATTERN
-from model_rollout_e2e.binaries import BinaryNotFound, kubectl_binary
-from model_rollout_e2e.kube_emulator import kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
 
 ROOT = Path(__file__).parent.parent
 CRD = ROOT / "deploy" / "crds" / "modeldeployment.yaml"
@@ -347,30 +345,16 @@ def test_the_crd_limits_and_query_names_are_the_operators() -> None:
     assert server["maxRowsPerRequest"]["maximum"] == spec_module.MAX_ROWS_PER_REQUEST
 
 
-async def _kubectl(server: str, path: Path) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        kubectl_binary(),
-        f"--server={server}",
-        "--request-timeout=20s",
-        "apply",
-        "--dry-run=client",
-        "--validate=false",
-        "-o",
-        "json",
-        "-f",
-        str(path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
-
-
-async def test_kubectl_parses_everything(tmp_path: Path) -> None:
-    try:
-        kubectl_binary()
-    except BinaryNotFound as exc:
-        pytest.skip(str(exc))
+def test_kubectl_parses_everything(control_plane: ControlPlane, tmp_path: Path) -> None:
+    """Client-side dry runs, with the session's API server for discovery (the CRD
+    installed, so that kubectl knows ModelDeployment); ``create``, which reads no live
+    object, so that what other tests applied to the session's cluster plays no part
+    (a client-side ``apply`` over an object that ``apply --server-side`` wrote fails
+    in kubectl itself: "applying patch locally: expected a struct, but received a
+    nil")."""
+    admin = control_plane.kubectl
+    admin("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    admin("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
     files = [CRD, *EXAMPLES]
     charts = []
     for values_name, values in CHART_VALUES.items():
@@ -378,13 +362,24 @@ async def test_kubectl_parses_everything(tmp_path: Path) -> None:
         charts[-1].write_text(yaml.safe_dump_all(rendered_chart(values)))
     children_out = tmp_path / "children.yaml"
     children_out.write_text(yaml.safe_dump_all(operator_children()))
-    async with kube_emulator() as api:
-        for path in [*files, *charts, children_out]:
-            code, out = await _kubectl(api.url, path)
-            assert code == 0, f"{path.name}: {out}"
-            parsed = json.loads(out)
-            items = parsed.get("items", [parsed])
-            assert len(items) == len(load_all(path)), path.name
+    for path in [*files, *charts, children_out]:
+        result = admin.run(
+            "--request-timeout=20s", "create", "--dry-run=client", "--validate=false",
+            "-o", "json", "-f", str(path),
+        )  # fmt: skip
+        assert result.code == 0, f"{path.name}: {result}"
+        assert len(_json_documents(result.out)) == len(load_all(path)), path.name
+
+
+def _json_documents(text: str) -> list[Any]:
+    """The JSON documents ``kubectl create -o json`` prints one after another."""
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while at < len(text.rstrip()):
+        document, at = decoder.raw_decode(text, at)
+        documents.append(document)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return documents
 
 
 @dataclass(frozen=True)

@@ -3,66 +3,58 @@ sequence of the version's manifest in the store (``status.pinnedSequences``) and
 it to the pods (their annotation, and the ConfigMap for pods not annotated yet), so that
 a sidecar on an empty volume refuses an older build written back into the store later.
 
-The real kopf operator against kmock's API with a simulated kubelet, as
-``test_operator_kmock``; the store is a real S3 (SeaweedFS)."""
+The operator process on the session's real control plane with a simulated node, as in
+``test_operator_rollouts`` (:mod:`rollout_cluster`); the store is a real S3
+(SeaweedFS)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from control_plane_operator import install_chart
 from crd_validation import ResourceSchema
-from model_operator.config import OperatorConfig
 from model_operator.manifests import children
 from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.manifest import Manifest
-from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.kube_emulator import (
-    create_model_deployment,
-    kube_emulator,
-    list_objects,
-    patch_model_deployment,
-    wait_for_status,
-)
-from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.onnx_models import write_mlp
-from model_rollout_e2e.processes import OperatorThread
 from model_sidecar.config import InitConfig, WatchConfig, parse_args
 from model_sidecar.publish import publish
 from model_sidecar.store import S3Store, read_object
+from rollout_cluster import RolloutCluster, rollout_cluster
 from sidecar_helpers import make_keys, publish_versions
 
-NS = "ml"
 FILES = ("model.onnx", "manifest.sig", "manifest.json")
 ROOT = Path(__file__).parent.parent
 PINNED_SEQUENCES = "serving.model-rollout.io/pinned-sequences"  # the pods' annotation
 
 
+@pytest.fixture(scope="module")
+def operator_identity(control_plane: ControlPlane) -> Identity:
+    return install_chart(control_plane)
+
+
 @pytest.fixture
-async def api() -> AsyncIterator[HarnessApi]:
-    async with kube_emulator() as emulated:
-        pods = SimulatedPods(emulated, NS, delay_s=0.3)
-        kubelet = Kubelet(emulated, NS, pods, interval_s=0.1)
-        stop = asyncio.Event()
-        running = asyncio.create_task(kubelet.run(stop))
-        operator = OperatorThread(
-            OperatorConfig(emulated.url, [NS], 0.25, disable_scanning=True)
-        ).start()
-        try:
-            yield emulated
-        finally:
-            stop.set()
-            await running
-            await asyncio.to_thread(operator.stop)
+async def cluster(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    node_agents: Callable[..., NodeAgent],
+    tmp_path: Path,
+) -> AsyncIterator[RolloutCluster]:
+    async with rollout_cluster(
+        control_plane, operator_identity, node_agents, tmp_path, "pins"
+    ) as created:
+        yield created
 
 
 def sequence(store: S3Store, version: str) -> int:
@@ -71,19 +63,19 @@ def sequence(store: S3Store, version: str) -> int:
     return found.sequence
 
 
-async def pod_pins(api: HarnessApi) -> list[tuple[str | None, dict[str, int]]]:
+async def pod_pins(cluster: RolloutCluster) -> list[tuple[str | None, dict[str, int]]]:
     """Each pod's target and pins, as its annotations say."""
     found = []
-    for pod in await list_objects(api, f"/api/v1/namespaces/{NS}/pods"):
+    for pod in await cluster.items("pods"):
         annotations = pod["metadata"].get("annotations") or {}
         pins = json.loads(annotations[PINNED_SEQUENCES]) if PINNED_SEQUENCES in annotations else {}
         found.append((annotations.get(TARGET_VERSION), pins))
     return found
 
 
-@pytest.mark.slow  # a whole operator loop with a kubelet
+@pytest.mark.slow  # a whole operator loop with a node
 async def test_the_sequence_of_a_rollout_is_pinned_in_status_pods_and_configmap(
-    api: HarnessApi, s3_env: Any, tmp_path: Path
+    cluster: RolloutCluster, s3_env: Any, tmp_path: Path
 ) -> None:
     s3_env.create_bucket("models")
     store = S3Store("models", f"pin-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
@@ -103,32 +95,34 @@ async def test_the_sequence_of_a_rollout_is_pinned_in_status_pods_and_configmap(
             "signingPublicKeySecret": "model-signing-key",
         },
     }  # fmt: skip
-    await create_model_deployment(api, NS, body)
+    cluster.run_pods()
+    cluster.start_operator()
+    await cluster.create(body)
 
     def available(version: str) -> Any:
         return lambda s: s.get("phase") == "Available" and s.get("currentVersion") == version
 
-    status = await wait_for_status(api, NS, "mlp", available("v1"), 30)
+    status = await cluster.wait(available("v1"))
     v1 = {"v1": sequence(store, "v1")}
     assert status["pinnedSequences"] == v1
-    assert await pod_pins(api) == [("v1", v1), ("v1", v1)]
+    assert await pod_pins(cluster) == [("v1", v1), ("v1", v1)]
 
-    await patch_model_deployment(api, NS, "mlp", {"spec": {"version": "v2"}})
-    status = await wait_for_status(api, NS, "mlp", available("v2"), 30)
+    await cluster.patch({"spec": {"version": "v2"}})
+    status = await cluster.wait(available("v2"))
     pinned = {**v1, "v2": sequence(store, "v2")}  # the newer build's
     assert pinned["v2"] > Manifest.from_bytes(first_v2["manifest.json"]).sequence  # type: ignore[operator]
     assert status["pinnedSequences"] == pinned
-    assert await pod_pins(api) == [("v2", pinned), ("v2", pinned)]
-    [configmap] = await list_objects(api, f"/api/v1/namespaces/{NS}/configmaps")
-    assert configmap["data"]["target-version"] == "v2"
+    assert await pod_pins(cluster) == [("v2", pinned), ("v2", pinned)]
+    configmap = await cluster.get("config_map", "mlp-rollout")
+    assert configmap is not None and configmap["data"]["target-version"] == "v2"
     assert json.loads(configmap["data"]["pinned-sequences"]) == pinned
 
     for name, data in first_v2.items():  # the older build written back: a replay
         store.write(f"mlp/v2/{name}", data)
-    await patch_model_deployment(api, NS, "mlp", {"spec": {"version": "v1"}})  # and back
-    await wait_for_status(api, NS, "mlp", available("v1"), 30)
-    await patch_model_deployment(api, NS, "mlp", {"spec": {"version": "v2"}})
-    status = await wait_for_status(api, NS, "mlp", available("v2"), 30)
+    await cluster.patch({"spec": {"version": "v1"}})  # and back
+    await cluster.wait(available("v1"))
+    await cluster.patch({"spec": {"version": "v2"}})
+    status = await cluster.wait(available("v2"))
     assert status["pinnedSequences"] == pinned  # the pin never goes back to the replay
 
 

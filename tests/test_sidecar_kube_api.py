@@ -21,20 +21,13 @@ import random
 import ssl
 import time
 import urllib.request
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
-from model_operator import admission_policy
-from model_operator.manifests import pod_rbac
-from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_rollout_contract.annotations import (
     SIDECAR_STATUS,
     TARGET_VERSION,
@@ -45,7 +38,6 @@ from model_rollout_contract.states import SidecarState
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.fault_proxy import Fault, FaultProxy
 from model_rollout_e2e.identities import Identity
-from model_rollout_e2e.processes import wait_until
 from model_sidecar.kube import PodApi
 from model_sidecar.metrics import SidecarMetrics
 from model_sidecar.pod_watch import PodWatch
@@ -61,13 +53,12 @@ from sidecar_helpers import (
     set_target,
     start_server,
 )
+from sidecar_pod import ACCOUNT, SidecarPod, api_client, token
+from sidecar_pod import sidecar_pod as sidecar_pod_on
 
-ROOT = Path(__file__).parent.parent
-MD, POD = "mlp", "mlp-7f9c5d-abcde"
-ACCOUNT = admission_policy.sidecar_service_account(MD)
+POD = "mlp-7f9c5d-abcde"
 # the tests' policy: as the sidecar's (a floor of half the cap), faster
 BACKOFF = Backoff(base_s=0.1, max_s=0.8, floor=0.5)
-DENIED_BY_POLICY = f"ValidatingAdmissionPolicy '{admission_policy.POLICY_NAME}'"
 
 
 def most_calls(
@@ -94,88 +85,12 @@ def test_most_calls_counts_the_shortest_pauses() -> None:
     assert most_calls(BACKOFF, 0.71, failed_before=1) == 4  # 0.1 + 0.2 + 0.4
 
 
-@dataclass(frozen=True)
-class SidecarPod:
-    cluster: ControlPlane
-    namespace: str
-    sidecar: Identity  # the sidecar's account, its token bound to the pod
-    unbound: Identity  # the same account, a token bound to no pod: admission refuses it
-
-    def set_target(self, version: str) -> None:
-        self.cluster.kubectl(
-            "annotate", "pod", POD, "-n", self.namespace, "--overwrite",
-            f"{TARGET_VERSION}={version}",
-        )  # fmt: skip
-
-    def annotations(self) -> dict[str, str]:
-        pod = self.cluster.kubectl.get("pod", POD, "-n", self.namespace)
-        found: dict[str, str] = pod["metadata"].get("annotations") or {}
-        return found
-
-
-def _spec() -> ModelDeploymentSpec:
-    [doc] = yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text())
-    return parse_spec(doc["spec"])
-
-
-def token(identity: Identity) -> str:
-    """The bearer token in ``identity``'s kubeconfig."""
-    config = yaml.safe_load(identity.kubeconfig.read_text())
-    return str(config["users"][0]["user"]["token"])
-
-
 @pytest.fixture(scope="module")
 def sidecar_pod(control_plane: ControlPlane) -> Iterator[SidecarPod]:
     """A namespace with the operator's pod RBAC, one pod (never scheduled) that targets
     v2, the sidecar admission policy enforced, and the sidecar's tokens."""
-    admin = control_plane.kubectl
-    admin.apply(*admission_policy.objects())
-    namespace = f"sidecar-api-{uuid.uuid4().hex[:8]}"
-    admin("create", "namespace", namespace)
-    admin.apply(*pod_rbac(MD, namespace, _spec()))
-    admin.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": POD,
-                "namespace": namespace,
-                "annotations": {TARGET_VERSION: "v2"},
-            },
-            "spec": {
-                "serviceAccountName": ACCOUNT,
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "sidecar", "image": "model-sidecar"}],
-            },
-        }
-    )
-    uid = admin.get("pod", POD, "-n", namespace)["metadata"]["uid"]
-    sidecar = control_plane.service_account(namespace, ACCOUNT, pod=(POD, uid))
-    unbound = control_plane.service_account(namespace, ACCOUNT)
-    probe = ["patch", "pod", POD, "--type=merge", "--dry-run=server", "-p",
-             json.dumps({"metadata": {"annotations": {SIDECAR_STATUS: "{}"}}})]  # fmt: skip
-    # RBAC and the policy are in force once the API server's informers have them
-    wait_until(lambda: sidecar.kubectl.run(*probe).code == 0, 60, 0.5, "the sidecar's RBAC")
-    wait_until(
-        lambda: DENIED_BY_POLICY in unbound.kubectl.run(*probe).err,
-        60,
-        interval_s=0.5,
-        what="the admission policy to be enforced",
-    )
-    yield SidecarPod(control_plane, namespace, sidecar, unbound)
-    admin.run("delete", "namespace", namespace, "--wait=false")
-
-
-async def api_client(identity: Identity, host: str | None = None) -> k8s.ApiClient:
-    """A client with ``identity``'s credentials, to the API server or to ``host`` (the
-    fault proxy, over plain HTTP: the proxy forwards the token)."""
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(
-        config_file=str(identity.kubeconfig), client_configuration=configuration
-    )
-    if host is not None:
-        configuration.host = host
-    return k8s.ApiClient(configuration)
+    with sidecar_pod_on(control_plane, "sidecar-api", POD, {TARGET_VERSION: "v2"}) as pod:
+        yield pod
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:

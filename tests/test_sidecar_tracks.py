@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from helpers import write_tenants
 from model_rollout_contract import argv
 from model_rollout_contract.layout import INCOMING_DIR
 from model_rollout_contract.tracks import DEFAULT_TRACK, InvalidTrack, track_keys
-from model_rollout_e2e.kube_emulator import EmulatedCluster, kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import ChildProcess
 from model_server.app import ModelServer
@@ -33,9 +33,9 @@ from model_sidecar.publish import publish
 from model_sidecar.store import LocalStore
 from model_sidecar.volume import SafeDir
 from sidecar_helpers import Keys, downloads_left, make_fetcher, make_keys, sidecar_cli
+from sidecar_pod import SidecarPod, sidecar_pod
 
-NS, POD = "ml", "shared-000"
-POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
+POD = "shared-000"
 ACME, GLOBEX = track_keys("acme-mlp"), track_keys("globex-mlp")
 UNTRUSTED = ("bad_signature", "publish_in_progress")
 
@@ -151,11 +151,10 @@ def test_a_tenant_model_is_published_under_its_tenants_prefix(tmp_path: Path) ->
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    async with kube_emulator() as api:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": NS}}
-        await api.request("POST", f"/api/v1/namespaces/{NS}/pods", pod)
-        yield api
+def pod(control_plane: ControlPlane) -> Iterator[SidecarPod]:
+    """The shared pod on a real API server; its sidecars act as its ServiceAccount."""
+    with sidecar_pod(control_plane, "tracks", POD) as created:
+        yield created
 
 
 def publish_tenant(store: LocalStore, keys: Keys, work: Path, model: str, seeds: dict) -> None:
@@ -169,10 +168,15 @@ def copy_version(store: Path, source: str, target: str, version: str) -> None:
     shutil.copytree(store / source / version, store / target / version)
 
 
-def sidecar(tmp: Path, cluster: str, tenant: str, track: str, keys: Path) -> ChildProcess:
+def sidecar(tmp: Path, pod: SidecarPod, tenant: str, track: str, keys: Path) -> ChildProcess:
+    """``model-sidecar watch`` for one tenant's track, as the pod runs it: the in-cluster
+    client with the pod's projected ServiceAccount volume (a token bound to the pod)."""
+    account = pod.service_account_volume(tmp / f"serviceaccount-{track}")
     return ChildProcess(
-        "model_sidecar",
+        "model_rollout_e2e.in_pod",
         [
+            str(account),
+            "model_sidecar",
             "watch",
             "--store",
             f"file://{tmp / 'store'}",
@@ -188,12 +192,10 @@ def sidecar(tmp: Path, cluster: str, tenant: str, track: str, keys: Path) -> Chi
             str(tmp / "ctl.sock"),
             "--status-file",
             str(tmp / "volume" / f".sidecar-status.{track}.json"),
-            "--kube-api",
-            cluster,
             "--pod-name",
-            POD,
+            pod.name,
             "--pod-namespace",
-            NS,
+            pod.namespace,
             "--poll-seconds",
             "0.2",
             "--jitter-seconds",
@@ -206,6 +208,7 @@ def sidecar(tmp: Path, cluster: str, tenant: str, track: str, keys: Path) -> Chi
             "0.5",
         ],
         tmp / f"sidecar-{track}.log",
+        env=pod.in_cluster_env(),
     ).start()
 
 
@@ -219,9 +222,8 @@ async def served(client: TestClient, key: str) -> str:
     return str(answer["model_version"])
 
 
-async def report(cluster: EmulatedCluster, annotation: str) -> dict[str, Any]:
-    pod = await cluster.request("GET", POD_PATH)
-    text = (pod["metadata"].get("annotations") or {}).get(annotation)
+async def report(pod: SidecarPod, annotation: str) -> dict[str, Any]:
+    text = (await asyncio.to_thread(pod.annotations)).get(annotation)
     return json.loads(text) if text else {}
 
 
@@ -232,7 +234,7 @@ async def until(check: Any, what: str, timeout_s: float = 60.0) -> None:
 
 
 async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_serving(
-    cluster: EmulatedCluster, tmp_path: Path
+    pod: SidecarPod, tmp_path: Path
 ) -> None:
     store = LocalStore(tmp_path / "store")
     acme_keys, globex_keys = make_keys(tmp_path / "acme"), make_keys(tmp_path / "globex")
@@ -248,13 +250,11 @@ async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_se
     config = ServerConfig(
         repository=volume, tenants_file=tenants, control_socket=tmp_path / "ctl.sock"
     )
-    await cluster.merge_patch(
-        POD_PATH, {"metadata": {"annotations": {ACME.target: "a1", GLOBEX.target: "g1"}}}
-    )
+    pod.annotate({ACME.target: "a1", GLOBEX.target: "g1"})
     async with TestClient(TestServer(ModelServer(config).make_app())) as client:
         procs = [
-            sidecar(tmp_path, cluster.url, "acme", "acme-mlp", acme_keys.public),
-            sidecar(tmp_path, cluster.url, "globex", "globex-mlp", globex_keys.public),
+            sidecar(tmp_path, pod, "acme", "acme-mlp", acme_keys.public),
+            sidecar(tmp_path, pod, "globex", "globex-mlp", globex_keys.public),
         ]
         globex_answers: list[str] = []
         stop = asyncio.Event()
@@ -265,7 +265,7 @@ async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_se
                 await asyncio.sleep(0.005)
 
         async def serving(annotation: str, version: str) -> bool:
-            r = await report(cluster, annotation)
+            r = await report(pod, annotation)
             return r.get("serving") == version and r.get("state") == "ok"
 
         try:
@@ -274,36 +274,29 @@ async def test_each_tenants_sidecar_rolls_its_own_model_while_the_other_keeps_se
             assert await served(client, "key-acme") == "a1"
             load = asyncio.create_task(globex_load())
             for version in ("a2", "a1"):  # a rollout, then a rollback (a pointer swap)
-                await cluster.merge_patch(
-                    POD_PATH, {"metadata": {"annotations": {ACME.target: version}}}
-                )
+                await asyncio.to_thread(pod.annotate, {ACME.target: version})
                 await until(lambda v=version: serving(ACME.sidecar_status, v), f"acme {version}")
                 assert await served(client, "key-acme") == version
             for version in ("a3", "g1"):
-                await cluster.merge_patch(
-                    POD_PATH, {"metadata": {"annotations": {ACME.target: version}}}
-                )
+                await asyncio.to_thread(pod.annotate, {ACME.target: version})
 
                 async def refused(v: str = version) -> bool:
-                    r = await report(cluster, ACME.sidecar_status)
+                    r = await report(pod, ACME.sidecar_status)
                     # within the publish window a bad signature may be an upload under
                     # way: tried again, never served (model_sidecar.publish_window)
                     return r.get("target") == v and r.get("code") in UNTRUSTED
 
                 await until(refused, f"acme refuses {version}")
-                acme = await report(cluster, ACME.sidecar_status)
+                acme = await report(pod, ACME.sidecar_status)
                 assert acme["serving"] == "a1", acme
                 assert "does not verify against any of the 1 trusted" in acme["reason"], acme
                 assert await served(client, "key-acme") == "a1"
             stop.set()
             await load
             assert globex_answers and set(globex_answers) == {"g1"}
-            globex = await report(cluster, GLOBEX.sidecar_status)
+            globex = await report(pod, GLOBEX.sidecar_status)
             assert globex["target"] == "g1" and globex["serving"] == "g1"
-            assert (
-                DEFAULT_TRACK.sidecar_status
-                not in ((await cluster.request("GET", POD_PATH))["metadata"]["annotations"])
-            )
+            assert DEFAULT_TRACK.sidecar_status not in await asyncio.to_thread(pod.annotations)
             assert (volume / "acme" / "mlp" / "a2").is_dir()
             assert not (volume / "acme" / "mlp" / "a3").exists()
             assert sorted(p.name for p in (volume / "globex" / "mlp").iterdir() if p.is_dir()) == [

@@ -15,7 +15,7 @@ import asyncio
 import json
 import shutil
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from model_rollout_contract.control import (
     TrafficRequest,
 )
 from model_rollout_contract.layout import TRAFFIC_FILE
-from model_rollout_e2e.kube_emulator import EmulatedCluster, kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.processes import ChildProcess, ServerProcess, wait_until
 from model_sidecar.control_client import ServerControl
 from model_sidecar.fetcher import Fetcher
@@ -54,6 +54,7 @@ from sidecar_helpers import (
     set_target,
     start_server,
 )
+from sidecar_pod import SidecarPod, api_client, sidecar_pod
 
 X = np.random.default_rng(11).standard_normal((1, 8)).astype(np.float32)
 ALL_STABLE = TrafficPolicy("v1", "v2", traffic_percent=0)  # the stable one answers all
@@ -466,19 +467,12 @@ async def test_init_pre_pulls_the_stable_version_and_the_policy_so_the_server_st
 
 # --- the policy arrives through the pod watch, as the target does ----------------------
 
-NS, POD = "ml", "mlp-000"
-POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
-
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    async with kube_emulator() as api:
-        await api.request(
-            "POST",
-            f"/api/v1/namespaces/{NS}/pods",
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": NS}},
-        )
-        yield api
+def api_pod(control_plane: ControlPlane) -> Iterator[SidecarPod]:
+    """The pod on a real API server, followed as its ServiceAccount."""
+    with sidecar_pod(control_plane, "sidecar-traffic", "mlp-000") as created:
+        yield created
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -488,12 +482,11 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 
 async def test_a_policy_set_through_the_api_reaches_the_server_though_the_file_is_stale(
-    pod: Pod, cluster: EmulatedCluster
+    pod: Pod, api_pod: SidecarPod
 ) -> None:
     await pod.start("v1")
     set_target(pod.podinfo, "v1")  # the kubelet's file, never refreshed in this test
-    api = PodApi.connect(cluster.url, NS, POD)
-    assert api is not None
+    api = PodApi(await api_client(api_pod.sidecar), api_pod.namespace, api_pod.name)
     watch = PodWatch(api)
     pod.watcher.source = TargetSource(pod.podinfo, None, lambda: watch.annotations)
     pod.watcher.wake = watch.changed
@@ -512,9 +505,9 @@ async def test_a_policy_set_through_the_api_reaches_the_server_though_the_file_i
     following = asyncio.create_task(follow_health())
     try:
         annotations = {TARGET_VERSION: "v2", TRAFFIC_POLICY: ALL_STABLE.to_annotation()}
-        await cluster.merge_patch(POD_PATH, {"metadata": {"annotations": annotations}})
+        await asyncio.to_thread(api_pod.annotate, annotations)
         await until(lambda: has_policy(ALL_STABLE.to_json()))
-        await cluster.merge_patch(POD_PATH, {"metadata": {"annotations": {TRAFFIC_POLICY: None}}})
+        await asyncio.to_thread(api_pod.annotate, {TRAFFIC_POLICY: None})
         await until(lambda: has_policy(None))
         assert json.loads(pod.status_file.read_text())["serving"] == "v2"
         assert TRAFFIC_POLICY not in pod.podinfo.read_text()

@@ -1,18 +1,20 @@
-"""Watch mode's signal path without S3: the pod followed through the (emulated) API, the
-Downward API file only as the fallback, the sidecar's report, and fast refusals."""
+"""Watch mode's signal path without S3: the pod followed through a real API server (as the
+pod's ServiceAccount, its token bound to the pod), the Downward API file only as the
+fallback, the sidecar's report, and fast refusals."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION
-from model_rollout_e2e.kube_emulator import EmulatedCluster, kube_emulator
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.fault_proxy import Fault, FaultProxy
 from model_rollout_e2e.processes import free_port
 from model_server.app import ModelServer
 from model_server.config import ModelSpec, ServerConfig
@@ -24,24 +26,15 @@ from model_sidecar.retry import Backoff
 from model_sidecar.store import LocalStore
 from model_sidecar.target import TargetSource
 from sidecar_helpers import make_fetcher, make_keys, make_watcher, publish_versions, set_target
+from sidecar_pod import SidecarPod, api_client, sidecar_pod
 
 NS, POD = "ml", "mlp-000"
-POD_PATH = f"/api/v1/namespaces/{NS}/pods/{POD}"
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    async with kube_emulator() as api:
-        await api.request(
-            "POST",
-            f"/api/v1/namespaces/{NS}/pods",
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": NS}},
-        )
-        yield api
-
-
-async def set_pod_target(api: EmulatedCluster, version: str) -> None:
-    await api.merge_patch(POD_PATH, {"metadata": {"annotations": {TARGET_VERSION: version}}})
+@pytest.fixture(scope="module")
+def pod(control_plane: ControlPlane) -> Iterator[SidecarPod]:
+    with sidecar_pod(control_plane, "sidecar-watch", POD) as created:
+        yield created
 
 
 async def until(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -57,35 +50,40 @@ async def start_server(volume: Path, socket: Path, model: str = "mlp") -> TestCl
     return client
 
 
-async def test_the_pod_watch_follows_the_api_and_relists_after_410(
-    cluster: EmulatedCluster,
-) -> None:
-    pod = PodApi.connect(cluster.url, NS, POD)
-    assert pod is not None
-    watch = PodWatch(pod, watch_timeout_s=1)  # short server-side timeouts: many resumptions
-    stop = asyncio.Event()
-    following = asyncio.create_task(watch.run(stop))
-    try:
-        await until(lambda: watch.annotations is not None)
-        for version in ("v2", "v3"):
-            watch.changed.clear()
-            await set_pod_target(cluster, version)
-            await until(watch.changed.is_set)
-            assert watch.annotations is not None and watch.annotations[TARGET_VERSION] == version
-        assert cluster.emulator is not None
-        cluster.emulator.compact()  # the version the next watch resumes from is gone
-        await asyncio.sleep(1.5)  # the server ends the open watch; resuming gets 410 Gone
-        await set_pod_target(cluster, "v4")
-        await until(lambda: (watch.annotations or {}).get(TARGET_VERSION) == "v4")
-        assert watch.relists >= 1
-    finally:
-        stop.set()
-        await following
-        await pod.close()
+async def test_the_pod_watch_follows_the_api_and_relists_after_410(pod: SidecarPod) -> None:
+    """The API server ends each watch after 2 s (many resumptions); then the watch open
+    is cut and resuming it meets 410 Gone (the fault proxy answers as the API server does
+    once etcd has compacted that resourceVersion away): the pod is read again."""
+    cluster = pod.cluster
+    async with FaultProxy(cluster.server, cluster.pki.ca.cert) as proxy:
+        api = PodApi(await api_client(pod.sidecar, proxy.url), pod.namespace, pod.name)
+        watch = PodWatch(api, watch_timeout_s=2)
+        stop = asyncio.Event()
+        following = asyncio.create_task(watch.run(stop))
+        try:
+            await until(lambda: watch.annotations is not None)
+            for version in ("v2", "v3"):
+                watch.changed.clear()
+                await asyncio.to_thread(pod.set_target, version)
+                await until(watch.changed.is_set)
+                assert watch.annotations is not None
+                assert watch.annotations[TARGET_VERSION] == version
+            await until(lambda: proxy.open_watches == 1)
+            proxy.fault = Fault("gone")  # the version the next watch resumes from is gone
+            proxy.cut()
+            await until(lambda: watch.relists >= 1)
+            proxy.fault = None
+            await asyncio.to_thread(pod.set_target, "v4")
+            await until(lambda: (watch.annotations or {}).get(TARGET_VERSION) == "v4")
+            assert watch.relists >= 1
+        finally:
+            stop.set()
+            await following
+            await api.close()
 
 
 async def test_an_unexpected_failure_is_an_api_failure_and_following_goes_on(
-    cluster: EmulatedCluster, monkeypatch: pytest.MonkeyPatch
+    pod: SidecarPod, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whatever goes wrong in following the pod, foreseen or not (here a defect in
     reading it, twice), is logged, paused for and retried like any API failure; the view
@@ -101,26 +99,25 @@ async def test_an_unexpected_failure_is_an_api_failure_and_following_goes_on(
         return await read(self)
 
     monkeypatch.setattr(PodApi, "read", flaky)
-    pod = PodApi.connect(cluster.url, NS, POD)
-    assert pod is not None
-    watch = PodWatch(pod, backoff=Backoff(base_s=0.05, max_s=0.1))
+    api = PodApi(await api_client(pod.sidecar), pod.namespace, pod.name)
+    watch = PodWatch(api, backoff=Backoff(base_s=0.05, max_s=0.1))
     stop = asyncio.Event()
     following = asyncio.create_task(watch.run(stop))
     try:
         await until(lambda: watch.current)
         [(current, stale_s, failures)] = between
         assert not current and stale_s > 0 and failures == 1
-        await set_pod_target(cluster, "v5")
+        await asyncio.to_thread(pod.set_target, "v5")
         await until(lambda: (watch.annotations or {}).get(TARGET_VERSION) == "v5")
         assert watch.current and watch.stale_seconds() == 0 and not following.done()
     finally:
         stop.set()
         await following
-        await pod.close()
+        await api.close()
 
 
 async def test_the_sidecar_exits_non_zero_if_following_its_pod_ever_ends(
-    cluster: EmulatedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Following the pod retries every failure and never ends by itself; should it end
     all the same (a defect), the view would freeze on the old target for good: the
@@ -133,7 +130,8 @@ async def test_the_sidecar_exits_non_zero_if_following_its_pod_ever_ends(
     config = parse_args(
         ["watch", "--store", (tmp_path / "store").as_uri(), "--volume", str(tmp_path / "volume"),
          "--model", "mlp", "--allow-unsigned", "--control-socket", str(tmp_path / "ctl.sock"),
-         "--start-jitter-seconds", "0", "--kube-api", cluster.url, "--pod-namespace", NS,
+         "--start-jitter-seconds", "0", "--kube-api", f"http://127.0.0.1:{free_port()}",
+         "--pod-namespace", NS,
          "--pod-name", POD]
     )  # fmt: skip
     assert isinstance(config, WatchConfig)
@@ -160,7 +158,7 @@ async def test_while_the_api_is_unreachable_the_downward_file_is_used(tmp_path: 
 
 
 async def test_a_target_from_the_api_is_served_though_the_file_is_stale(
-    cluster: EmulatedCluster, tmp_path: Path
+    pod: SidecarPod, tmp_path: Path
 ) -> None:
     keys = make_keys(tmp_path / "keys")
     store = LocalStore(tmp_path / "store")
@@ -170,17 +168,17 @@ async def test_a_target_from_the_api_is_served_though_the_file_is_stale(
     fetcher = make_fetcher(store, keys, volume)
     await fetcher.fetch("mlp", "v1")
     (volume / "mlp" / "CURRENT").write_text("v1\n")
+    pod.set_target("v1")
     server = await start_server(volume, tmp_path / "ctl.sock")
-    pod = PodApi.connect(cluster.url, NS, POD)
-    assert pod is not None
-    watch = PodWatch(pod)
+    api = PodApi(await api_client(pod.sidecar), pod.namespace, pod.name)
+    watch = PodWatch(api)
     watcher = make_watcher(fetcher, tmp_path / "ctl.sock", podinfo, tmp_path / "status.json")
     watcher.source = TargetSource(podinfo, None, watch.view)
     watcher.wake = watch.changed
     stop = asyncio.Event()
     tasks = [asyncio.create_task(watch.run(stop)), asyncio.create_task(watcher.run(stop))]
     try:
-        await set_pod_target(cluster, "v2")
+        await asyncio.to_thread(pod.set_target, "v2")
         status_file = tmp_path / "status.json"
 
         def serving(version: str) -> bool:
@@ -193,13 +191,13 @@ async def test_a_target_from_the_api_is_served_though_the_file_is_stale(
         report = json.loads(status_file.read_text())
         assert report["retained"] == ["v1"] and report["target_seen_at"] > 0
         assert "v1" in podinfo.read_text()  # the file never said v2
-        await set_pod_target(cluster, "v1")  # a rollback to what the server still holds
+        await asyncio.to_thread(pod.set_target, "v1")  # a rollback to what the server holds
         await until(lambda: serving("v1"))
         assert json.loads(status_file.read_text())["retained"] == ["v2"]
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-        await pod.close()
+        await api.close()
         await server.close()
 
 

@@ -2,11 +2,12 @@
 and kube-scheduler, built by ``make install`` from the Go modules pinned in
 ``e2e/controlplane/go.mod``, started on loopback with free ports in a temporary directory.
 
-Unlike the emulators (kmock, ``kube_emulator``) it validates against the real CRD schema,
-runs admission (ValidatingAdmissionPolicy's CEL included) and authorizes with RBAC, so a
-test sees what a cluster would answer. There is no kubelet of its own: pods are created
-and scheduled, and run once a node agent (:mod:`.node_agent`, the kubelet stand-in, with
-:meth:`ControlPlane.node_kubeconfig`) has registered a Node.
+It validates against the real CRD schema, runs admission (ValidatingAdmissionPolicy's CEL
+included) and authorizes with RBAC, so a test sees what a cluster would answer; the
+faults it does not make on demand come from a proxy in front of it (:mod:`.fault_proxy`).
+There is no kubelet of its own: pods are created and scheduled, and run once a node agent
+(:mod:`.node_agent`, the kubelet stand-in, with :meth:`ControlPlane.node_kubeconfig`) has
+registered a Node.
 
 The API server keeps an audit log of every write (:meth:`ControlPlane.audit_writes`: who
 wrote what, and when the server received it), so a test can tell which client wrote.

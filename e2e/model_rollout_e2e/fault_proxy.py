@@ -1,7 +1,8 @@
 """A fault proxy in front of the real API server (:mod:`.control_plane`), for the faults
 the API server does not make on demand: an outage answered with error statuses, a cut
 watch, connections dropped without an answer, watches that end at once or carry events the
-API server would never send (garbage, an ERROR event of a given code).
+API server would never send (garbage, an ERROR event of a given code), a watch whose
+resourceVersion is gone (410, as after etcd's compaction).
 
 Clients talk plain HTTP to :attr:`FaultProxy.url` with their own credentials (a bearer
 token: the API server authenticates and authorizes them as it would directly); the proxy
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -34,11 +36,14 @@ _NOT_FORWARDED = {"host", "content-length", "transfer-encoding", "connection", "
 @dataclass(frozen=True)
 class Fault:
     """How the proxy answers instead of the API server: ``status`` with a ``Status`` body
-    (and ``Retry-After``), ``drop`` the connection without an answer, or ``events``: a
+    (and ``Retry-After``), ``drop`` the connection without an answer, ``events``: a
     watch answered 200 with ``events``, one line each (a string as it is, anything else
-    as JSON), that then ends (other calls pass); no events: a watch that ends at once."""
+    as JSON), that then ends (no events: a watch that ends at once), or ``gone``: a watch
+    answered 200 with the one ``ERROR`` event (410 Expired) that the API server sends when
+    the watch's resourceVersion has been compacted away (for ``events`` and ``gone``
+    other calls pass)."""
 
-    kind: Literal["status", "drop", "events"] = "status"
+    kind: Literal["status", "drop", "events", "gone"] = "status"
     status: int = 503
     retry_after: str | None = None
     events: tuple[object, ...] = ()
@@ -53,6 +58,21 @@ class Fault:
             "message": f"injected by the fault proxy: {self.status}",
             "reason": reasons.get(self.status, "ServiceUnavailable"),
             "code": self.status,
+        }
+
+    def gone_event(self, resource_version: str) -> dict[str, object]:
+        """The watch event a real API server sends for a compacted resourceVersion."""
+        return {
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f"too old resource version: {resource_version or 0}",
+                "reason": "Expired",
+                "code": 410,
+            },
         }
 
 
@@ -75,11 +95,14 @@ class Call:
 @dataclass
 class FaultProxy:
     """``async with FaultProxy(server, ca) as proxy:``; set :attr:`fault` to inject one
-    (``None``: pass everything), :meth:`cut` to cut the watches open now."""
+    (``None``: pass everything), and :attr:`only` to inject it only into the requests it
+    selects (``only(method, path)``; ``None``: every request); :meth:`cut` to cut the
+    watches open now."""
 
     upstream: str
     ca: Path
     fault: Fault | None = None
+    only: Callable[[str, str], bool] | None = None
     calls: list[Call] = field(default_factory=list)
     bookmarks: list[str] = field(default_factory=list)  # the resourceVersion of each
     _open: dict[asyncio.Task[object], web.Request] = field(default_factory=dict)
@@ -140,7 +163,13 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         fault = self.fault
         watch = request.query.get("watch") in ("true", "1")
-        if fault is not None and (fault.kind != "events" or watch):
+        if (
+            fault is not None
+            and self.only is not None
+            and not self.only(request.method, request.path)
+        ):
+            fault = None
+        if fault is not None and (fault.kind not in ("events", "gone") or watch):
             return await self._inject(request, fault)
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
@@ -164,13 +193,16 @@ class FaultProxy:
             if request.transport is not None:
                 request.transport.abort()
             raise asyncio.CancelledError  # nothing is answered
-        if fault.kind == "events":
+        if fault.kind in ("events", "gone"):
             self._record(request, 200, faulted=True)
             response = web.StreamResponse(headers={"Content-Type": "application/json"})
             await response.prepare(request)
-            for event in fault.events:
-                line = event if isinstance(event, str) else json.dumps(event)
-                await response.write(line.encode() + b"\n")
+            if fault.kind == "gone":
+                event = fault.gone_event(request.query.get("resourceVersion", ""))
+                await response.write(json.dumps(event).encode() + b"\n")
+            for line in fault.events:
+                text = line if isinstance(line, str) else json.dumps(line)
+                await response.write(text.encode() + b"\n")
             await response.write_eof()
             return response
         self._record(request, fault.status, faulted=True)

@@ -15,7 +15,9 @@ readiness probes, status, projected token and Downward API files refreshed every
 Not a kubelet: no images, cgroups, resource limits or namespaces (a container's command
 runs on the host, see :mod:`.pod_sandbox`); volumes are only emptyDir, ConfigMap,
 Downward API and the projected token; no liveness or startup probes, native sidecars,
-ephemeral containers, events, evictions or node status beyond registration.
+ephemeral containers, events or node status beyond registration; an eviction only when a
+test asks for one (:meth:`NodeAgent.evict`), as a pod's failing readiness
+(:meth:`NodeAgent.fail_readiness`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,7 @@ class NodeAgent:
         self._api: k8s.ApiClient | None = None
         self._core: Any = None
         self._coordination: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -112,6 +115,7 @@ class NodeAgent:
 
     async def start(self) -> None:
         """Register the Node and its Lease, then run the pods bound to it."""
+        self._loop = asyncio.get_running_loop()
         configuration = k8s.Configuration()
         await k8s_config.load_kube_config(
             config_file=str(self.kubeconfig), client_configuration=configuration
@@ -310,6 +314,31 @@ class NodeAgent:
         )
         worker = self.workers[uid] = PodWorker(settings, pod)
         self._runs[uid] = asyncio.create_task(worker.run())
+
+    def evict(
+        self, namespace: str, name: str, message: str = "The node was low on resource: memory."
+    ) -> None:
+        """Evict the pod as a kubelet under node pressure does (:meth:`PodWorker.evict`);
+        from any thread (the agent may run on an :class:`AgentThread`)."""
+        self._on_loop(namespace, name, lambda worker: worker.evict(message))
+
+    def fail_readiness(self, namespace: str, name: str) -> None:
+        """The pod's readiness probes fail from now on (:meth:`PodWorker.fail_readiness`);
+        from any thread."""
+        self._on_loop(namespace, name, lambda worker: worker.fail_readiness())
+
+    def _on_loop(self, namespace: str, name: str, action: Callable[[PodWorker], None]) -> None:
+        if self._loop is None:
+            raise RuntimeError(f"node agent {self.name} is not running")
+
+        async def act() -> None:
+            for worker in self.workers.values():
+                if (worker.namespace, worker.name) == (namespace, name):
+                    action(worker)
+                    return
+            raise LookupError(f"node {self.name} runs no pod {namespace}/{name}")
+
+        asyncio.run_coroutine_threadsafe(act(), self._loop).result(30)
 
     def _forget(self, uid: str) -> None:
         """The pod is gone from the API: stop its worker (killing what still runs)."""

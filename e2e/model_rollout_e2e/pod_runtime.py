@@ -1,11 +1,8 @@
-"""What runs the pods of the two kubelet stand-ins.
-
-:class:`PodRuntime` (whole pods: :class:`~.kubelet.SimulatedPods`) serves the emulated
-API's stand-in
-(:mod:`.kubelet`), which also plays the Deployment controller. :class:`ContainerRuntime`
-(one container at a time: :mod:`.container_runtime`) serves the node agent on a real
-API server (:mod:`.node_agent`), which owns the pod's lifecycle itself: init containers,
-probes, hooks, restarts and graceful termination.
+"""What runs the containers of the kubelet stand-in: a :class:`ContainerRuntime` (one
+container at a time: :mod:`.container_runtime`, :mod:`.simulated_sidecar`,
+:mod:`.simulated_traffic`) serves the node agent on a real API server
+(:mod:`.node_agent`), which owns the pod's lifecycle itself: init containers, probes,
+hooks, restarts and graceful termination.
 """
 
 from __future__ import annotations
@@ -13,20 +10,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .pod_sandbox import Sandbox
-
-
-class PodRuntime(Protocol):
-    async def start(self, pod: dict[str, Any]) -> None: ...
-
-    async def sync(self, pod: dict[str, Any]) -> bool:
-        """Bring the pod's processes in line with its object; return readiness."""
-        ...
-
-    async def stop(self, name: str) -> None: ...
-
-    def address(self, name: str) -> str | None:
-        """The pod's IP (``None``: it has none)."""
-        ...
 
 
 class Container(Protocol):

@@ -6,7 +6,9 @@ running); exits handled by ``restartPolicy`` (Always / OnFailure restart with a 
 back-off, else the pod ends Succeeded or Failed); on graceful deletion each running
 container's ``preStop`` hook, SIGTERM, SIGKILL at the end of the grace period, then the
 pod's deletion with grace period 0. Status is written (a merge patch of ``status``) only
-when it differs from what was last written.
+when it differs from what was last written. For tests, what a node does to a pod of its
+own accord: :meth:`PodWorker.evict` (node-pressure eviction) and
+:meth:`PodWorker.fail_readiness` (the containers' readiness probes failing from then on).
 
 It waits on events, never polls: a simulated pod costs a few idle tasks.
 """
@@ -123,6 +125,10 @@ class PodWorker:
         self._start_time = now()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._probes: dict[str, asyncio.Task[Any]] = {}
+        self._evicted = asyncio.Event()
+        self.reason: str | None = None  # the pod's status.reason and .message (eviction)
+        self.message: str | None = None
+        self.readiness_fails = False
         self.update(pod)
 
     @property
@@ -154,12 +160,15 @@ class PodWorker:
                 return
             life = self._spawn(self._live())
             deleting = self._spawn(self._deleting.wait())
-            await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
+            evicted = self._spawn(self._evicted.wait())
+            await asyncio.wait({life, deleting, evicted}, return_when=asyncio.FIRST_COMPLETED)
             if life.done() and not life.cancelled() and life.exception() is not None:
                 log.error(
                     "pod %s/%s: cannot run it", self.namespace, self.name,
                     exc_info=life.exception(),
                 )  # fmt: skip
+            if evicted.done() and not deleting.done():
+                await self._evict(keep={deleting, evicted})
             if not deleting.done():  # ended (Succeeded / Failed): kept until deleted
                 await deleting
             life.cancel()
@@ -247,7 +256,7 @@ class PodWorker:
         if run in self.containers:
             probe = run.spec.get("readinessProbe")
             if probe is None or self.runtime.simulated:
-                run.ready = True
+                run.ready = not self.readiness_fails
             else:
                 self._probes[run.name] = self._spawn(self._probe(run, probe))
 
@@ -291,6 +300,7 @@ class PodWorker:
             except (ValueError, OSError) as exc:  # a probe that cannot run: a failure
                 log.error("pod %s: readiness probe of %s: %s", self.name, run.name, exc)
                 ok = False
+            ok = ok and not self.readiness_fails
             successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
             if ok and successes >= needed_ok and not run.ready:
                 run.ready = True
@@ -327,6 +337,40 @@ class PodWorker:
                 await self.volumes.project(self.pod)
             except Exception:
                 log.exception("pod %s/%s: projecting volumes", self.namespace, self.name)
+
+    # -- what the node does of its own accord ---------------------------------------------
+
+    def evict(self, message: str) -> None:
+        """Node-pressure eviction, as a kubelet's eviction manager does it at a hard
+        threshold: every container killed at once (no grace period), the pod ``Failed``
+        with reason ``Evicted`` and ``message``, and kept: its controller replaces it
+        (a Failed pod is no replica), the object stays until deleted."""
+        self.message = message
+        self._evicted.set()
+
+    def fail_readiness(self) -> None:
+        """From now on every container's readiness probe fails (a simulated pod's, which
+        runs none, too): the pod stays Running, not Ready."""
+        self.readiness_fails = True
+        for run in self.containers:
+            run.ready = False
+        if self.sandbox is not None:
+            self._spawn(self.publish())
+
+    async def _evict(self, keep: set[asyncio.Task[Any]]) -> None:
+        self.terminating = True  # no restart of what is killed
+        others = [t for t in self._tasks if t not in keep]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        for run in self.inits + self.containers:
+            if run.handle is not None and run.running:
+                run.handle.signal(signal.SIGKILL)
+                run.terminated(await run.handle.wait())
+        self.phase, self.reason = "Failed", "Evicted"
+        log.info("pod %s/%s: evicted: %s", self.namespace, self.name, self.message)
+        if self.sandbox is not None:
+            await self.publish()
 
     # -- deletion ------------------------------------------------------------------------
 
@@ -421,6 +465,8 @@ class PodWorker:
             "startTime": self._start_time,
             "containerStatuses": [r.status() for r in self.containers],
         }
+        if self.reason is not None:
+            status["reason"], status["message"] = self.reason, self.message or ""
         if self.inits:
             status["initContainerStatuses"] = [r.status() for r in self.inits]
         return status

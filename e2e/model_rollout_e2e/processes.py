@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
@@ -10,18 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the operator is imported where it runs: the server's benches
-    # use this module on machines without the operator's dependencies (the GPU host)
-    from model_operator.config import OperatorConfig
-
 
 _PR_SET_PDEATHSIG = 1
 
@@ -141,67 +133,3 @@ class ServerProcess(ChildProcess):
 
         wait_until(ready, timeout_s, what=f"server on port {self.port}")
         return time.monotonic() - started
-
-
-class OperatorProcess(ChildProcess):
-    """``python -m model_operator`` against one API server and namespace, as in its pod."""
-
-    def __init__(
-        self,
-        kube_api: str,
-        namespace: str,
-        interval_s: float,
-        log_path: Path,
-        env: dict[str, str] | None = None,
-        extra: Sequence[str] = (),
-    ) -> None:
-        args = [
-            *extra,
-            "--kube-api",
-            kube_api,
-            "--namespace",
-            namespace,
-            "--interval",
-            str(interval_s),
-            "--disable-scanning",
-            "--liveness",
-            "",
-        ]
-        super().__init__("model_operator", args, log_path, env)
-
-
-class OperatorThread:
-    """The operator in this process, on a thread with its own event loop, as
-    ``kopf.testing.KopfRunner`` runs one: the real registry, settings and reconcile loop
-    without a process start. Its own loop matters: at shutdown kopf cancels every task
-    of its loop that it did not find at start-up, which would include the caller's."""
-
-    def __init__(self, config: OperatorConfig) -> None:
-        self.config = config
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="operator", daemon=True)
-        self.error: BaseException | None = None
-
-    def _main(self) -> None:
-        try:
-            from model_operator.cli import run as run_operator
-
-            asyncio.run(run_operator(self.config, None, self._stop))
-        except BaseException as exc:  # reported to the test by stop()
-            self.error = exc
-
-    def start(self) -> OperatorThread:
-        self._thread.start()
-        return self
-
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Raise kopf's stop flag and wait; re-raise what the operator died of."""
-        self._stop.set()
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise TimeoutError(f"operator thread still running after {timeout_s}s")
-        if self.error is not None:
-            raise RuntimeError("the operator thread failed") from self.error

@@ -1,102 +1,121 @@
-"""Canary analysis through the real kopf loop against kmock's Kubernetes API: the
-operator reads every canary pod's ``/metrics`` over HTTP at the pod's own IP and port
-8000, as in a cluster (each simulated pod listens on a loopback address of its own,
-which the kubelet stand-in writes to ``status.podIP``), and judges what they count:
-made-up traffic, answered by each version as the test says (a candidate that answers
-500s, NaN or slowly), split between the versions as the pod's traffic policy says."""
+"""Canary analysis through the real operator on the session's real control plane (issue
+28): the operator process, as the Helm chart runs it, reads every canary pod's
+``/metrics`` over HTTP at the pod's own IP and port 8000, as in a cluster, and judges
+what they count. The pods are the real controller-manager's and scheduler's, run by a
+simulated node (``model_rollout_e2e.simulated_traffic``): each pod has a loopback address
+of its own, which the node writes to ``status.podIP``, its sidecar reports through the
+API as the real one does, and its server answers made-up traffic, each version as the
+test says (a candidate that answers 500s, NaN or slowly), split between the versions as
+the pod's traffic policy says."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from model_operator.config import OperatorConfig
+from control_plane_operator import Operator, install_chart
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.canary import TRAFFIC_POLICY, TrafficPolicy
-from model_rollout_e2e.api_client import HarnessApi
 from model_rollout_e2e.binaries import BinaryNotFound, prometheus_binary
-from model_rollout_e2e.kube_emulator import (
-    create_model_deployment,
-    kube_emulator,
-    list_objects,
-    patch_model_deployment,
-    wait_for_status,
-)
-from model_rollout_e2e.kubelet import Kubelet, SimulatedPods
-from model_rollout_e2e.processes import ChildProcess, OperatorProcess, OperatorThread
+from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_e2e.identities import Identity
+from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.prometheus import PrometheusServer
 from model_rollout_e2e.simulated_servers import Behaviour
+from model_rollout_e2e.simulated_traffic import TrafficModelContainers
+from rollout_cluster import RolloutCluster, condition, rollout_cluster, shared_operator
 
 pytestmark = pytest.mark.slow
-NS = "ml"
-INTERVAL_S = 0.25
 GOOD = Behaviour(latency_s=0.010)
 
 
 class Harness:
-    def __init__(self, api: HarnessApi, pods: SimulatedPods, log_dir: Path) -> None:
-        self.api, self.pods, self.log_dir = api, pods, log_dir
-        self.operator: OperatorThread | ChildProcess | None = None
-        self.history: list[dict[str, Any]] = []
+    """The rollout's cluster, and its pods' servers (what they answer, how much)."""
 
-    def start_operator(self, process: bool = False) -> None:
-        if process:
-            log = self.log_dir / "operator.log"
-            self.operator = OperatorProcess(self.api.url, NS, INTERVAL_S, log).start()
-        else:
-            config = OperatorConfig(self.api.url, [NS], INTERVAL_S, disable_scanning=True)
-            self.operator = OperatorThread(config).start()
+    def __init__(self, cluster: RolloutCluster, pods: TrafficModelContainers) -> None:
+        self.cluster, self.pods = cluster, pods
 
-    async def stop_operator(self) -> None:
-        if self.operator is not None:
-            await asyncio.to_thread(self.operator.stop)
-            self.operator = None
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.cluster.history
 
-    async def wait(self, predicate: Any, timeout: float = 60) -> dict[str, Any]:
-        def record(status: dict[str, Any]) -> None:
-            if status and (not self.history or self.history[-1] != status):
-                self.history.append(status)
-
-        return await wait_for_status(self.api, NS, "mlp", predicate, timeout, record)
+    async def wait(self, predicate: Any) -> dict[str, Any]:
+        return await self.cluster.wait(predicate)
 
     async def pods_now(self) -> list[dict[str, Any]]:
-        return await list_objects(self.api, f"/api/v1/namespaces/{NS}/pods")
+        return await self.cluster.items("pods")
 
-    async def events(self) -> list[dict[str, Any]]:
-        return await list_objects(self.api, f"/api/v1/namespaces/{NS}/events")
+    async def events_of(self, reason: str, count: int) -> list[dict[str, Any]]:
+        return await self.cluster.events_of(reason, count)
 
-    async def events_of(self, reason: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
-        """At least ``count`` events of ``reason``: kopf posts events on a task of its own,
-        so one may land after the status write it goes with."""
-        async with asyncio.timeout(timeout):
-            while (
-                len(found := [e for e in await self.events() if e.get("reason") == reason]) < count
-            ):
-                await asyncio.sleep(0.1)
-        return found
+
+@pytest.fixture(scope="module")
+def operator_identity(control_plane: ControlPlane) -> Identity:
+    return install_chart(control_plane)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Operator]:
+    """The operator of the tests that need none of their own (namespaces ``analysis-*``)."""
+    work = tmp_path_factory.mktemp("operator")
+    with shared_operator(control_plane, operator_identity, work, "analysis") as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def harness_on(
+    control_plane: ControlPlane,
+    identity: Identity,
+    node_agents: Callable[..., NodeAgent],
+    work: Path,
+    prefix: str,
+    operator: Operator | None,
+) -> AsyncIterator[Harness]:
+    async with rollout_cluster(
+        control_plane, identity, node_agents, work, prefix, operator
+    ) as cluster:
+        node = cluster.run_pods(runtime=lambda kubeconfig: TrafficModelContainers(kubeconfig))
+        assert isinstance(node.runtime, TrafficModelContainers)
+        yield Harness(cluster, node.runtime)
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    async with kube_emulator() as api:
-        pods = SimulatedPods(api, NS, delay_s=0.3, model="mlp", requests_per_sync=4)
-        kubelet = Kubelet(api, NS, pods, interval_s=0.1)
-        stop = asyncio.Event()
-        task = asyncio.create_task(kubelet.run(stop))
-        h = Harness(api, pods, tmp_path)
-        try:
-            yield h
-        finally:
-            stop.set()
-            await task
-            await h.stop_operator()
-            for name in list(pods.servers):
-                await pods.stop(name)
+async def harness(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    operator: Operator,
+    node_agents: Callable[..., NodeAgent],
+    tmp_path: Path,
+) -> AsyncIterator[Harness]:
+    """Pods with traffic in a namespace the module's operator runs for."""
+    async with harness_on(
+        control_plane, operator_identity, node_agents, tmp_path, "analysis", operator
+    ) as created:
+        yield created
+
+
+@pytest.fixture
+async def bare_harness(
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    node_agents: Callable[..., NodeAgent],
+    tmp_path: Path,
+) -> AsyncIterator[Harness]:
+    """Pods with traffic in a namespace no operator runs for: the test starts its own."""
+    async with harness_on(
+        control_plane, operator_identity, node_agents, tmp_path, "own-analysis", None
+    ) as created:
+        yield created
 
 
 def body(**canary: Any) -> dict[str, Any]:
@@ -122,15 +141,11 @@ def available(version: str) -> Any:
     return lambda s: s.get("phase") == "Available" and s.get("versions") == {version: 4}
 
 
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in status["conditions"] if c["type"] == kind)
-
-
 async def roll_out_v2(h: Harness, **canary: Any) -> None:
-    await create_model_deployment(h.api, NS, body(**canary))
+    await h.cluster.create(body(**canary))
     await h.wait(available("v1"))
     h.history.clear()
-    await patch_model_deployment(h.api, NS, "mlp", {"spec": {"version": "v2"}})
+    await h.cluster.patch({"spec": {"version": "v2"}})
 
 
 BAD = {
@@ -145,7 +160,6 @@ async def test_a_bad_candidate_is_rolled_back_automatically(
     harness: Harness, behaviour: Behaviour, words: str
 ) -> None:
     harness.pods.behaviours = {"v1": GOOD, "v2": behaviour}
-    harness.start_operator()
     await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
     canary_status = await harness.wait(lambda s: s.get("phase") == "Canary")
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
@@ -153,20 +167,18 @@ async def test_a_bad_candidate_is_rolled_back_automatically(
     assert degraded["reason"] == "AnalysisFailed", degraded
     assert words in degraded["message"] and "failureLimit 2" in degraded["message"]
     assert status["analysis"]["lastResult"] == "Failed" and status["analysis"]["failures"] == 2
-    status = await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
+    status = await harness.wait(lambda s: s.get("versions") == {"v1": 4})
     assert status["phase"] == "Degraded" and status["currentVersion"] == "v1"
     for pod in await harness.pods_now():
         annotations = pod["metadata"].get("annotations") or {}
         assert annotations[TARGET_VERSION] == "v1" and TRAFFIC_POLICY not in annotations
-    events = await harness.events()
-    [failed] = [e for e in events if e.get("reason") == "AnalysisFailed"]
+    [failed] = await harness.events_of("AnalysisFailed", 1)
     assert failed["type"] == "Warning" and words in failed["message"]
     assert canary_status["targetVersion"] == "v2"
 
 
 async def test_a_good_candidate_passes_its_checks_and_is_promoted(harness: Harness) -> None:
     harness.pods.behaviours = {"v1": GOOD, "v2": GOOD}
-    harness.start_operator()
     await roll_out_v2(harness, trafficPercent=25, shadowPercent=50)
     canary = await harness.wait(lambda s: s.get("phase") == "Canary" and s.get("analysis"))
     assert canary["analysis"]["rollout"].startswith("v2@")
@@ -186,7 +198,8 @@ async def test_a_good_candidate_passes_its_checks_and_is_promoted(harness: Harne
     assert "Degraded" not in phases and phases.index("Canary") < phases.index("Progressing")
     for pod in await harness.pods_now():
         assert TRAFFIC_POLICY not in (pod["metadata"].get("annotations") or {})
-    reasons = [e.get("reason") for e in await harness.events()]
+    await harness.events_of("CanaryPromoted", 1)
+    reasons = await harness.cluster.reasons()  # oldest first
     assert reasons.index("AnalysisPassed") < reasons.index("CanaryPromoted"), reasons
 
 
@@ -194,32 +207,32 @@ async def test_a_canary_of_whole_pods_is_compared_with_the_stable_pods(harness: 
     """No traffic policy: the canary pod serves the candidate only, and the reference
     latency is the stable pods' (read from their own /metrics)."""
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(latency_s=0.5)}
-    harness.start_operator()
     await roll_out_v2(harness)
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
     message = condition(status, "Degraded")["message"]
     assert "p99 latency x" in message and "vs stable 10.0ms" in message, message
-    await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
+    await harness.wait(lambda s: s.get("versions") == {"v1": 4})
 
 
 async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
     harness: Harness,
 ) -> None:
-    harness.pods.requests_per_sync = 0  # nobody sends a request
-    harness.start_operator()
+    harness.pods.requests_per_tick = 0  # nobody sends a request
     await roll_out_v2(harness, trafficPercent=25)
     status = await harness.wait(lambda s: s.get("message", "").endswith("after a passed check"))
     assert status["phase"] == "Canary" and status["analysis"]["lastResult"] == "Inconclusive"
     assert "fewer than minRequests 20" in status["analysis"]["message"]
-    await asyncio.sleep(2)  # past the pause: still held, nothing promoted or rolled back
-    status = await harness.wait(lambda s: True)
+    # past the pause (three more checks, each a second after the last): still held,
+    # nothing promoted or rolled back
+    checks = status["analysis"]["checks"]
+    status = await harness.wait(lambda s: (s.get("analysis") or {}).get("checks", 0) >= checks + 3)
     assert status["phase"] == "Canary" and status["versions"] == {"v1": 3, "v2": 1}
-    harness.pods.requests_per_sync = 4  # traffic comes: the canary is judged, and passes
+    harness.pods.requests_per_tick = 4  # traffic comes: the canary is judged, and passes
     await harness.wait(available("v2"))
 
 
 async def test_a_restarted_operator_continues_the_analysis_from_the_status(
-    harness: Harness,
+    bare_harness: Harness,
 ) -> None:
     """The operator process is stopped after the first failed check; a new one goes on
     from .status (the failures so far and the last scrape) instead of starting over.
@@ -228,24 +241,25 @@ async def test_a_restarted_operator_continues_the_analysis_from_the_status(
     are inconclusive (no failure, no promotion) however long the stop takes: on a loaded
     machine the first operator once ran two more failing checks before it stopped,
     reached the failure limit itself and left the second nothing to continue."""
+    harness = bare_harness
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
-    harness.start_operator(process=True)
+    harness.cluster.start_operator()
     await roll_out_v2(harness, trafficPercent=50, analysis={"failureLimit": 3})
     status = await harness.wait(lambda s: (s.get("analysis") or {}).get("failures") == 1)
     await harness.events_of("AnalysisCheckFailed", 1)  # posted, not only in the status
-    traffic, harness.pods.requests_per_sync = harness.pods.requests_per_sync, 0
-    await harness.stop_operator()
+    traffic, harness.pods.requests_per_tick = harness.pods.requests_per_tick, 0
+    await harness.cluster.stop_operator()
     # what the stopped operator left: the status it wrote last (the interval under way
     # when the traffic stopped may have made one more failed check) and the events it
     # posted; kopf posts an event after the status write it goes with, on a task of its
     # own that a stop cancels, so that one event can be lost, never repeated
     assert status["analysis"]["baseline"], status  # the last scrape, to measure from
-    kept = (await harness.wait(lambda s: True))["analysis"]
+    kept = (await harness.cluster.md())["status"]["analysis"]
     assert kept["failures"] in (1, 2), kept
     lost = kept["failures"] - len(await harness.events_of("AnalysisCheckFailed", 1))
     assert lost in (0, 1), kept
-    harness.pods.requests_per_sync = traffic
-    harness.start_operator(process=True)
+    harness.pods.requests_per_tick = traffic
+    harness.cluster.start_operator()
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
     assert status["analysis"]["failures"] == 3 and status["analysis"]["checks"] > kept["checks"]
     failed = await harness.events_of("AnalysisCheckFailed", 3 - lost)
@@ -263,18 +277,17 @@ async def test_with_prometheus_the_figures_come_from_promql(
     except BinaryNotFound as exc:  # .ci/run installs it: under CI=true this fails
         pytest.skip(str(exc))
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(error_every=2)}
-    harness.start_operator()
     prometheus = PrometheusServer(tmp_path / "prometheus", [], scrape_interval_s=0.5)
     analysis = {"intervalSeconds": 2, "minRequests": 10, "prometheus": {"url": prometheus.url}}
-    await create_model_deployment(harness.api, NS, body(trafficPercent=25, analysis=analysis))
+    await harness.cluster.create(body(trafficPercent=25, analysis=analysis))
     await harness.wait(available("v1"))
     ips = [p["status"]["podIP"] for p in await harness.pods_now()]
     assert len(set(ips)) == 4 and "127.0.0.1" not in ips  # an address of its own each
-    prometheus.targets = [(f"{ip}:8000", {"namespace": NS}) for ip in ips]
+    prometheus.targets = [(f"{ip}:8000", {"namespace": harness.cluster.namespace}) for ip in ips]
     prometheus.start()
     try:
         await asyncio.to_thread(prometheus.wait_for_scrapes, 2)
-        await patch_model_deployment(harness.api, NS, "mlp", {"spec": {"version": "v2"}})
+        await harness.cluster.patch({"spec": {"version": "v2"}})
         held = await harness.wait(lambda s: (s.get("analysis") or {}).get("checks", 0) >= 1)
         assert "baseline" not in held["analysis"]  # nothing scraped by the operator itself
         status = await harness.wait(lambda s: s.get("phase") == "Degraded")
@@ -282,4 +295,4 @@ async def test_with_prometheus_the_figures_come_from_promql(
         prometheus.stop()
     degraded = condition(status, "Degraded")
     assert degraded["reason"] == "AnalysisFailed" and "error rate" in degraded["message"]
-    await harness.wait(lambda s: s.get("versions") == {"v1": 4}, timeout=30)
+    await harness.wait(lambda s: s.get("versions") == {"v1": 4})
