@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_output import write_json
+from bench_support import write_json
 from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.report import SidecarReport
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult

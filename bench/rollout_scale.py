@@ -13,7 +13,7 @@ import argparse
 import random
 import sys
 
-from bench_output import write_json
+from bench_support import write_json
 from model_operator.spec import parse_spec
 from model_rollout_e2e.simulation import SimCluster
 
