@@ -1,9 +1,11 @@
 """What the benchmark scripts share, so that each script is a leaf that imports no other:
-where figures are written, the MLPs they serve, and the server metrics they read."""
+where figures are written, the MLPs they serve, the server metrics they read, and the
+operator's planner on a virtual clock."""
 
 from __future__ import annotations
 
 import json
+import random
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from model_operator.spec import parse_spec
 from model_rollout_e2e.onnx_models import publish_mlp
+from model_rollout_e2e.simulation import SimCluster
 
 # 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
 SIZES = {"small": (256, 1024), "large": (1024, 4096)}
@@ -86,3 +90,43 @@ def batch_histogram(url: str) -> tuple[float, float]:
         elif sample.name == "model_server_inference_batch_rows_sum":
             rows += sample.value
     return runs, rows
+
+
+# the operator's planner on a virtual clock: a staged rollout beside all pods at once
+STRATEGIES = {
+    "staged": {
+        "canary": {"percent": 10, "pauseSeconds": 30},
+        "rollout": {"batchPercent": 25, "maxConcurrentLoads": 8, "jitterSeconds": 5},
+    },
+    "all-at-once": {"canary": {"percent": 0}, "rollout": {"batchPercent": 100, "jitterSeconds": 0}},
+}
+
+
+def simulate(replicas: int, strategy: str, seed: int) -> dict[str, float | int]:
+    rng = random.Random(seed)
+    durations: dict[tuple[str, str], float] = {}
+
+    def load_seconds(pod: str, version: str) -> float:
+        return durations.setdefault((pod, version), rng.uniform(2, 6))
+
+    spec = parse_spec(
+        {
+            "model": "m",
+            "version": "v2",
+            "image": "i",
+            "replicas": replicas,
+            "store": {"url": "s3://bucket/p"},
+            "signingPublicKeySecret": "signing-key",
+            **STRATEGIES[strategy],
+        }
+    )
+    cluster = SimCluster(replicas, "v1", load_seconds, seed=seed)
+    start = cluster.now
+    plan = cluster.run(spec, dt=0.1)
+    assert plan.phase == "Available" and cluster.serving() == {"v2": replicas}
+    return {
+        "replicas": replicas,
+        "peak_concurrent_loads": cluster.max_loading,
+        "total_s": round(cluster.now - start, 1),
+        "batches": plan.state.batch,
+    }
