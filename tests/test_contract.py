@@ -510,7 +510,9 @@ def test_a_bad_environment_value_is_a_clear_error(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p")
+    from model_rollout_flags import FlagParser
+
+    parser = FlagParser(prog="p", env_prefix="P_")
     parser.add_argument("--namespace", action="append", default=[])
     parser.add_argument("--loud", type=lambda text: text + "!")
     parser.add_argument("--port", type=int, default=1)
@@ -529,11 +531,14 @@ def _strict_int(text: str) -> int:
     return int(text)
 
 
-def test_environment_parsing_edge_cases(capsys: pytest.CaptureFixture[str]) -> None:
-    from model_rollout_contract.cli import parse_with_environment
-
+def test_environment_parsing_edge_cases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def parse(argv: list[str], **env: str) -> argparse.Namespace:
-        return parse_with_environment(_parser(), "P_", argv, env)
+        with monkeypatch.context() as patch:  # a sub-command reads the process's own
+            for name, value in env.items():
+                patch.setenv(name, value)
+            return _parser().parse_args(argv)
 
     # a list from the environment is replaced, not extended, by the command line
     assert parse(["keygen"], P_NAMESPACE="a,b").namespace == ["a", "b"]
@@ -550,10 +555,33 @@ def test_environment_parsing_edge_cases(capsys: pytest.CaptureFixture[str]) -> N
         with pytest.raises(SystemExit):
             parse(["watch", "--store", "s"] if "POLL" in next(iter(bad)) else ["keygen"], **bad)
         assert complaint in capsys.readouterr().err
-    parser = _parser()
-    parser.add_argument("--verbose", action="count")
-    with pytest.raises(TypeError, match="no environment form"):
-        parse_with_environment(parser, "P_", ["keygen"], {})
+    # a value on the command line is refused as argparse refuses it, naming no variable
+    with pytest.raises(SystemExit):
+        parse(["--port", "x", "keygen"], P_PORT="2")
+    assert "argument --port: invalid int value: 'x'" in capsys.readouterr().err
+
+
+def test_help_shows_each_flag_s_variable_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from model_server.config import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--port PORT [env var: MODEL_SERVER_PORT] (default: 8000)" in shown
+    assert "default: no gRPC [env var: MODEL_SERVER_GRPC_PORT] --" in shown  # no default of None
+    assert "--worker-index" not in shown.partition("options:")[2]  # hidden stays hidden
+
+
+def test_the_contract_keeps_only_the_names_of_variables() -> None:
+    """The flags are ConfigArgParse's (model_rollout_flags); the contract says only what
+    the variables are called, which the operator writes into pods."""
+    from model_rollout_contract import cli
+
+    tree = ast.parse((CONTRACT / "cli.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported == {"__future__", "pathlib"}
+    assert cli.env_name(cli.SIDECAR_ENV_PREFIX, "--pod-name") == "MODEL_SIDECAR_POD_NAME"
 
 
 HUGE = "1" + "0" * 400  # a JSON integer no float holds
