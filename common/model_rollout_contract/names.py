@@ -28,7 +28,7 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class ModelKey:
     """A served model's key, the one place its text is made and read: ``name`` for a
     model of the server's own namespace, ``tenant/name`` for a tenant's. Keys travel as
