@@ -41,6 +41,14 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "python tools/import_figures.py model_server": [
         ("test_import_figures.py", "test_the_import_figures_command_counts_the_servers_layers"),
     ],
+    # the test's own namespaces stand for ml and ci
+    "kubectl create rolebinding ci-release -n ml --clusterrole=model-rollout-rollout-editor"
+    " --serviceaccount=ci:release": [
+        (
+            "test_user_roles.py",
+            "test_a_ci_account_of_another_namespace_bound_as_the_readme_says_releases",
+        ),
+    ],
     "kubectl plugin list": [
         ("test_cli_plugin.py", "test_kubectl_finds_the_plugin_and_runs_it"),
     ],
