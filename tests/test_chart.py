@@ -209,3 +209,13 @@ def test_the_api_server_takes_everything_the_chart_renders(
         )  # fmt: skip
         assert result.code == 0, result
         assert result.out.count("(server dry run)") == len(docs), result.out
+
+
+def test_values_of_an_older_release_render_the_defaults() -> None:
+    """`helm upgrade --reuse-values` from a release before these values existed gives no
+    metrics, prometheusRule, dashboard or userRoles at all (null removes a key as that
+    does): the templates fall back to the defaults rather than fail on a nil map."""
+    older = {"metrics": None, "prometheusRule": None, "dashboard": None, "userRoles": None}
+    kinds = [d["kind"] for d in render_chart(CHART, older)]
+    assert "Service" in kinds and not {*MONITORING, "ConfigMap"} & set(kinds)
+    assert "port-forward service/" in render_notes(CHART, older)

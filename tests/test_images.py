@@ -5,6 +5,8 @@ engine runs rather than failing obscurely."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -152,3 +154,40 @@ def test_make_images_says_why_without_a_docker_engine(tmp_path: Path) -> None:
     assert made.returncode == 2, made
     assert "make images: no Docker engine here" in made.stdout + made.stderr
     assert "bases pinned by digest, locks hashed" in made.stdout  # checked first
+
+
+# imported only where present, each from elsewhere than the program's lock: TensorRT and
+# cuda-python (the GPU image: its base and requirements/server-gpu.txt), torch (the torch
+# extra), grpc_tools (dev: writes the committed gRPC code)
+OPTIONAL_IMPORTS = {"tensorrt", "cuda", "torch", "grpc_tools"}
+PROGRAMS = {  # each program's package: the lock of its image
+    "server/model_server": "server-cpu.txt",
+    "sidecar/model_sidecar": "sidecar.txt",
+    "operator/model_operator": "operator.txt",
+}
+OWN = {"model_rollout_contract", "model_server", "model_sidecar", "model_operator"}
+
+
+def third_party_imports(package: Path) -> set[str]:
+    modules = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    return {m for m in modules if m not in sys.stdlib_module_names} - OWN - OPTIONAL_IMPORTS
+
+
+@pytest.mark.parametrize("package", PROGRAMS)
+def test_everything_a_program_imports_is_in_its_images_lock(package: str) -> None:
+    """The image installs the lock and nothing else: a module the program imports that
+    no locked distribution provides is an image that fails at start."""
+    distributions = importlib.metadata.packages_distributions()
+    pins = locked(LOCKS / PROGRAMS[package])
+    missing = []
+    for module in sorted(third_party_imports(ROOT / package)):
+        provided_by = {canonicalize_name(d) for d in distributions.get(module, [module])}
+        if not provided_by & pins.keys():
+            missing.append(f"{module} ({', '.join(sorted(provided_by))})")
+    assert missing == [], f"{package} imports what {PROGRAMS[package]} does not lock"
