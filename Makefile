@@ -29,7 +29,7 @@ K8S_VERSION := v1.37.2
 K8S_VERSION_LDFLAGS := $(foreach kv,gitVersion=$(K8S_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,\
   -X k8s.io/component-base/version.$(kv))
 
-.PHONY: install controlplane prometheus demo test test-fast lint bench grpc-protocol clean
+.PHONY: install controlplane prometheus demo test test-fast lint bench grpc-protocol locks images clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,36 @@ bench: install
 # the KServe v2 gRPC code from the vendored protos (committed; a test checks it is current)
 grpc-protocol: install
 	$(BIN)/python -m model_server.frontends.grpc.protocol.generate
+
+# The images' Python dependencies, locked with hashes (uv, a dev dependency) for the
+# images' Python (3.12: python:3.12-slim, and NVIDIA's TensorRT image on Ubuntu 24.04) on
+# Linux; the Dockerfiles install them with --require-hashes. Run after changing an extra
+# in pyproject.toml (tests/test_images.py fails while a lock does not satisfy it) and to
+# take upstream fixes: `make locks UPGRADE=--upgrade`.
+LOCK_PYTHON := 3.12
+UPGRADE ?=
+UV_LOCK = $(BIN)/uv pip compile --quiet --generate-hashes --python-version $(LOCK_PYTHON) \
+  --python-platform x86_64-manylinux_2_28 $(UPGRADE)
+locks: $(BIN)/.installed
+	$(UV_LOCK) requirements/build.in -o requirements/build.txt
+	$(UV_LOCK) pyproject.toml --extra server --extra sidecar -o requirements/server-cpu.txt
+	$(UV_LOCK) pyproject.toml requirements/server-gpu.in --extra server --extra sidecar \
+	  -o requirements/server-gpu.txt
+	$(UV_LOCK) pyproject.toml --extra sidecar -o requirements/sidecar.txt
+	$(UV_LOCK) pyproject.toml --extra operator -o requirements/operator.txt
+
+# The four images, tagged <name>:<version> (pyproject.toml's, the chart's appVersion):
+# bases pinned by digest (tools/check_images.py refuses a FROM by tag alone; it says how
+# to refresh a digest), dependencies from requirements/*.txt with --require-hashes.
+# Without a Docker engine this says so and exits 2.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES := server-cpu:Dockerfile.server-cpu server:Dockerfile.server sidecar:Dockerfile.sidecar \
+  operator:Dockerfile.operator
+images:
+	$(PYTHON) tools/check_images.py
+	@docker info >/dev/null 2>&1 || { echo "make images: no Docker engine here (docker info failed): nothing built (the Dockerfiles were checked); build where one runs"; exit 2; }
+	for spec in $(IMAGES); do name=$${spec%%:*}; file=$${spec#*:}; \
+	  docker build -f $$file -t model-rollout-$$name:$(VERSION) . || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,8 @@ ROOT = Path(__file__).parent.parent
 IMAGES = {  # Dockerfile -> (source folders it copies, the extras it installs)
     "Dockerfile.server": ({"common", "server", "sidecar"}, "server,sidecar"),
     "Dockerfile.operator": ({"common", "operator"}, "operator"),
+    "Dockerfile.server-cpu": ({"common", "server", "sidecar"}, "server,sidecar"),
+    "Dockerfile.sidecar": ({"common", "sidecar"}, "sidecar"),
 }
 
 

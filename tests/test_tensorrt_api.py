@@ -466,5 +466,8 @@ def test_the_pinned_ranges_are_the_checked_ones() -> None:
         assert cuda_major in SUPPORTED_CUDA_PYTHON_MAJORS
         assert any(v.startswith(f"{cuda_major}.") for v in CUDA_VERSIONS)
     dockerfile = (REPO / "Dockerfile.server").read_text()
-    assert 'ARG CUDA_PYTHON="cuda-python>=13,<14"' in dockerfile
+    # the GPU image's cuda-python: its lock's input, the [tensorrt] extra's (CUDA 13) range
+    gpu_input = (REPO / "requirements" / "server-gpu.in").read_text()
+    assert "\ncuda-python>=13,<14\n" in gpu_input and "cuda-python>=13,<14" in extras["tensorrt"]
+    assert "COPY requirements/server-gpu.txt /tmp/requirements.txt" in dockerfile
     assert "check_version(tensorrt.__version__)" in dockerfile

@@ -87,8 +87,8 @@ class StoreUrl:
         or for a directory store ``file:<store id>`` — a directory is mounted at different
         paths by the publisher and by the pods, so its path cannot name it; its configured
         id does. Without an id it is ``file:``, as every directory store was named before
-        ids existed: versions signed for any other directory store pass (README,
-        "Security"). An S3 store is named by its bucket and prefix: an id is refused."""
+        ids existed: versions signed for any other directory store pass (docs/security.md,
+        "Keys and replays"). An S3 store is named by its bucket and prefix: an id is refused."""
         if self.scheme == "s3":
             if store_id is not None:
                 raise InvalidStoreId(

@@ -91,9 +91,38 @@ def _dump(obj: dict[str, Any]) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=1000, default_flow_style=False)
 
 
+# the project's prefix of a policy's name, which the chart replaces with the release's name
+# (two releases' cluster-scoped policies must not collide; the default release,
+# model-rollout, renders exactly the module's name)
+NAME_PREFIX = "model-rollout-"
+RELEASE_NAME = "{{ .Release.Name }}-"
+# a binding applies where its release's operator watches (every namespace by default)
+WATCHED_NAMESPACES = """\
+{{- with .Values.watchNamespaces }}
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: {{ toJson . }}
+{{- end }}
+"""
+
+
+def _release_scoped(obj: dict[str, Any]) -> str:
+    """The object's YAML with its name (and a binding's policy name) the release's own."""
+    name = obj["metadata"]["name"]
+    assert name.startswith(NAME_PREFIX), name
+    scoped = f"{RELEASE_NAME}{name.removeprefix(NAME_PREFIX)}"
+    text = _dump(obj).replace(f"ame: {name}\n", f"ame: {scoped}\n")  # name:, policyName:
+    if obj["kind"].endswith("Binding"):
+        text += WATCHED_NAMESPACES
+    return text
+
+
 def render(policy: ChartPolicy) -> str:
     """The template's text: the policy and its binding, behind the chart value."""
-    documents = "---\n".join(_dump(obj) for obj in policy.objects())
+    documents = "---\n".join(_release_scoped(obj) for obj in policy.objects())
     return f"{policy.header()}{{{{- if .Values.{policy.value} }}}}\n{documents}{{{{- end }}}}\n"
 
 

@@ -14,12 +14,14 @@ RELEASE = "model-rollout"
 NAMESPACE = "model-rollout-system"
 
 
-def render_chart(chart: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def render_chart(
+    chart: Path, values: dict[str, Any] | None = None, release: str = RELEASE
+) -> list[dict[str, Any]]:
     """Every object ``helm install`` would send: the CRDs under ``crds/``, then the
-    rendered templates, parsed."""
+    rendered templates, parsed (values.schema.json refuses bad values first)."""
     with helm.Chart.load(chart) as loaded:
         crds = [crd["data"] for crd in loaded.crds]
-        rendered = loaded.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        rendered = loaded.render(values or {}, name=release, namespace=NAMESPACE, is_install=True)
     manifests = [  # as `helm template`: no NOTES.txt, no partials (_helpers.tpl)
         rendered[path]
         for path in sorted(rendered)
@@ -27,6 +29,14 @@ def render_chart(chart: Path, values: dict[str, Any] | None = None) -> list[dict
     ]
     texts = [*crds, *manifests]
     return [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_notes(chart: Path, values: dict[str, Any] | None = None, release: str = RELEASE) -> str:
+    """What ``helm install`` prints after installing: the chart's NOTES.txt."""
+    with helm.Chart.load(chart) as loaded:
+        rendered = loaded.render(values or {}, name=release, namespace=NAMESPACE, is_install=True)
+    [notes] = [text for path, text in rendered.items() if path.endswith("/NOTES.txt")]
+    return str(notes)
 
 
 def lint_chart(chart: Path, values: dict[str, Any] | None = None) -> list[str]:

@@ -708,8 +708,7 @@ async def follow_rollouts(
                 await _post(memo, body, event, logger)
             metrics: OperatorMetrics = memo.metrics
             metrics.pass_seconds.labels(namespace, name).observe(time.monotonic() - started)
-            versions = result.status.get("versions") or {}
-            metrics.observe(namespace, name, str(result.status.get("phase")), versions)
+            metrics.observe(namespace, name, result.status)
         except TransientApiError:
             raise
         except ApiError as exc:  # refused: said on the resource, asked again at the resync

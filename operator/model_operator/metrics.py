@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
@@ -14,7 +15,9 @@ from prometheus_client import (
     generate_latest,
 )
 
-from model_rollout_contract.states import Phase
+from model_rollout_contract.states import ConditionType, Phase
+
+from .analysis import Result
 
 # of every metric the operator serves (Prometheus naming: tests/test_metric_names.py)
 PREFIX = "model_operator_"
@@ -50,9 +53,45 @@ class OperatorMetrics:
             ["namespace", "name", "version"],
             registry=r,
         )
+        # the chart's dashboard and alerts read these (deploy/helm/model-rollout/files/)
+        self.batch = Gauge(
+            "model_operator_rollout_batch",
+            "The batch the running rollout of a ModelDeployment is on (0: canary or none)",
+            ["namespace", "name"],
+            registry=r,
+        )
+        self.analysis_checks = Gauge(
+            "model_operator_analysis_checks",
+            "Checks the canary analysis of the current (or last) rollout has made",
+            ["namespace", "name"],
+            registry=r,
+        )
+        self.analysis_failures = Gauge(
+            "model_operator_analysis_failures",
+            "Of those checks, the ones that failed",
+            ["namespace", "name"],
+            registry=r,
+        )
+        self.analysis_result = Gauge(
+            "model_operator_analysis_last_result",
+            "1 for the canary analysis' last verdict (Passed, Failed, Inconclusive)",
+            ["namespace", "name", "result"],
+            registry=r,
+        )
+        self.degraded = Gauge(
+            "model_operator_deployment_degraded",
+            "1 while a ModelDeployment's Degraded condition is true, by its reason"
+            " (AnalysisFailed, Aborted, RolloutFailed, InvalidSpec, ...)",
+            ["namespace", "name", "reason"],
+            registry=r,
+        )
         self._versions: dict[tuple[str, str], set[str]] = {}
+        self._reasons: dict[tuple[str, str], str] = {}
 
-    def observe(self, namespace: str, name: str, phase: str, versions: Mapping[str, int]) -> None:
+    def observe(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """The gauges of one ModelDeployment, from the ``.status`` a pass wrote."""
+        phase = str(status.get("phase"))
+        versions: Mapping[str, int] = status.get("versions") or {}
         for candidate in Phase:
             self.phase.labels(namespace, name, candidate.value).set(
                 1 if candidate.value == phase else 0
@@ -63,6 +102,30 @@ class OperatorMetrics:
         for version, count in versions.items():
             self.pods.labels(namespace, name, version).set(count)
         self._versions[(namespace, name)] = set(versions)
+        self.batch.labels(namespace, name).set((status.get("rollout") or {}).get("batch") or 0)
+        analysis = status.get("analysis") or {}
+        self.analysis_checks.labels(namespace, name).set(analysis.get("checks", 0))
+        self.analysis_failures.labels(namespace, name).set(analysis.get("failures", 0))
+        for result in Result:
+            verdict = 1 if analysis.get("lastResult") == result.value else 0
+            self.analysis_result.labels(namespace, name, result.value).set(verdict)
+        self._observe_degraded(namespace, name, status.get("conditions") or [])
+
+    def _observe_degraded(self, namespace: str, name: str, conditions: list[Any]) -> None:
+        reason = next(
+            (
+                str(c.get("reason") or "Unknown")
+                for c in conditions
+                if c.get("type") == ConditionType.DEGRADED and c.get("status") == "True"
+            ),
+            None,
+        )
+        before = self._reasons.pop((namespace, name), None)
+        if before is not None and before != reason:
+            self.degraded.remove(namespace, name, before)
+        if reason is not None:
+            self.degraded.labels(namespace, name, reason).set(1)
+            self._reasons[(namespace, name)] = reason
 
     async def serve(self, port: int) -> web.AppRunner:
         async def handle(request: web.Request) -> web.Response:

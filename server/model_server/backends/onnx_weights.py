@@ -1,8 +1,8 @@
 """An ONNX model's graph and its weights, without one long protobuf parse.
 
-``onnx.load_model_from_string`` parses the whole file in C while holding the GIL: 80 ms
-for a 144 MiB model on the 2-core machine, and reading each ``raw_data`` copies it, again
-under the GIL (38 ms for 64 MiB). While a version loads beside the serving one, every
+``onnx.load_model_from_string`` parses the whole file in C while holding the GIL (tens
+of ms per 100 MiB), and reading each ``raw_data`` copies it, again under the GIL. While a
+version loads beside the serving one, every
 inference thread and the event loop wait for those stretches. So this module walks the
 protobuf wire format of the few enclosing messages (ModelProto -> GraphProto ->
 TensorProto) to find each initializer's ``raw_data``, parses with ``onnx`` only what is

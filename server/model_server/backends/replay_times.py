@@ -1,21 +1,15 @@
 """Whether a captured graph's replay is quick enough to run on the event loop, from the
 GPU's own times of the latest replays, wherever they ran.
 
-Why GPU times, from every replay, and a low quantile: the first rule (a moving average
-of every replay's host time) was bistable on the H200 host. One slow replay (a garbage
-collection) lifted it past the budget; requests then went to the inference threads,
-whose replays, timed by the host with their waits for the GIL at 16 clients, took
-milliseconds and kept it there: quick runs stayed off for the rest of the run (server
-time 11.8 ms instead of 0.28 ms, from one run to the next). A rule fed by the event
-loop's replays alone, with probes while off, failed the same way: a probe's host time
-includes its waits for the GIL behind those threads. Now each replay is timed by two
-CUDA events (``torch_gpu.Captured``), so a thread's replay counts as much as the loop's
-and the window never goes stale. Where the runtime allows it (torch 2.11 on the H200
-does), the events and the copies in and out are nodes of the captured graph itself, so
-their span holds no host step at all: under 16 replaying threads and 2 busy ones it
-reads what it reads idle, where events queued around the copies and the launch read
-milliseconds (``bench/replay_timing.py``; figures in the README). The span is the GPU's
-time from the graph's start to its end, other streams' work in between included.
+Why GPU times, from every replay: a rule fed by host times is bistable, since a host
+time includes the waits for the GIL of a busy server, so one slow replay sends requests
+to the threads, whose host-timed replays then keep them there (the rules tried, and how
+they failed: bench/results/h200/NOTES.md, 2026-12-03). Each replay is timed by two CUDA
+events (``torch_gpu.Captured``), so a thread's replay counts as much as the loop's and
+the window never goes stale. Where the runtime allows it, the events and the copies in
+and out are nodes of the captured graph itself, so their span holds no host step at all
+(``bench/replay_timing.py`` compares the ways). The span is the GPU's time from the
+graph's start to its end, other streams' work in between included.
 Elsewhere the events are queued around the launch, and the thread's waits for the GIL
 between them (after each torch call) stretch the span. That only ever adds time, so the
 lower quartile decides: quick runs stop once three quarters of the window is slow and

@@ -224,8 +224,8 @@ class GraphPool:
     def borrow(self, key: ShapeKey) -> Captured | None:
         """A free graph for ``key``, or None: run without a graph. Graphs are captured at
         warm-up only (:meth:`reserve`), never on a request's thread: a capture there,
-        beside other threads' copies and replays, left the CUDA context broken on the
-        H200 (``cudaErrorInvalidAddressSpace`` from then on) once dynamic batching sent
+        beside other threads' copies and replays, left the CUDA context broken
+        (``cudaErrorInvalidAddressSpace`` from then on) once dynamic batching sent
         batches of many sizes."""
         with self._lock:
             free = self._free.get(key)

@@ -1,12 +1,11 @@
 """A model file's bytes in memory of this process alone, read and let go without
 stalling serving.
 
-Why not ``bytes``: freeing a 400 MiB ``bytes`` object gives its pages back to the kernel
-with the GIL held (29 ms on a 2-core CI machine; 15 to 23 ms on the H200 host, where
-every request in flight waited for it right after a swap). These bytes are a mapping of
-a memfd instead: they are read into it with ``readinto`` and unmapped by ``mmap``, both
-with the GIL released. A runtime that loads only from a file or from ``bytes`` (ONNX
-Runtime, which also holds the GIL for 180 ms copying a 400 MiB ``bytes`` argument) opens
+Why not ``bytes``: freeing a large ``bytes`` object gives its pages back to the kernel
+with the GIL held, and every request in flight waits for it. These bytes are a mapping of
+a memfd instead: they are read into it with ``readinto`` and let go with the GIL released
+(:meth:`PrivateCopy.close`). A runtime that loads only from a file or from ``bytes`` (ONNX
+Runtime, which would also hold the GIL copying a ``bytes`` argument) opens
 the memfd by :attr:`PrivateCopy.path`: the very bytes that were hashed, with no second
 copy, which no other process of this user can write (mode 0400, sealed against resizing;
 root's override of file modes aside, which pods do not run as)."""
@@ -94,16 +93,15 @@ class PrivateCopy:
         the engine is made, rather than leave it to whichever thread drops the last
         reference (the event loop's, at first: every request waited).
 
-        Why a hole is punched first: one ``munmap`` of 400 MiB holds the
+        Why a hole is punched first: one ``munmap`` of hundreds of MiB holds the
         process's memory-map lock for tens of ms, and every thread that maps or faults
-        in memory meanwhile (Python's allocator, the CUDA driver) waits: on the H200
-        host all four clients of a serving version waited 45 ms at the end of each
-        load. Why in one call through ctypes: ``mmap.madvise`` holds the GIL, so freeing
-        2 MiB at a time asked for the GIL back 200 times, each after up to a switch
-        interval of the serving threads, and p99 while loading went to 4.5x steady.
-        The empty mapping then unmaps at once. A view still exported (a numpy array of
-        the bytes) keeps everything until it goes. Never raises: a kernel that refuses
-        the hole leaves the pages to the unmapping."""
+        in memory meanwhile (Python's allocator, the CUDA driver) waits. Why in one call
+        through ctypes: ``mmap.madvise`` holds the GIL, and freeing in chunks would ask
+        for it back after each, behind the serving threads (each way measured:
+        bench/results/h200/NOTES.md, 2026-12-03). The empty mapping then unmaps at once.
+        A view still exported (a numpy array of the bytes) keeps everything until it
+        goes. Never raises: a kernel that refuses the hole leaves the pages to the
+        unmapping."""
         with self._closing:
             self.closed = True
             try:

@@ -1,9 +1,8 @@
 """Whether the processes of a pool that share a GPU run under CUDA MPS.
 
 Without MPS the GPU gives each process's context a time slice in turn, so one worker's
-CUDA graph replay waits out the others' slices. On the H200 a pool of 8 torch workers at
-16 clients answered 4750 requests a second at 1.9 ms each in the server; under MPS, 6900
-at 0.43 ms (README, "Quick runs on by default"). The server cannot start MPS itself
+CUDA graph replay waits out the others' slices and the server's time per request grows
+several-fold (docs/benchmarks.md, "The GPU path"). The server cannot start MPS itself
 (its control daemon is one per GPU node, run by the NVIDIA device plugin's MPS sharing
 or by hand), so the pool says so at start instead."""
 
