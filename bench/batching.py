@@ -23,37 +23,12 @@ import platform
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from bench_output import write_json
+from bench_support import batch_histogram, publish_versions, write_json
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
-from model_rollout_e2e.onnx_models import publish_mlp
 from model_rollout_e2e.processes import ServerProcess
-
-
-def publish(root: Path, args: argparse.Namespace) -> Path:
-    path, _ = publish_mlp(
-        root, "mlp", "v1", 1, in_dim=args.in_dim, hidden=args.hidden, out_dim=16, depth=args.depth
-    )
-    return path
-
-
-def batch_histogram(url: str) -> tuple[float, float]:
-    """(engine runs, rows) so far, from the server's model_server_inference_batch_rows histogram."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    runs = rows = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "model_server_inference_batch_rows_count":
-                runs += s.value
-            elif s.name == "model_server_inference_batch_rows_sum":
-                rows += s.value
-    return runs, rows
 
 
 async def point(url: str, args: argparse.Namespace, clients: int) -> dict[str, Any]:
@@ -137,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="bench-batching-") as tmp:
         work = Path(tmp)
-        model = publish(work / "repo", args)
+        model = publish_versions(work / "repo", args.in_dim, args.hidden, args.depth)
         model_mib = model.stat().st_size / 2**20
         results = [asyncio.run(measure(work, args, name, flags)) for name, flags in modes]
     print(

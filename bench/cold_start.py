@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_output import write_json
+from bench_support import write_json
 from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.base import ModelFile
 from model_server.backends.engine_cache import EngineCache

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_output import write_json
-from model_rollout_e2e.onnx_models import publish_mlp
+from bench_support import publish_versions, write_json
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
 from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
@@ -42,22 +41,6 @@ from model_server.lifecycle.repository import ModelRepository
 from model_server.observability.audit import AuditLog
 from model_server.observability.metrics import ServerMetrics
 from model_server.scheduling.runner import Runner
-
-
-def write_versions(root: Path, args: argparse.Namespace, count: int = 2) -> None:
-    """v1 to v``count`` of the MLP ``args`` describe (``--in-dim``, ``--hidden``,
-    ``--depth``), each with its own weights."""
-    for seed in range(1, count + 1):
-        publish_mlp(
-            root,
-            "mlp",
-            f"v{seed}",
-            seed,
-            in_dim=args.in_dim,
-            hidden=args.hidden,
-            out_dim=16,
-            depth=args.depth,
-        )
 
 
 def p50(latencies_s: list[float]) -> float | None:
@@ -306,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
-        write_versions(root, args, count=args.loads + 1)
+        publish_versions(root, args.in_dim, args.hidden, args.depth, count=args.loads + 1)
         size = (root / "mlp" / "v1" / "model.onnx").stat().st_size / 2**20
         report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
     print(json.dumps(report, indent=2))

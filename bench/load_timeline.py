@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_output import write_json
-from gpu_swap import write_versions
+from bench_support import publish_versions, write_json
 from model_server.backends import make_backend
 from model_server.backends.base import ModelFile
 from model_server.config import GIL_SWITCH_INTERVAL_US
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
         root = Path(tmp)
-        write_versions(root, args)
+        publish_versions(root, args.in_dim, args.hidden, args.depth, count=2)
         report = asyncio.run(timeline(args, root))
     report["host"] = platform.node()
     print(

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_output import write_json
+from bench_support import write_json
 from model_server.files.private_copy import PrivateCopy, read_into_private_copy
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_output import write_json
+from bench_support import write_json
 
 VARIANTS = ("around", "copies_in_graph", "whole_graph")
 Replay = Callable[[np.ndarray], tuple[np.ndarray, float]]

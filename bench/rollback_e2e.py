@@ -28,12 +28,11 @@ import threading
 import time
 from pathlib import Path
 
-from bench_output import write_json
+from bench_support import simulate, write_json
 from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.report import SidecarReport
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
 from model_rollout_e2e.scenario import Scenario, StoreSetup, available
-from rollout_scale import simulate
 
 
 class LoadInThread:

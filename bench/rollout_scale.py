@@ -10,50 +10,9 @@ and total time to the new version.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 
-from bench_output import write_json
-from model_operator.spec import parse_spec
-from model_rollout_e2e.simulation import SimCluster
-
-STRATEGIES = {
-    "staged": {
-        "canary": {"percent": 10, "pauseSeconds": 30},
-        "rollout": {"batchPercent": 25, "maxConcurrentLoads": 8, "jitterSeconds": 5},
-    },
-    "all-at-once": {"canary": {"percent": 0}, "rollout": {"batchPercent": 100, "jitterSeconds": 0}},
-}
-
-
-def simulate(replicas: int, strategy: str, seed: int) -> dict[str, float | int]:
-    rng = random.Random(seed)
-    durations: dict[tuple[str, str], float] = {}
-
-    def load_seconds(pod: str, version: str) -> float:
-        return durations.setdefault((pod, version), rng.uniform(2, 6))
-
-    spec = parse_spec(
-        {
-            "model": "m",
-            "version": "v2",
-            "image": "i",
-            "replicas": replicas,
-            "store": {"url": "s3://bucket/p"},
-            "signingPublicKeySecret": "signing-key",
-            **STRATEGIES[strategy],
-        }
-    )
-    cluster = SimCluster(replicas, "v1", load_seconds, seed=seed)
-    start = cluster.now
-    plan = cluster.run(spec, dt=0.1)
-    assert plan.phase == "Available" and cluster.serving() == {"v2": replicas}
-    return {
-        "replicas": replicas,
-        "peak_concurrent_loads": cluster.max_loading,
-        "total_s": round(cluster.now - start, 1),
-        "batches": plan.state.batch,
-    }
+from bench_support import STRATEGIES, simulate, write_json
 
 
 def main(argv: list[str] | None = None) -> int:

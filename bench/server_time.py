@@ -38,11 +38,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from batching import batch_histogram
-from bench_output import write_json
+from bench_support import DEPTH, SIZES, batch_histogram, publish_sized, server_seconds, write_json
 from model_rollout_e2e.processes import ServerProcess, wait_until
 from model_server.config import QUICK_RUN_US
-from swap_under_load import DEPTH, SIZES, publish, server_seconds
 
 MODEL = "mlp"
 
@@ -284,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-server-time-") as tmp:
         work = Path(tmp)
-        publish(work / "repo", MODEL, "v1", 1, args.size)
+        publish_sized(work / "repo", MODEL, "v1", 1, args.size)
         rows = [row for mode in args.batching for row in run_mode(work, args, mode)]
     print(
         f"\n{DEPTH}-layer MLP ({args.size}), batch 1, backend {args.backend}, "

@@ -30,18 +30,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from bench_output import write_json
+from bench_support import DEPTH, SIZES, publish_sized, server_seconds, write_json
 from model_rollout_e2e.loadgen import LoadGenerator, LoadResult
-from model_rollout_e2e.onnx_models import publish_mlp
 from model_rollout_e2e.processes import ServerProcess, free_port
 from model_server.config import QUICK_RUN_US
 
 ADMIN_TOKEN = "bench-token"
-# 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
-SIZES = {"small": (256, 1024), "large": (1024, 4096)}
-DEPTH = 8
 SETTLE_S = 0.5  # after a switch completes: still its window, then left out of the next
 
 
@@ -57,38 +51,12 @@ class Switch:
     call_ms: float  # hot swap: the server's load+swap; restart: stop to ready
 
 
-def publish(root: Path, model: str, version: str, seed: int, size: str) -> Path:
-    in_dim, hidden = SIZES[size]
-    path, _ = publish_mlp(
-        root, model, version, seed, in_dim=in_dim, hidden=hidden, out_dim=16, depth=DEPTH
-    )
-    return path
-
-
 def post(url: str) -> dict:
     request = urllib.request.Request(
         url, method="POST", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
-
-
-def server_seconds(url: str, model: str) -> tuple[float, float]:
-    """(sum, count) of the server's own request-duration histogram for ``model``."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    total = count = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name != "model_server_inference_request_duration_seconds":
-            continue
-        for sample in family.samples:
-            if sample.labels.get("model") != model:
-                continue
-            if sample.name.endswith("_sum"):
-                total = sample.value
-            elif sample.name.endswith("_count"):
-                count = sample.value
-    return total, count
 
 
 def mean_ms(seconds_requests: list[float]) -> float | None:
@@ -382,9 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         sizes_mib = {}
         for size in sizes:
-            model = publish(work / "repo", size, "v1", 1, size)
+            model = publish_sized(work / "repo", size, "v1", 1, size)
             for seed in range(2, args.swaps + 2):
-                publish(work / "repo", size, f"v{seed}", seed, size)
+                publish_sized(work / "repo", size, f"v{seed}", seed, size)
             sizes_mib[size] = model.stat().st_size / 2**20
         for size in sizes:
             phases[f"{size}: hot swap"] = asyncio.run(phase_hot_swap(work, args, size))

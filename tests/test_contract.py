@@ -26,7 +26,13 @@ from model_rollout_contract.control import (
     parse_reply,
     parse_request,
 )
-from model_rollout_contract.names import InvalidName, check_name, is_valid_name
+from model_rollout_contract.names import (
+    InvalidName,
+    ModelKey,
+    check_model_key,
+    check_name,
+    is_valid_name,
+)
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import Phase, SidecarState
 from model_rollout_contract.versions import newest, predecessor, sorted_versions
@@ -72,6 +78,89 @@ def test_invalid_names_raise_value_errors(name: object) -> None:
     with pytest.raises(InvalidName, match="invalid version") as caught:
         check_name("version", name)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("text", "tenant", "name", "parts"),
+    [
+        ("resnet", None, "resnet", ("resnet",)),
+        ("acme/resnet", "acme", "resnet", ("acme", "resnet")),
+    ],
+)
+def test_model_key_round_trip(
+    text: str, tenant: str | None, name: str, parts: tuple[str, ...]
+) -> None:
+    key = ModelKey.parse(text)
+    assert (key.tenant, key.name, key.parts) == (tenant, name, parts)
+    assert str(key) == text == check_model_key(text)
+    assert key == ModelKey.of(name, tenant) == ModelKey(tenant, name)
+    assert ModelKey.tenant_in(text) == tenant and ModelKey.name_in(text) == name
+
+
+@pytest.mark.parametrize(
+    "text", ["", "/m", "t/", "a/b/c", "t/../m", "../m", "m\n", "t /m", "A" * 129, None, 3]
+)
+def test_invalid_model_keys(text: object) -> None:
+    with pytest.raises(InvalidName, match=r"invalid model .*'name' or 'tenant/name'"):
+        ModelKey.parse(text)
+    with pytest.raises(InvalidName):
+        check_model_key(text)
+
+
+def test_model_key_parts_are_checked_names() -> None:
+    with pytest.raises(InvalidName, match="invalid model name"):
+        ModelKey.of("a/b", "t")  # a name holds no slash: it cannot smuggle a tenant
+    with pytest.raises(InvalidName, match="invalid tenant"):
+        ModelKey.of("m", "../t")
+    assert ModelKey.of("m", "") == ModelKey.of("m") and str(ModelKey.of("m", "t")) == "t/m"
+    assert ModelKey.tenant_in("m") is None and ModelKey.tenant_in("/m") == ""  # unchecked
+
+
+# where a slash is split or tested for a reason of its own, not a model key
+NOT_MODEL_KEYS = {
+    ("model_operator/leader.py", "self.path.rsplit('/', 1)"),  # an API path's parent
+    ("model_operator/editor_policy.py", "ABORT.partition('/')"),  # annotation prefixes
+    ("model_operator/editor_policy.py", "RETRY.partition('/')"),
+    ("model_operator/editor_policy.py", "CHANGE_CAUSE.partition('/')"),
+    ("model_sidecar/volume.py", "'/' in name"),  # one directory entry
+}
+SLASH_OPS = {"split", "rsplit", "partition", "rpartition", "startswith", "removeprefix"}
+
+
+def _slash_uses(path: Path) -> list[str]:
+    """Each place the file splits a text at ``/`` or asks whether it holds one."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if call and node.func.attr in SLASH_OPS and node.args[:1]:  # type: ignore[union-attr]
+            first = node.args[0]  # type: ignore[union-attr]
+            if isinstance(first, ast.Constant) and first.value == "/":
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
+            found += [ast.unparse(node)] if node.left.value == "/" else []
+    return found
+
+
+def test_model_keys_are_read_only_by_model_key() -> None:
+    """The ``tenant/name`` rule lives in ModelKey: no program splits a key itself, and
+    the helpers that did are gone."""
+    programs = ["server", "sidecar", "operator", "cli"]
+    uses = {
+        (str(path.relative_to(ROOT / program)), use)
+        for program in programs
+        for path in (ROOT / program).rglob("*.py")
+        if "_pb2" not in path.name
+        for use in _slash_uses(path)
+    }
+    assert uses <= NOT_MODEL_KEYS, uses - NOT_MODEL_KEYS
+    assert _slash_uses(CONTRACT / "names.py")  # the scan sees what ModelKey itself does
+    import model_rollout_contract.names as names
+    from model_server.frontends.grpc import api as grpc_api
+    from model_server.lifecycle import memory_budget
+
+    for module, helper in ((names, "model_key"), (memory_budget, "tenant_of"),
+                           (grpc_api, "admin_model_key")):  # fmt: skip
+        assert not hasattr(module, helper), f"{module.__name__}.{helper}: use ModelKey"
 
 
 def test_one_version_order() -> None:
@@ -421,7 +510,9 @@ def test_a_bad_environment_value_is_a_clear_error(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p")
+    from model_rollout_flags import FlagParser
+
+    parser = FlagParser(prog="p", env_prefix="P_")
     parser.add_argument("--namespace", action="append", default=[])
     parser.add_argument("--loud", type=lambda text: text + "!")
     parser.add_argument("--port", type=int, default=1)
@@ -440,11 +531,14 @@ def _strict_int(text: str) -> int:
     return int(text)
 
 
-def test_environment_parsing_edge_cases(capsys: pytest.CaptureFixture[str]) -> None:
-    from model_rollout_contract.cli import parse_with_environment
-
+def test_environment_parsing_edge_cases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def parse(argv: list[str], **env: str) -> argparse.Namespace:
-        return parse_with_environment(_parser(), "P_", argv, env)
+        with monkeypatch.context() as patch:  # a sub-command reads the process's own
+            for name, value in env.items():
+                patch.setenv(name, value)
+            return _parser().parse_args(argv)
 
     # a list from the environment is replaced, not extended, by the command line
     assert parse(["keygen"], P_NAMESPACE="a,b").namespace == ["a", "b"]
@@ -461,10 +555,33 @@ def test_environment_parsing_edge_cases(capsys: pytest.CaptureFixture[str]) -> N
         with pytest.raises(SystemExit):
             parse(["watch", "--store", "s"] if "POLL" in next(iter(bad)) else ["keygen"], **bad)
         assert complaint in capsys.readouterr().err
-    parser = _parser()
-    parser.add_argument("--verbose", action="count")
-    with pytest.raises(TypeError, match="no environment form"):
-        parse_with_environment(parser, "P_", ["keygen"], {})
+    # a value on the command line is refused as argparse refuses it, naming no variable
+    with pytest.raises(SystemExit):
+        parse(["--port", "x", "keygen"], P_PORT="2")
+    assert "argument --port: invalid int value: 'x'" in capsys.readouterr().err
+
+
+def test_help_shows_each_flag_s_variable_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from model_server.config import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--port PORT [env var: MODEL_SERVER_PORT] (default: 8000)" in shown
+    assert "default: no gRPC [env var: MODEL_SERVER_GRPC_PORT] --" in shown  # no default of None
+    assert "--worker-index" not in shown.partition("options:")[2]  # hidden stays hidden
+
+
+def test_the_contract_keeps_only_the_names_of_variables() -> None:
+    """The flags are ConfigArgParse's (model_rollout_flags); the contract says only what
+    the variables are called, which the operator writes into pods."""
+    from model_rollout_contract import cli
+
+    tree = ast.parse((CONTRACT / "cli.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported == {"__future__", "pathlib"}
+    assert cli.env_name(cli.SIDECAR_ENV_PREFIX, "--pod-name") == "MODEL_SIDECAR_POD_NAME"
 
 
 HUGE = "1" + "0" * 400  # a JSON integer no float holds

@@ -165,7 +165,13 @@ PROGRAMS = {  # each program's package: the lock of its image
     "sidecar/model_sidecar": "sidecar.txt",
     "operator/model_operator": "operator.txt",
 }
-OWN = {"model_rollout_contract", "model_server", "model_sidecar", "model_operator"}
+OWN = {
+    "model_rollout_contract",
+    "model_rollout_flags",
+    "model_server",
+    "model_sidecar",
+    "model_operator",
+}
 
 
 def third_party_imports(package: Path) -> set[str]:

@@ -8,7 +8,8 @@ import argparse
 import socket
 from dataclasses import dataclass, field
 
-from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, parse_with_environment
+from model_rollout_contract.cli import OPERATOR_ENV_PREFIX
+from model_rollout_flags import FlagParser
 
 
 @dataclass
@@ -28,7 +29,9 @@ class OperatorConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="model-operator", description="run the kopf operator")
+    p = FlagParser(
+        env_prefix=OPERATOR_ENV_PREFIX, prog="model-operator", description="run the kopf operator"
+    )
     p.add_argument(
         "--namespace",
         action="append",
@@ -69,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
-    a = parse_with_environment(build_parser(), OPERATOR_ENV_PREFIX, argv)
+    a = build_parser().parse_args(argv)
     return OperatorConfig(
         kube_api=a.kube_api,
         kubeconfig=a.kubeconfig,

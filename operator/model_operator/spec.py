@@ -13,7 +13,7 @@ from model_rollout_contract import defaults
 from model_rollout_contract.argv import STORE_DIR
 from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
 from model_rollout_contract.layout import STORE_ID_PATTERN, STORE_ID_RULE
-from model_rollout_contract.names import NAME_RULE, is_valid_name
+from model_rollout_contract.names import NAME_RULE, ModelKey, is_valid_name
 from model_rollout_contract.redact import redact
 from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
 
@@ -206,7 +206,7 @@ class TenantModelSpec:
     @property
     def key(self) -> str:
         """The server's and the store's name for it: ``tenant/model``."""
-        return f"{self.tenant}/{self.model}"
+        return str(ModelKey(self.tenant, self.model))
 
 
 MAX_TENANT_MODELS = 16  # a sidecar container each

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from model_rollout_contract.names import InvalidName, is_valid_name
+from model_rollout_contract.names import InvalidName, ModelKey, is_valid_name
 from model_rollout_contract.versions import newest
 from model_server.backends import Backend, make_backend
 from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
@@ -132,7 +132,7 @@ class ModelServer:
     def model_specs(self) -> list[ModelSpec]:
         specs = list(self.config.models)
         for tenant in self.policy.tenants.values():
-            specs += [ModelSpec(f"{tenant.name}/{m}") for m in tenant.models]
+            specs += [ModelSpec(str(ModelKey(tenant.name, m))) for m in tenant.models]
         if not specs:  # serve every model found at the top of the repository
             root = self.repository.root
             specs = (

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_rollout_contract import defaults
-from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path, parse_with_environment
+from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path
 from model_rollout_contract.names import InvalidName, check_model_key, check_name
+from model_rollout_flags import FlagParser
 from model_server.backends import BACKEND_NAMES
 from model_server.dataplane.data_plane import SHADOW_MAX_IN_FLIGHT
 from model_server.security.jwt_auth import (
@@ -170,7 +171,8 @@ class ServerConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
+        env_prefix=SERVER_ENV_PREFIX,
         prog="model-server",
         description="Inference server with atomic, double-buffered model hot-swap.",
     )
@@ -417,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = build_parser()
-    a = parse_with_environment(p, SERVER_ENV_PREFIX, argv)
+    a = p.parse_args(argv)
     if a.grpc_port is not None and not 0 <= a.grpc_port <= 65535:
         p.error("--grpc-port must be a TCP port (0: any free one)")
     if a.retain < 1:

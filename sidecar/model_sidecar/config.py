@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model_rollout_contract import defaults
-from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, optional_path, parse_with_environment
+from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, optional_path
 from model_rollout_contract.layout import InvalidStoreId, StoreUrl, check_store_id
 from model_rollout_contract.names import InvalidName, check_model_key
 from model_rollout_contract.tracks import InvalidTrack, check_track
+from model_rollout_flags import FlagParser
 
 
 @dataclass(frozen=True)
@@ -201,8 +202,10 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="model-sidecar", description="keygen | publish | init | watch"
+    parser = FlagParser(
+        env_prefix=SIDECAR_ENV_PREFIX,
+        prog="model-sidecar",
+        description="keygen | publish | init | watch",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
@@ -282,7 +285,7 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    a = parse_with_environment(build_parser(), SIDECAR_ENV_PREFIX, argv)
+    a = build_parser().parse_args(argv)
     if a.command == "keygen":
         return KeygenConfig(Path(a.private), Path(a.public))
     if a.command == "publish":

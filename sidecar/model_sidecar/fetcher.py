@@ -42,7 +42,7 @@ from model_rollout_contract.manifest import (
     FileRef,
     Manifest,
 )
-from model_rollout_contract.names import is_valid_name
+from model_rollout_contract.names import ModelKey, is_valid_name
 from model_rollout_contract.pins import InvalidPins
 from model_rollout_contract.versions import version_order
 
@@ -71,8 +71,8 @@ INCOMING_AREA_MARK = "+"  # in no model name: an area cannot be taken for a mode
 def incoming_area(model: str) -> str:
     """The directory of ``.incoming`` that ``model``'s sidecar downloads into: ``+name``,
     or ``tenant+name``."""
-    tenant, _, name = model.rpartition("/")
-    return f"{tenant}{INCOMING_AREA_MARK}{name}"
+    key = ModelKey.parse(model)
+    return f"{key.tenant or ''}{INCOMING_AREA_MARK}{key.name}"
 
 
 @dataclass(frozen=True)

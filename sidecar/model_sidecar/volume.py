@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from model_rollout_contract.names import check_model_key
+from model_rollout_contract.names import ModelKey
 
 from .errors import UnsafeVolume, VolumeError, VolumeFull
 
@@ -126,7 +126,7 @@ class SafeDir:
         models lie in its own directory), opened one component at a time, so a link at
         either level is refused like any other. Raises ``FileNotFoundError`` as
         :meth:`child` does."""
-        first, *rest = check_model_key(key).split("/")
+        first, *rest = ModelKey.parse(key).parts
         directory = self.child(first, create)
         for name in rest:
             parent = directory

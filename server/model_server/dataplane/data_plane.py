@@ -26,7 +26,7 @@ import numpy as np
 
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.control import StatusReply, SwapReply
-from model_rollout_contract.names import InvalidName, check_name
+from model_rollout_contract.names import InvalidName, ModelKey, check_name
 from model_rollout_contract.versions import newest, sorted_versions
 from model_server.dataplane.inference_stats import RequestTiming, StatisticsBook
 from model_server.dataplane.metadata import model_config, server_metadata
@@ -181,7 +181,7 @@ class DataPlane:
             key: slot.current is not None or key in self.unloaded
             for key, slot in self.manager.slots.items()
         }
-        own = [ok for key, ok in serving.items() if "/" not in key]
+        own = [ok for key, ok in serving.items() if ModelKey.tenant_in(key) is None]
         return all(own) if own else any(serving.values())
 
     def _version(self, key: str, version: str | None) -> LoadedVersion:
@@ -243,7 +243,7 @@ class DataPlane:
         stats = []
         for key in keys:
             chosen = [self._version(key, version)] if version else self.manager.slot(key).loaded()
-            name, by_version = key.rsplit("/", 1)[-1], {v.version: v for v in chosen}
+            name, by_version = ModelKey.name_in(key), {v.version: v for v in chosen}
             stats += [
                 self.statistics_book.of(by_version[v]).to_json(name, v)
                 for v in sorted_versions(by_version)
@@ -284,21 +284,18 @@ class DataPlane:
     def namespace_keys(self, tenant: str | None) -> list[str]:
         """The keys of the models of one namespace: a tenant's, or (``None``) the default
         one."""
-        if tenant is None:
-            return [k for k in sorted(self.manager.slots) if "/" not in k]
-        return [k for k in sorted(self.manager.slots) if k.startswith(f"{tenant}/")]
+        return [k for k in sorted(self.manager.slots) if ModelKey.tenant_in(k) == tenant]
 
     def list_models(self, tenant: str | None) -> list[dict[str, Any]]:
         """The models of one namespace: a tenant's, or (``None``) the default one."""
-        prefix = f"{tenant}/" if tenant else ""
         models = []
         for key, slot in sorted(self.manager.slots.items()):
-            if (tenant is None and "/" in key) or (tenant and not key.startswith(prefix)):
+            if ModelKey.tenant_in(key) != tenant:
                 continue
             current = slot.current
             models.append(
                 {
-                    "name": key.removeprefix(prefix),
+                    "name": ModelKey.name_in(key),
                     "version": current.version if current else None,
                     "loaded": [v.version for v in slot.loaded()],
                     "available": self.manager.repository.versions(key),
@@ -474,10 +471,9 @@ class DataPlane:
         (Triton's ModelReadyState) and why: a tenant's models by name, or (``None``,
         the admin's view) every model by its key (``tenant/name`` for a tenant's).
         ``ready``: only the versions ready for inference."""
-        prefix = f"{tenant}/" if tenant else ""
         index = []
         for key, slot in sorted(self.manager.slots.items()):
-            if tenant is not None and not key.startswith(prefix):
+            if tenant is not None and ModelKey.tenant_in(key) != tenant:
                 continue
             states = slot.states()
             on_disk = self.manager.repository.versions(key)
@@ -491,7 +487,7 @@ class DataPlane:
                     reason += "; no longer in the repository"
                 index.append(
                     {
-                        "name": key.removeprefix(prefix),
+                        "name": key if tenant is None else ModelKey.name_in(key),
                         "version": version,
                         "state": state,
                         "reason": reason,

@@ -32,10 +32,11 @@ from pathlib import Path
 
 from model_rollout_contract import defaults
 from model_rollout_contract.canary import TrafficPolicy
+from model_rollout_contract.names import ModelKey
 from model_server.backends.base import Backend
 from model_server.errors import Conflict, ModelNotFound, ServingError
 from model_server.lifecycle.load_pipeline import CheckedVersion, LoadPipeline, normalized_digest
-from model_server.lifecycle.memory_budget import MemoryBudget, Reservation, tenant_of
+from model_server.lifecycle.memory_budget import MemoryBudget, Reservation
 from model_server.lifecycle.model_slot import LoadedVersion, ModelSlot
 from model_server.lifecycle.reporting import LifecycleEvent, Reporter
 from model_server.lifecycle.repository import ModelRepository
@@ -104,7 +105,7 @@ class EngineManager:
         return sum(
             slot.memory_bytes()
             for key, slot in self.slots.items()
-            if tenant is None or tenant_of(key) == tenant
+            if tenant is None or ModelKey.tenant_in(key) == tenant
         )
 
     def _version_rows(self) -> Iterator[VersionRow]:

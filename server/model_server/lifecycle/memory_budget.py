@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from model_rollout_contract.names import ModelKey
 from model_server.errors import MemoryBudgetExceeded
 from model_server.lifecycle.model_slot import LoadedVersion
 
@@ -36,12 +37,6 @@ class Reservation:
         if self.budget is not None:
             self.budget._release(self.nbytes, self.tenant)
             self.budget = None
-
-
-def tenant_of(key: str) -> str | None:
-    """The tenant of a model key (``tenant/name``); ``None`` for the server's own models."""
-    tenant, slash, _ = key.partition("/")
-    return tenant if slash else None
 
 
 class MemoryBudget:
@@ -104,7 +99,7 @@ class MemoryBudget:
         until its requests end; if they would not fit even then, nothing is evicted and
         ``MemoryBudgetExceeded`` says what is held. (Every caller runs on the event loop,
         as do the pins: nothing changes between the count and the evictions.)"""
-        tenant, what = tenant_of(key), f"{key}:{version}"
+        tenant, what = ModelKey.tenant_in(key), f"{key}:{version}"
         with self._lock:
             spare, message = self._spare(tenant)
             if message is None:  # no budget and no cap on this load

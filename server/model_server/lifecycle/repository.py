@@ -19,7 +19,7 @@ from model_rollout_contract.manifest import (
     ManifestError,
     sha256_bytes,
 )
-from model_rollout_contract.names import InvalidName, check_model_key, check_name, is_valid_name
+from model_rollout_contract.names import InvalidName, ModelKey, check_name, is_valid_name
 from model_rollout_contract.versions import sorted_versions
 from model_server.backends.base import ModelFile
 from model_server.errors import BadRequest, Forbidden, LoadRefused, VersionNotFound
@@ -52,7 +52,7 @@ class ModelRepository:
         self._spellings = tuple(dict.fromkeys((self.root, Path(root).absolute())))
 
     def model_dir(self, key: str) -> Path:
-        return self.root.joinpath(*key.split("/"))
+        return self.root.joinpath(*ModelKey.parse(key).parts)
 
     def versions(self, key: str) -> list[str]:
         """The versions on disk, oldest first (the contract's version order)."""
@@ -71,7 +71,7 @@ class ModelRepository:
         """The model directory's file ``name`` (its path for messages, and its bytes or
         None if there is none), read like model files: a link is refused, never
         followed (``UntrustedPath``)."""
-        parts = check_model_key(key).split("/")
+        parts = ModelKey.parse(key).parts
         shown = self.root.joinpath(*parts, name)
         try:
             with open_directory(self.root, parts) as directory:
@@ -109,7 +109,7 @@ class ModelRepository:
         """The model file and manifest of ``key:version``, from the same directory
         descriptor, so a version directory swapped meanwhile cannot mix two versions."""
         try:
-            parts = (*check_model_key(key).split("/"), check_name("version", version))
+            parts = (*ModelKey.parse(key).parts, check_name("version", version))
         except InvalidName as exc:
             raise BadRequest(str(exc)) from exc
         shown = self.root.joinpath(*parts)

@@ -23,6 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from model_rollout_contract.names import ModelKey
+
 
 class VersionRow(NamedTuple):
     model: str
@@ -80,16 +82,16 @@ class TenantRequests(Collector):
         self.latency = latency
         self.tenants = frozenset(tenants)
 
-    def tenant_of(self, model_key: str) -> str:
-        tenant, slash, _ = model_key.partition("/")
-        return tenant if slash and tenant in self.tenants else ""
+    def _tenant_label(self, model_key: str) -> str:
+        tenant = ModelKey.tenant_in(model_key)
+        return tenant if tenant in self.tenants else ""
 
     def collect(self) -> Iterator[Metric]:
         counts: dict[tuple[str, str], float] = defaultdict(float)
         for family in self.requests.collect():
             for s in family.samples:
                 if s.name.endswith("_total"):
-                    counts[(self.tenant_of(s.labels["model"]), s.labels["code"])] += s.value
+                    counts[(self._tenant_label(s.labels["model"]), s.labels["code"])] += s.value
         requests = CounterMetricFamily(
             "model_server_tenant_inference_requests",
             "Inference requests by tenant and result",
@@ -101,7 +103,7 @@ class TenantRequests(Collector):
         sums: dict[str, float] = defaultdict(float)
         for family in self.latency.collect():
             for s in family.samples:
-                tenant = self.tenant_of(s.labels["model"])
+                tenant = self._tenant_label(s.labels["model"])
                 if s.name.endswith("_bucket"):
                     buckets[tenant][s.labels["le"]] += s.value  # same bounds for every model
                 elif s.name.endswith("_sum"):

@@ -28,7 +28,7 @@ from grpc import aio
 from multidict import CIMultiDict
 
 from model_rollout_contract.canary import PIN_HEADER
-from model_rollout_contract.names import InvalidName, check_name, model_key
+from model_rollout_contract.names import InvalidName, ModelKey, check_name
 from model_server.dataplane.data_plane import Caller, DataPlane
 from model_server.errors import BadRequest, ServingError, internal_error
 from model_server.frontends.grpc.codec import GrpcInferRequest
@@ -145,7 +145,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _key(self, name: str, context: aio.ServicerContext) -> str:
         """The model a caller's name stands for (its tenant's, by its API key or JWT)."""
-        return model_key(name, await self.policy.tenant_for(call_headers(context)))
+        return str(ModelKey.of(name, await self.policy.tenant_for(call_headers(context))))
 
     def _admin(self, context: aio.ServicerContext) -> Caller:
         return Caller(self.policy.check_admin(call_headers(context)), "grpc")
@@ -182,7 +182,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
         tenant = await self.policy.tenant_for(call_headers(context))
         if request.name:
-            keys = [model_key(request.name, tenant)]
+            keys = [str(ModelKey.of(request.name, tenant))]
         else:  # every model of the caller's namespace
             keys = self.plane.namespace_keys(tenant)
         stats = self.plane.statistics(keys, _version(request))
@@ -195,7 +195,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             headers = call_headers(context)
             tenant = await self.policy.tenant_for(headers)
-            key = model_key(request.model_name, tenant)
+            key = str(ModelKey.of(request.model_name, tenant))
             self.policy.admit(tenant)  # over its rate limit: RESOURCE_EXHAUSTED
         except (ServingError, InvalidName) as exc:  # counted as the HTTP API counts them
             status = exc.status if isinstance(exc, ServingError) else BadRequest.status
@@ -227,7 +227,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> Any:
         caller = self._admin(context)
         _one_repository(request.repository_name)
-        key, parameters = admin_model_key(request.model_name), _values(request.parameters)
+        key, parameters = str(ModelKey.parse(request.model_name)), _values(request.parameters)
         await self.plane.repository_load(key, caller, parameters)
         return pb.RepositoryModelLoadResponse()
 
@@ -237,7 +237,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> Any:
         caller = self._admin(context)
         _one_repository(request.repository_name)
-        key, parameters = admin_model_key(request.model_name), _values(request.parameters)
+        key, parameters = str(ModelKey.parse(request.model_name)), _values(request.parameters)
         await self.plane.repository_unload(key, caller, parameters)
         return pb.RepositoryModelUnloadResponse()
 
@@ -264,15 +264,6 @@ def _values(parameters: Any) -> dict[str, Any]:
         key: getattr(value, value.WhichOneof("parameter_choice") or "bool_param")
         for key, value in parameters.items()
     }
-
-
-def admin_model_key(name: str) -> str:
-    """A repository call names a model as ``name`` or ``tenant/name`` (the admin token
-    is no tenant's key, so the name carries the namespace)."""
-    parts = name.split("/")
-    if len(parts) > 2:
-        raise BadRequest(f"invalid model {name!r}: use 'name' or 'tenant/name'")
-    return model_key(parts[-1], parts[0] if len(parts) == 2 else None)
 
 
 class GrpcServer:

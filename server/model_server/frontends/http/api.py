@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from model_rollout_contract.canary import PIN_HEADER
 from model_rollout_contract.control import SwapReply
-from model_rollout_contract.names import InvalidName, check_name, model_key
+from model_rollout_contract.names import InvalidName, ModelKey, check_name
 from model_server.dataplane.data_plane import CLIENT_CLOSED, Caller, DataPlane
 from model_server.errors import BadRequest, RequestTimeout, ServingError, internal_error
 from model_server.frontends.http.body import read_body
@@ -108,7 +108,7 @@ def _client_left(request: web.Request) -> bool:
 
 async def _tenant_model(request: web.Request) -> str:
     tenant = await request.app[POLICY].tenant_for(request.headers)
-    return model_key(request.match_info["name"], tenant)
+    return str(ModelKey.of(request.match_info["name"], tenant))
 
 
 def _route_version(request: web.Request) -> str | None:
@@ -121,11 +121,8 @@ def _repository_model(request: web.Request) -> str:
     """The model a repository call names: ``name``, or a tenant's as ``tenant/name``
     (two path segments, or one with the slash escaped): the admin token is no tenant's
     key, so the name carries the namespace."""
-    name = request.match_info["name"]
-    tenant = request.match_info.get("tenant")
-    if tenant is None and "/" in name:
-        tenant, _, name = name.partition("/")
-    return model_key(name, tenant)
+    name, tenant = request.match_info["name"], request.match_info.get("tenant")
+    return str(ModelKey.parse(name) if tenant is None else ModelKey.of(name, tenant))
 
 
 async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
@@ -146,10 +143,7 @@ def _admin_model(request: web.Request) -> str:
         if len(served) != 1:
             raise BadRequest(f"several models are served; name one with ?model= ({served})")
         return served[0]
-    parts = name.split("/")
-    if len(parts) > 2:
-        raise BadRequest(f"invalid model {name!r}: use 'name' or 'tenant/name'")
-    return model_key(parts[-1], parts[0] if len(parts) == 2 else None)
+    return str(ModelKey.parse(name))
 
 
 def _swap_json(reply: SwapReply) -> dict[str, Any]:
@@ -197,7 +191,7 @@ async def statistics(request: web.Request) -> web.Response:
     plane = request.app[PLANE]
     tenant = await request.app[POLICY].tenant_for(request.headers)
     name = request.match_info.get("name")
-    keys = [model_key(name, tenant)] if name is not None else plane.namespace_keys(tenant)
+    keys = [str(ModelKey.of(name, tenant))] if name is not None else plane.namespace_keys(tenant)
     version = _route_version(request)
     answer = plane.statistics(keys, version)
     merged = request.app.get(MERGED_STATISTICS)
@@ -212,7 +206,7 @@ async def infer(request: web.Request) -> web.Response:
     try:
         policy = request.app[POLICY]
         tenant = await policy.tenant_for(request.headers)
-        key = model_key(name, tenant)
+        key = str(ModelKey.of(name, tenant))
         policy.admit(tenant)  # over its rate limit: 429 before the body is read
         version = _route_version(request)
         declared = request.headers.get(HEADER_LENGTH)
