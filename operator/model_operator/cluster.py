@@ -15,6 +15,7 @@ from model_rollout_contract.pins import pins_text
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .constants import GROUP, PLURAL, VERSION
+from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
 from .planner import SetTarget
 
@@ -130,6 +131,32 @@ async def patch_status(
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
     answer = await api.merge_patch(path, {"status": patch})
     return dict((answer or {}).get("status") or {})
+
+
+async def replace_status(
+    api: KubeClient, namespace: str, name: str, uid: str, status: dict[str, Any]
+) -> dict[str, Any]:
+    """Write a ModelDeployment's whole status, onto the object ``uid`` only: a JSON patch
+    that tests ``metadata.uid`` first, so that a status worked out for a resource that was
+    deleted (and maybe created again under the same name) never lands on another one.
+    Returns the status the server now holds; raises :class:`ResourceGone`."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    patch = [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status", "value": status},
+    ]
+    try:
+        answer = await api.request("PATCH", f"{path}/status", patch, "application/json-patch+json")
+    except ApiError as exc:
+        if exc.status not in (409, 422):
+            raise
+        live = await api.request("GET", path)  # the test failed, or the status is refused
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone") from exc
+        raise
+    if answer is None:
+        raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone")
+    return dict(answer.get("status") or {})
 
 
 async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from model_rollout_contract.cli import OPERATOR_ENV_PREFIX, parse_with_environment
 
+from .constants import MIN_LEASE_S
+
 
 @dataclass
 class OperatorConfig:
@@ -69,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
-    a = parse_with_environment(build_parser(), OPERATOR_ENV_PREFIX, argv)
+    parser = build_parser()
+    a = parse_with_environment(parser, OPERATOR_ENV_PREFIX, argv)
+    if a.lease_seconds < MIN_LEASE_S:  # the Lease holds whole seconds, at least one
+        parser.error(f"--lease-seconds {a.lease_seconds:g}: at least {MIN_LEASE_S:g}")
     return OperatorConfig(
         kube_api=a.kube_api,
         kubeconfig=a.kubeconfig,
