@@ -41,9 +41,10 @@ from control_plane_operator import (
     wait_for,
     writes_of,
 )
-from model_operator import handlers, kube_client
+from model_operator import cluster, handlers, kube_client
 from model_operator.config import OperatorConfig
 from model_operator.constants import KOPF_FINALIZER
+from model_operator.errors import ResourceGone
 from model_operator.leader import LEASE_LOST_EXIT
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
@@ -173,6 +174,35 @@ def test_a_model_deployment_is_deleted_while_the_operator_is_down(
         lambda: all(get(admin, kind, name, "-n", namespace) is None for kind, name in CHILDREN),
         operator,
     )
+
+
+async def test_a_status_never_lands_on_a_model_deployment_created_again(
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str
+) -> None:
+    """Issue 29: a status worked out for a ModelDeployment that was then deleted and
+    created again under its name (its task's memory: a rollout under way) must not land
+    on the new one. The operator writes the status as a JSON patch that tests
+    ``metadata.uid`` first (``replace_status``): the API server refuses it, and the
+    task learns that its resource is gone. A merge patch would have landed."""
+    admin = control_plane.kubectl
+    old_uid = _apply_md(control_plane, namespace)["metadata"]["uid"]
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+    new_uid = _apply_md(control_plane, namespace)["metadata"]["uid"]
+    stale = {"phase": "Canary", "targetVersion": "v2", "message": "the old object's"}
+    api = kube_client.KubeClient(
+        await kube_client.load_configuration(None, str(operator_identity.kubeconfig))
+    )
+    try:
+        with pytest.raises(ResourceGone):
+            await cluster.replace_status(api, namespace, "mlp", old_uid, stale)
+        assert (get(admin, "md", "mlp", "-n", namespace) or {}).get("status") in (None, {})
+        fresh = {"phase": "Progressing", "message": "the new object's"}
+        assert await cluster.replace_status(api, namespace, "mlp", new_uid, fresh) == fresh
+        admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+        with pytest.raises(ResourceGone):  # deleted, nothing created again
+            await cluster.replace_status(api, namespace, "mlp", new_uid, fresh)
+    finally:
+        await api.close()
 
 
 def test_an_idle_model_deployment_gets_no_status_writes(

@@ -95,3 +95,19 @@ async def test_a_task_backs_off_exponentially_and_honours_retry_after(
         assert policy.least(attempt) <= wait <= policy.cap(attempt), (attempt, waits)
     assert policy.least(5) > policy.cap(0)  # it grows, and not in step (jitter: a range)
     assert waits[6] >= 90.0  # the API server's Retry-After
+
+
+def test_no_handler_needs_a_finalizer() -> None:
+    """kopf puts its finalizer on a resource only for a handler that needs one (a
+    daemon, a timer, a deletion handler): none is registered, so deleting a
+    ModelDeployment while the operator is down is never blocked (on a real API server:
+    ``test_a_model_deployment_is_deleted_while_the_operator_is_down``)."""
+    registry = handlers.register(OperatorConfig())
+    assert registry._changing.get_all_handlers() == []  # no create/update/delete/resume
+    assert registry._spawning.get_all_handlers() == []  # no daemon, no timer
+    kinds = (registry._watching, registry._indexing)
+    assert not any(
+        getattr(handler, "requires_finalizer", False)
+        for kind in kinds
+        for handler in kind.get_all_handlers()
+    )
