@@ -87,11 +87,14 @@ class LeaseSettings:
     @classmethod
     def scaled(cls, namespace: str, identity: str, duration_s: float) -> LeaseSettings:
         """The settings of a 15 s Lease (renewal 2 s, margin 3 s, retries 1.5-2.5 s, a
-        try 2 s), scaled to ``duration_s``."""
+        try 2 s), scaled to ``duration_s``; a try of a short Lease is still given 1 s
+        (half the fence at most): an API server's answer takes what it takes."""
         k = duration_s / 15.0
+        valid_s = duration_s - 3.0 * k
         return cls(
             namespace, identity=identity, duration_s=duration_s, renew_s=2.0 * k,
-            margin_s=3.0 * k, retry_min_s=1.5 * k, retry_max_s=2.5 * k, try_timeout_s=2.0 * k,
+            margin_s=3.0 * k, retry_min_s=1.5 * k, retry_max_s=2.5 * k,
+            try_timeout_s=min(max(2.0 * k, 1.0), valid_s / 2),
         )  # fmt: skip
 
     @property
