@@ -824,7 +824,10 @@ async def test_the_operators_writes_pass_the_policy(
         await operator_cluster.remove_finalizer(
             api, namespace, "held", [KOPF_FINALIZER], KOPF_FINALIZER
         )
-        status = await operator_cluster.patch_status(api, namespace, "held", {"phase": "Failed"})
+        uid = (await admin.read("held"))["metadata"]["uid"]
+        status = await operator_cluster.replace_status(
+            api, namespace, "held", uid, {"phase": "Failed"}
+        )
     finally:
         await api.close()
     md = await admin.read("held")

@@ -124,15 +124,6 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
     return ApplyResult.UPDATED
 
 
-async def patch_status(
-    api: KubeClient, namespace: str, name: str, patch: dict[str, Any]
-) -> dict[str, Any]:
-    """Merge-patch a ModelDeployment's status; returns the status the server now holds."""
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-    answer = await api.merge_patch(path, {"status": patch})
-    return dict((answer or {}).get("status") or {})
-
-
 async def replace_status(
     api: KubeClient, namespace: str, name: str, uid: str, status: dict[str, Any]
 ) -> dict[str, Any]:
