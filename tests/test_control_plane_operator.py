@@ -46,7 +46,7 @@ from model_operator.config import OperatorConfig
 from model_operator.constants import KOPF_FINALIZER
 from model_operator.errors import ResourceGone
 from model_operator.leader import LEASE_LOST_EXIT
-from model_rollout_contract.annotations import TARGET_VERSION
+from model_rollout_contract.annotations import ABORT, PROMOTE, TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.processes import wait_until
@@ -201,6 +201,40 @@ async def test_a_status_never_lands_on_a_model_deployment_created_again(
         admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
         with pytest.raises(ResourceGone):  # deleted, nothing created again
             await cluster.replace_status(api, namespace, "mlp", new_uid, fresh)
+    finally:
+        await api.close()
+
+
+async def test_annotations_acted_on_are_cleared_only_from_their_own_object(
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str
+) -> None:
+    """The promote/abort/retry annotations the operator acted on are removed from the
+    object it acted for (its uid tested): the same annotation on a ModelDeployment
+    created again under the name is the new object's command, and stays."""
+    admin = control_plane.kubectl
+    promote = {"metadata": {"annotations": {PROMOTE: "v2@1"}}}
+    old = model_deployment(namespace)
+    old["metadata"].update(promote["metadata"])
+    admin.apply(old)
+    old_uid = (get(admin, "md", "mlp", "-n", namespace) or {})["metadata"]["uid"]
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+    admin.apply(old)  # created again, with the same command
+    new_uid = (get(admin, "md", "mlp", "-n", namespace) or {})["metadata"]["uid"]
+    api = kube_client.KubeClient(
+        await kube_client.load_configuration(None, str(operator_identity.kubeconfig))
+    )
+
+    def annotations() -> dict[str, str]:
+        md = get(admin, "md", "mlp", "-n", namespace) or {}
+        return dict(md["metadata"].get("annotations") or {})
+
+    try:
+        with pytest.raises(ResourceGone):
+            await cluster.clear_annotations(api, namespace, "mlp", old_uid, (PROMOTE,))
+        assert annotations().get(PROMOTE) == "v2@1"
+        await cluster.clear_annotations(api, namespace, "mlp", new_uid, (PROMOTE, ABORT))
+        assert PROMOTE not in annotations()
+        await cluster.clear_annotations(api, namespace, "mlp", new_uid, (PROMOTE,))  # none left
     finally:
         await api.close()
 

@@ -165,12 +165,35 @@ async def read_annotations(api: KubeClient, namespace: str, name: str) -> dict[s
 
 
 async def clear_annotations(
-    api: KubeClient, namespace: str, name: str, keys: tuple[str, ...]
+    api: KubeClient, namespace: str, name: str, uid: str, keys: tuple[str, ...]
 ) -> None:
     """Remove annotations of a ModelDeployment the operator has acted on (promote, abort,
-    retry): each acts once."""
+    retry): each acts once. Only from the object ``uid`` (a JSON patch that tests it, as
+    :func:`replace_status`): one created again under the name keeps its own. Raises
+    :class:`ResourceGone`."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-    await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
+    for attempt in range(2):  # again if one was removed meanwhile (a 422 for its 'remove')
+        live = await api.request("GET", path)
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone")
+        present = [k for k in keys if k in ((live.get("metadata") or {}).get("annotations") or {})]
+        if not present:
+            return
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            *({"op": "remove", "path": f"/metadata/annotations/{_pointer(k)}"} for k in present),
+        ]
+        try:
+            await api.request("PATCH", path, patch, "application/json-patch+json")
+            return
+        except ApiError as exc:
+            if exc.status != 422 or attempt:
+                raise
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 async def remove_finalizer(

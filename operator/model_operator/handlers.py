@@ -737,7 +737,9 @@ async def follow_rollouts(
                     memo.api, namespace, name, follower.uid, new_status
                 ) or status  # fmt: skip
             if result.cleared:  # acted on, and the status that says so is written
-                await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
+                await cluster.clear_annotations(
+                    memo.api, namespace, name, follower.uid, result.cleared
+                )
                 cleared.update({k: shown[k] for k in result.cleared if k in shown})
             for event in result.events:
                 await _post(memo, body, event, logger)
