@@ -41,11 +41,12 @@ from control_plane_operator import (
     wait_for,
     writes_of,
 )
-from model_operator import handlers, kube_client
+from model_operator import cluster, handlers, kube_client
 from model_operator.config import OperatorConfig
 from model_operator.constants import KOPF_FINALIZER
+from model_operator.errors import ResourceGone
 from model_operator.leader import LEASE_LOST_EXIT
-from model_rollout_contract.annotations import TARGET_VERSION
+from model_rollout_contract.annotations import ABORT, PROMOTE, TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.processes import wait_until
@@ -173,6 +174,69 @@ def test_a_model_deployment_is_deleted_while_the_operator_is_down(
         lambda: all(get(admin, kind, name, "-n", namespace) is None for kind, name in CHILDREN),
         operator,
     )
+
+
+async def test_a_status_never_lands_on_a_model_deployment_created_again(
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str
+) -> None:
+    """Issue 29: a status worked out for a ModelDeployment that was then deleted and
+    created again under its name (its task's memory: a rollout under way) must not land
+    on the new one. The operator writes the status as a JSON patch that tests
+    ``metadata.uid`` first (``replace_status``): the API server refuses it, and the
+    task learns that its resource is gone. A merge patch would have landed."""
+    admin = control_plane.kubectl
+    old_uid = _apply_md(control_plane, namespace)["metadata"]["uid"]
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+    new_uid = _apply_md(control_plane, namespace)["metadata"]["uid"]
+    stale = {"phase": "Canary", "targetVersion": "v2", "message": "the old object's"}
+    api = kube_client.KubeClient(
+        await kube_client.load_configuration(None, str(operator_identity.kubeconfig))
+    )
+    try:
+        with pytest.raises(ResourceGone):
+            await cluster.replace_status(api, namespace, "mlp", old_uid, stale)
+        assert (get(admin, "md", "mlp", "-n", namespace) or {}).get("status") in (None, {})
+        fresh = {"phase": "Progressing", "message": "the new object's"}
+        assert await cluster.replace_status(api, namespace, "mlp", new_uid, fresh) == fresh
+        admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+        with pytest.raises(ResourceGone):  # deleted, nothing created again
+            await cluster.replace_status(api, namespace, "mlp", new_uid, fresh)
+    finally:
+        await api.close()
+
+
+async def test_annotations_acted_on_are_cleared_only_from_their_own_object(
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str
+) -> None:
+    """The promote/abort/retry annotations the operator acted on are removed from the
+    object it acted for (its uid tested): the same annotation on a ModelDeployment
+    created again under the name is the new object's command, and stays."""
+    admin = control_plane.kubectl
+    promote = {"metadata": {"annotations": {PROMOTE: "v2@1"}}}
+    old = model_deployment(namespace)
+    old["metadata"].update(promote["metadata"])
+    admin.apply(old)
+    old_uid = (get(admin, "md", "mlp", "-n", namespace) or {})["metadata"]["uid"]
+    admin("delete", "md", "mlp", "-n", namespace, "--wait=true")
+    admin.apply(old)  # created again, with the same command
+    new_uid = (get(admin, "md", "mlp", "-n", namespace) or {})["metadata"]["uid"]
+    api = kube_client.KubeClient(
+        await kube_client.load_configuration(None, str(operator_identity.kubeconfig))
+    )
+
+    def annotations() -> dict[str, str]:
+        md = get(admin, "md", "mlp", "-n", namespace) or {}
+        return dict(md["metadata"].get("annotations") or {})
+
+    try:
+        with pytest.raises(ResourceGone):
+            await cluster.clear_annotations(api, namespace, "mlp", old_uid, (PROMOTE,))
+        assert annotations().get(PROMOTE) == "v2@1"
+        await cluster.clear_annotations(api, namespace, "mlp", new_uid, (PROMOTE, ABORT))
+        assert PROMOTE not in annotations()
+        await cluster.clear_annotations(api, namespace, "mlp", new_uid, (PROMOTE,))  # none left
+    finally:
+        await api.close()
 
 
 def test_an_idle_model_deployment_gets_no_status_writes(

@@ -95,15 +95,20 @@ async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.Monkey
     """A 403 (RBAC) is no reason to restart the passes: the API server's message
     becomes the Ready condition, and a Warning event, once."""
     message = 'serviceaccounts is forbidden: User "op" cannot create resource'
-    patches: list[dict[str, Any]] = []
+    patches: list[list[dict[str, Any]]] = []  # JSON patches: the uid tested, the status
     events: list[str] = []
     written = asyncio.Event()
+
+    def status_of(patch: list[dict[str, Any]]) -> dict[str, Any]:
+        assert patch[0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
+        [status] = [op["value"] for op in patch if op["path"] == "/status"]
+        return dict(status)
 
     async def handle(request: web.Request) -> web.Response:
         if request.method == "PATCH" and request.path.endswith("/status"):
             patches.append(await request.json())
             written.set()
-            return web.json_response({**BODY, **patches[-1]})
+            return web.json_response({**BODY, "status": status_of(patches[-1])})
         return web.json_response({"kind": "Status", "message": message}, status=403)
 
     async def post(memo: object, body: object, event: Event, logger: object) -> None:
@@ -123,7 +128,7 @@ async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.Monkey
         reconciling.cancel()
         await server.close()
     [patch] = patches
-    [ready] = patch["status"]["conditions"]
+    [ready] = status_of(patch)["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "Forbidden")
     assert ready["message"] == message
     assert events == [f"Warning ApiRefused: {message}"]

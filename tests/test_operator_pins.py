@@ -85,6 +85,10 @@ async def test_the_sequence_of_a_rollout_is_pinned_in_status_pods_and_configmap(
     rebuilt = tmp_path / "rebuilt" / "model.onnx"
     write_mlp(rebuilt, 22, in_dim=8)
     publish(store, "mlp", "v2", rebuilt, keys.private, force=True)  # v2's newer build
+    # the pods' key: the operator pins only what it verifies with it
+    secret = {"metadata": {"name": "model-signing-key"},
+              "stringData": {"public.pem": keys.public.read_text()}}  # fmt: skip
+    await cluster.core.create_namespaced_secret(cluster.namespace, secret)
     body = {
         "metadata": {"name": "mlp"},
         "spec": {

@@ -820,11 +820,16 @@ async def test_the_operators_writes_pass_the_policy(
     operator = install_chart(tools)  # the chart's RBAC and policies; the operator's identity
     api = KubeClient(await load_configuration(None, str(operator.kubeconfig)))
     try:
-        await operator_cluster.clear_annotations(api, namespace, "held", (PROMOTE, ABORT, RETRY))
+        uid = (await admin.read("held"))["metadata"]["uid"]
+        await operator_cluster.clear_annotations(
+            api, namespace, "held", uid, (PROMOTE, ABORT, RETRY)
+        )
         await operator_cluster.remove_finalizer(
             api, namespace, "held", [KOPF_FINALIZER], KOPF_FINALIZER
         )
-        status = await operator_cluster.patch_status(api, namespace, "held", {"phase": "Failed"})
+        status = await operator_cluster.replace_status(
+            api, namespace, "held", uid, {"phase": "Failed"}
+        )
     finally:
         await api.close()
     md = await admin.read("held")

@@ -13,7 +13,7 @@ import kopf
 from .config import OperatorConfig, parse_args
 from .handlers import register
 from .kube_client import KubeClient, NoApiServer, load_configuration
-from .leader import LeaderElection, LeaseFence, LeaseSettings
+from .leader import FenceWatchdog, LeaderElection, LeaseFence, LeaseSettings
 
 
 async def run(
@@ -58,17 +58,13 @@ async def run(
 
 
 async def _lead(config: OperatorConfig) -> tuple[asyncio.Future[None], LeaseFence]:
-    """Wait for the Lease; return the task that renews it, and the fence."""
+    """Wait for the Lease; return the task that renews it (and runs the fence's
+    watchdog), and the fence."""
     api = KubeClient(await load_configuration(config.kube_api, config.kubeconfig))
-    settings = LeaseSettings(
-        config.lease_namespace,
-        identity=config.identity,
-        duration_s=config.lease_seconds,
-        renew_s=max(0.2, config.lease_seconds / 3),
-        retry_s=max(0.2, config.lease_seconds / 5),
-    )
+    settings = LeaseSettings.scaled(config.lease_namespace, config.identity, config.lease_seconds)
     election = LeaderElection(api, settings)
     await election.acquire()
+    watchdog = FenceWatchdog(election.fence).start()
 
     async def hold() -> None:
         try:
@@ -76,6 +72,7 @@ async def _lead(config: OperatorConfig) -> tuple[asyncio.Future[None], LeaseFenc
         except Exception as exc:  # the renewal itself broke: no longer sure to lead
             election.fence.lose(f"lease renewal failed: {exc!r}")
         finally:
+            watchdog.stop()
             await api.close()
 
     return asyncio.ensure_future(hold()), election.fence

@@ -15,6 +15,7 @@ from model_rollout_contract.pins import pins_text
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 
 from .constants import GROUP, PLURAL, VERSION
+from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
 from .planner import SetTarget
 
@@ -123,13 +124,30 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
     return ApplyResult.UPDATED
 
 
-async def patch_status(
-    api: KubeClient, namespace: str, name: str, patch: dict[str, Any]
+async def replace_status(
+    api: KubeClient, namespace: str, name: str, uid: str, status: dict[str, Any]
 ) -> dict[str, Any]:
-    """Merge-patch a ModelDeployment's status; returns the status the server now holds."""
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-    answer = await api.merge_patch(path, {"status": patch})
-    return dict((answer or {}).get("status") or {})
+    """Write a ModelDeployment's whole status, onto the object ``uid`` only: a JSON patch
+    that tests ``metadata.uid`` first, so that a status worked out for a resource that was
+    deleted (and maybe created again under the same name) never lands on another one.
+    Returns the status the server now holds; raises :class:`ResourceGone`."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    patch = [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status", "value": status},
+    ]
+    try:
+        answer = await api.request("PATCH", f"{path}/status", patch, "application/json-patch+json")
+    except ApiError as exc:
+        if exc.status not in (409, 422):
+            raise
+        live = await api.request("GET", path)  # the test failed, or the status is refused
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone") from exc
+        raise
+    if answer is None:
+        raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone")
+    return dict(answer.get("status") or {})
 
 
 async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
@@ -147,12 +165,35 @@ async def read_annotations(api: KubeClient, namespace: str, name: str) -> dict[s
 
 
 async def clear_annotations(
-    api: KubeClient, namespace: str, name: str, keys: tuple[str, ...]
+    api: KubeClient, namespace: str, name: str, uid: str, keys: tuple[str, ...]
 ) -> None:
     """Remove annotations of a ModelDeployment the operator has acted on (promote, abort,
-    retry): each acts once."""
+    retry): each acts once. Only from the object ``uid`` (a JSON patch that tests it, as
+    :func:`replace_status`): one created again under the name keeps its own. Raises
+    :class:`ResourceGone`."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-    await api.merge_patch(path, {"metadata": {"annotations": dict.fromkeys(keys)}})
+    for attempt in range(2):  # again if one was removed meanwhile (a 422 for its 'remove')
+        live = await api.request("GET", path)
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone")
+        present = [k for k in keys if k in ((live.get("metadata") or {}).get("annotations") or {})]
+        if not present:
+            return
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            *({"op": "remove", "path": f"/metadata/annotations/{_pointer(k)}"} for k in present),
+        ]
+        try:
+            await api.request("PATCH", path, patch, "application/json-patch+json")
+            return
+        except ApiError as exc:
+            if exc.status != 422 or attempt:
+                raise
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 async def remove_finalizer(

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from model_rollout_contract.cli import OPERATOR_ENV_PREFIX
 from model_rollout_flags import FlagParser
 
+from .constants import MIN_LEASE_S
+
 
 @dataclass
 class OperatorConfig:
@@ -72,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.lease_seconds < MIN_LEASE_S:  # the Lease holds whole seconds, at least one
+        parser.error(f"--lease-seconds {a.lease_seconds:g}: at least {MIN_LEASE_S:g}")
     return OperatorConfig(
         kube_api=a.kube_api,
         kubeconfig=a.kubeconfig,

@@ -9,3 +9,4 @@ PLURAL = "modeldeployments"
 # the finalizer kopf's daemon put on every ModelDeployment (the operator's earlier
 # versions); removed wherever found, as nothing needs one (see handlers)
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+MIN_LEASE_S = 1.0  # a Lease holds whole seconds (rounded up): shorter ones are refused

@@ -36,6 +36,7 @@ from model_rollout_contract.annotations import (
     PROMOTE,
     RETRY,
 )
+from model_rollout_contract.backoff import Backoff
 from model_rollout_contract.names import is_valid_name
 from model_rollout_contract.pins import MAX_SEQUENCE
 from model_rollout_contract.states import Phase
@@ -47,7 +48,7 @@ from .analysis_sources import read_canary
 from .cluster import ApplyResult
 from .config import OperatorConfig
 from .constants import GROUP, KOPF_FINALIZER, PLURAL, VERSION
-from .errors import ApiError, SpecError, TransientApiError
+from .errors import ApiError, ResourceGone, SpecError, TransientApiError
 from .history import record
 from .kube_client import KubeClient, connection_info, load_configuration
 from .leader import LeaseFence
@@ -55,13 +56,13 @@ from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
 from .pods import PodView, pod_view
+from .signatures import Ed25519PublicKey, secret_keys
 from .spec import ModelDeploymentSpec, TenantModelSpec, parse_spec, track_spec
 from .status import (
     UNSIGNED_MESSAGE,
     UNSIGNED_REASON,
     build_status,
     invalid_status,
-    merge_patch,
     refused_status,
     rollout_from_status,
     was_unsigned,
@@ -70,7 +71,9 @@ from .status import (
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
 
 _rng = random.SystemRandom()
-API_RETRY_DELAY_S = 2.0  # after a transient API error, the passes start again this late
+# after transient API errors in a row, a resource's passes start again this late
+# (jittered, never sooner than a Retry-After)
+TASK_BACKOFF = Backoff(base_s=1.0, max_s=60.0, floor=0.5)
 STORE_RETRY_S = 5.0  # an unreachable store is asked again this late
 CHILDREN_CHECK_S = 10.0  # children are compared with the live objects at least this often
 _VOLATILE = ("lastUpdateTime",)  # status fields that alone are no reason to write
@@ -93,8 +96,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         metrics.api_errors.labels(str(status)).inc()
 
     fence: LeaseFence | None = getattr(memo, "fence", None)
-    before_write = fence.check if fence is not None else None
-    memo.api = KubeClient(configuration, on_error=count_error, before_write=before_write)
+    memo.api = KubeClient(configuration, on_error=count_error, fence=fence)
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's task
     memo.followers = {}  # (namespace, name) -> its Follower
 
@@ -179,12 +181,16 @@ def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_
 
 
 class Follower:
-    """One ModelDeployment's task (:func:`follow`) and the latest copy of the resource
-    its watch delivered, which each pass reads."""
+    """One ModelDeployment's task (:func:`follow`), the latest copy of the resource its
+    watch delivered, which each pass reads, and the transient failures in a row (its
+    backoff). It follows one object (``uid``): one deleted and created again under the
+    same name is another, with a task and state of its own."""
 
     def __init__(self, body: kopf.Body) -> None:
         self.body = body
+        self.uid = str(body.get("metadata", {}).get("uid") or "")
         self.task: asyncio.Task[None] | None = None
+        self.failures = 0
 
 
 async def resource_changed(
@@ -203,8 +209,15 @@ async def resource_changed(
     if namespace is None or name is None:
         return
     key = (namespace, name)
+    uid = str(body.get("metadata", {}).get("uid") or "")
     followers: dict[tuple[str, str], Follower] = memo.followers
     follower = followers.get(key)
+    if follower is not None and follower.uid != uid:  # deleted (its event missed), recreated
+        logger.info("%s/%s is another object now (uid %s): a task of its own", *key, uid)
+        if follower.task is not None:
+            follower.task.cancel()
+        followers.pop(key)  # nothing of the old one's is kept
+        follower = None
     deleted = event.get("type") == "DELETED"
     if not deleted:
         await _drop_kopf_finalizer(memo, body, namespace, name, logger)
@@ -218,7 +231,7 @@ async def resource_changed(
         follower = followers[key] = Follower(body)
         follower.task = asyncio.create_task(
             follow(follower, name, namespace, memo, logger, pods_by_deployment),
-            name=f"rollouts of {namespace}/{name}",
+            name=f"rollouts of {namespace}/{name} ({uid})",
         )
     follower.body = body
     _waker(memo, namespace, name).set()
@@ -568,14 +581,29 @@ async def _read_canary(
 
 
 async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:
-    """Is ``spec.version`` in the store, asked with the resource's own credentials?"""
+    """Is ``spec.version`` in the store, asked with the resource's own credentials? Its
+    sequence is read only from a manifest signed by a key the pods trust."""
+    keys = await _trusted_keys(api, namespace, spec)
     secret_name = spec.store.credentials_secret
     if not secret_name or not spec.store.url:
-        return await check_version(spec)
+        return await check_version(spec, keys=keys)
     secret = await cluster.get_secret(api, namespace, secret_name)
     if secret is None:
         return StoreAnswer(VersionCheck.UNREACHABLE, f"credentials Secret {secret_name} not found")
-    return await check_version(spec, boto_credentials(dict(secret.get("data") or {})))
+    return await check_version(spec, boto_credentials(dict(secret.get("data") or {})), keys)
+
+
+async def _trusted_keys(
+    api: KubeClient, namespace: str, spec: ModelDeploymentSpec
+) -> tuple[Ed25519PublicKey, ...]:
+    """The keys of the track's public key Secret; none (so nothing is pinned) without
+    one, or when it holds no valid key (the sidecars refuse every version then)."""
+    name = spec.signing_public_key_secret
+    secret = await cluster.get_secret(api, namespace, name) if name else None
+    try:
+        return secret_keys(dict((secret or {}).get("data") or {}))
+    except ValueError:
+        return ()
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -626,8 +654,8 @@ async def _report_refusal(
     logger.error("the API server refused a call: %s", refusal)
     await _post(memo, body, Event("ApiRefused", refusal.reason, warning=True), logger)
     try:
-        patch = merge_patch(status, new)
-        return await cluster.patch_status(memo.api, namespace, name, patch) or new
+        uid = str(body.get("metadata", {}).get("uid") or "")
+        return await cluster.replace_status(memo.api, namespace, name, uid, new) or new
     except ApiError as exc:
         logger.error("and the condition could not be written: %s", exc)
         return status
@@ -641,15 +669,21 @@ async def follow(
     logger: kopf.Logger,
     pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
 ) -> None:
-    """The resource's task, until cancelled: its passes (:func:`follow_rollouts`), run
-    again from the latest copy of the resource after a failure: a transient API failure
-    ``API_RETRY_DELAY_S`` later, anything else at the next resync."""
+    """The resource's task, until cancelled or the resource is gone: its passes
+    (:func:`follow_rollouts`), run again from the latest copy of the resource after a
+    failure: a transient API failure after the task's backoff (``TASK_BACKOFF``, which
+    grows with each failure in a row), anything else at the next resync."""
     while True:
         try:
             await follow_rollouts(follower, name, namespace, memo, logger, pods_by_deployment)
+        except ResourceGone as exc:
+            logger.info("%s: its task ends", exc)
+            return
         except TransientApiError as exc:
-            logger.warning("Kubernetes API: %s; again in %gs", exc, API_RETRY_DELAY_S)
-            await asyncio.sleep(API_RETRY_DELAY_S)
+            delay = TASK_BACKOFF.delay(follower.failures, _rng, exc.retry_after_s)
+            follower.failures += 1
+            logger.warning("Kubernetes API: %s; again in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
         except Exception:
             interval = _config(memo).interval_s
             logger.exception("the rollout's pass failed; again in %gs", interval)
@@ -699,13 +733,17 @@ async def follow_rollouts(
                 children_checked = time.monotonic()
             new_status = without_nulls(result.status)
             if _changed(status, new_status):
-                patch = merge_patch(status, new_status)
-                status = await cluster.patch_status(memo.api, namespace, name, patch) or status
+                status = await cluster.replace_status(
+                    memo.api, namespace, name, follower.uid, new_status
+                ) or status  # fmt: skip
             if result.cleared:  # acted on, and the status that says so is written
-                await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
+                await cluster.clear_annotations(
+                    memo.api, namespace, name, follower.uid, result.cleared
+                )
                 cleared.update({k: shown[k] for k in result.cleared if k in shown})
             for event in result.events:
                 await _post(memo, body, event, logger)
+            follower.failures = 0  # a pass went through: the backoff starts again
             metrics: OperatorMetrics = memo.metrics
             metrics.pass_seconds.labels(namespace, name).observe(time.monotonic() - started)
             metrics.observe(namespace, name, result.status)

@@ -13,8 +13,10 @@ Errors follow one rule: 404 is ``None`` (absent), a refusal the caller can act o
 anything transient — a 429/5xx answer, a connection failure, a time-out — is
 :class:`TransientApiError`, after which the rollout's pass is run again a little later.
 
-With leader election every write first asks the fence (``before_write``) whether this
-replica still leads; one that does not never sends it (:mod:`.leader`).
+With leader election every write first asks the fence (``fence``) whether this replica
+still leads: one that does not never sends it, and one that does is given no longer than
+the fence has left (its time-out), while the fence's watchdog counts it in flight
+(:mod:`.leader`). A 429's or 503's ``Retry-After`` is passed on with the error.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
@@ -39,6 +42,11 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 _TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class WriteFence(Protocol):
+    def writing(self) -> AbstractContextManager[float]:
+        """Around one write: returns only while it may be sent, with the seconds left."""
 
 
 class NoApiServer(Exception):
@@ -95,6 +103,15 @@ async def connection_info(configuration: k8s.Configuration) -> kopf.ConnectionIn
     )
 
 
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` of delay-seconds (what the API server sends), else ``None``."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
+
+
 def _api_message(text: str) -> str:
     """The ``message`` of the API server's Status answer, else the text itself."""
     try:
@@ -111,14 +128,14 @@ class KubeClient:
         configuration: k8s.Configuration,
         timeout_s: float = 15.0,
         on_error: Callable[[int], None] | None = None,
-        before_write: Callable[[], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> None:
         """``on_error(status)`` is told of every failed call (0: the API was not reached);
-        ``before_write()`` is called right before each call that is not a GET (the
-        leader's fence: it returns only while the call may be sent)."""
+        ``fence`` guards each call that is not a GET (the leader's fence: the call is sent
+        only while it holds, with a time-out of what it has left)."""
         self.configuration = configuration
         self.on_error = on_error or (lambda status: None)
-        self.before_write = before_write
+        self.fence = fence
         self.timeout_s = timeout_s
         self._client: k8s.ApiClient | None = None
 
@@ -140,9 +157,15 @@ class KubeClient:
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Any:
         """One API call: the decoded JSON, ``None`` for 404; raises :class:`ApiError`."""
+        if method == "GET" or self.fence is None:
+            return await self._call(method, path, body, content_type, self.timeout_s)
+        with self.fence.writing() as left:  # the last moment before the request goes out
+            return await self._call(method, path, body, content_type, min(self.timeout_s, left))
+
+    async def _call(
+        self, method: str, path: str, body: Any, content_type: str, timeout_s: float
+    ) -> Any:
         client = self._open()
-        if method != "GET" and self.before_write is not None:
-            self.before_write()  # the last moment before the request goes out
         try:
             response = await client.call_api(
                 path,
@@ -151,10 +174,11 @@ class KubeClient:
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=self.timeout_s,
+                _request_timeout=timeout_s,
             )
             try:
                 status, text = response.status, await response.text()
+                wait = retry_after(response.headers.get("Retry-After"))
             finally:
                 response.release()
         except _TRANSPORT_ERRORS as exc:
@@ -166,7 +190,7 @@ class KubeClient:
             self.on_error(status)
             error = TransientApiError if status in _TRANSIENT_STATUSES else ApiError
             message = _api_message(text)
-            raise error(status, f"{method} {path}: HTTP {status}: {message}", message)
+            raise error(status, f"{method} {path}: HTTP {status}: {message}", message, wait)
         return json.loads(text) if text else {}
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:

@@ -1,6 +1,7 @@
 """Does a version exist in the model store? Checked before a rollout starts, by reading
 the version's manifest (the store layout of :mod:`model_rollout_contract.layout`), whose
-publish sequence the operator pins for the rollout (:mod:`model_rollout_contract.pins`).
+publish sequence the operator pins for the rollout (:mod:`model_rollout_contract.pins`)
+when its signature verifies (:mod:`.signatures`).
 The messages become conditions and events that anyone who can read the resource sees:
 credentials written into a URL (the operator's own ``AWS_ENDPOINT_URL``, say) are cut
 out of them."""
@@ -9,22 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from model_rollout_contract.layout import StoreUrl, object_key
 from model_rollout_contract.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    Manifest,
-    ManifestError,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_NAME,
 )
 from model_rollout_contract.redact import redact
 
+from .signatures import verified_sequence
 from .spec import ModelDeploymentSpec
 
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
@@ -41,16 +46,16 @@ class VersionCheck(Enum):
 class StoreAnswer:
     result: VersionCheck
     message: str  # redacted
-    # the publish sequence of the version's manifest (PRESENT only; None: its manifest
-    # names none, or is not one the sidecars would accept anyway)
+    # the publish sequence of the version's manifest (PRESENT only; None: its signature
+    # does not verify, it names none, or is not one the sidecars would accept anyway)
     sequence: int | None = None
 
 
-def _read_manifest(
-    url: StoreUrl, endpoint: str | None, key: str, credentials: dict[str, str] | None
+def _read_object(
+    url: StoreUrl, endpoint: str | None, key: str, credentials: dict[str, str] | None, limit: int
 ) -> bytes | None:
-    """The manifest's bytes (at most one more than a manifest may have), ``None`` when
-    the store does not hold it."""
+    """An object's bytes (at most ``limit`` + 1), ``None`` when the store does not hold
+    it."""
     given = credentials or {}
     # a session of its own per check: boto3's default session caches the credentials it
     # first resolved (from the environment), so a rotated key would never be seen
@@ -75,18 +80,9 @@ def _read_manifest(
         raise
     body = answer["Body"]
     try:
-        return bytes(body.read(MAX_MANIFEST_BYTES + 1))
+        return bytes(body.read(limit + 1))
     finally:
         body.close()
-
-
-def _sequence(data: bytes) -> int | None:
-    if len(data) > MAX_MANIFEST_BYTES:
-        return None
-    try:
-        return Manifest.from_bytes(data).sequence
-    except ManifestError:
-        return None
 
 
 def boto_credentials(secret_data: dict[str, str]) -> dict[str, str]:
@@ -105,23 +101,34 @@ def boto_credentials(secret_data: dict[str, str]) -> dict[str, str]:
 
 
 async def check_version(
-    spec: ModelDeploymentSpec, credentials: dict[str, str] | None = None
+    spec: ModelDeploymentSpec,
+    credentials: dict[str, str] | None = None,
+    keys: Sequence[Ed25519PublicKey] = (),
 ) -> StoreAnswer:
     """``credentials``: the resource's own (from ``spec.store.credentialsSecret``);
-    without them the operator's environment is used. The message is redacted."""
-    answer = await _check_version(spec, credentials)
+    without them the operator's environment is used. ``keys``: those the pods trust; a
+    sequence is taken only from a manifest signed by one of them (none without keys).
+    The message is redacted."""
+    answer = await _check_version(spec, credentials, keys)
     return StoreAnswer(answer.result, redact(answer.message), answer.sequence)
 
 
 async def _check_version(
-    spec: ModelDeploymentSpec, credentials: dict[str, str] | None
+    spec: ModelDeploymentSpec,
+    credentials: dict[str, str] | None,
+    keys: Sequence[Ed25519PublicKey],
 ) -> StoreAnswer:
     if not spec.store.url:
         return StoreAnswer(VersionCheck.SKIPPED, "store is a volume; not checked by the operator")
     key = object_key(spec.model, spec.version, MANIFEST_NAME)
+    signature: bytes | None = None
     try:
         url = StoreUrl.parse(spec.store.url)
-        data = await asyncio.to_thread(_read_manifest, url, spec.store.endpoint, key, credentials)
+        read = functools.partial(_read_object, url, spec.store.endpoint, credentials=credentials)
+        data = await asyncio.to_thread(read, key, limit=MAX_MANIFEST_BYTES)
+        if data is not None and keys:
+            sig_key = object_key(spec.model, spec.version, SIGNATURE_NAME)
+            signature = await asyncio.to_thread(read, sig_key, limit=MAX_SIGNATURE_BYTES)
     except (ClientError, BotoCoreError, OSError, ValueError) as exc:
         return StoreAnswer(
             VersionCheck.UNREACHABLE, f"model store {spec.store.url} unreachable: {exc}"
@@ -132,4 +139,7 @@ async def _check_version(
             f"version {spec.version} of {spec.model} is not in "
             f"{spec.store.url} (no {MANIFEST_NAME})",
         )
-    return StoreAnswer(VersionCheck.PRESENT, "ok", _sequence(data))
+    sequence = None
+    if len(data) <= MAX_MANIFEST_BYTES:
+        sequence = verified_sequence(data, signature, keys, spec.model, spec.version, url.scope)
+    return StoreAnswer(VersionCheck.PRESENT, "ok", sequence)
