@@ -3,7 +3,7 @@ Lease requests (issue 29): a leader holds a Lease on a real control plane throug
 fault proxy, which answers 503 to ``--fail`` of the Lease requests at random; each time
 its fence is lost it is counted, and the leader takes the Lease again. Two algorithms
 run side by side, each on a Lease of its own: ``before`` (the renewal loop of the commit
-given by ``--before``, main's by default: renew every duration/3, a failed renewal again
+given by ``--before``, 688f1c9's by default: renew every duration/3, a failed renewal again
 after duration/5, the fence the duration less one renewal period) and ``now``
 (:class:`model_operator.leader.LeaderElection` with :meth:`LeaseSettings.scaled`).
 
@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from bench_output import write_json
+from bench_support import write_json
 from model_operator import leader as now_leader
 from model_operator.kube_client import KubeClient
 from model_rollout_e2e.control_plane import ControlPlane
@@ -151,7 +151,11 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=8.0)
     p.add_argument("--lease-seconds", type=float, default=1.5)
     p.add_argument("--fail", type=float, default=0.1, help="share of Lease requests failed")
-    p.add_argument("--before", default="main", help="the commit whose leader.py is 'before'")
+    p.add_argument(
+        "--before",
+        default="688f1c9",
+        help="the commit whose leader.py is 'before' (default: the last one before the fence's retries)",
+    )
     p.add_argument("--seed", type=int, default=29)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "lease_flaky.json"))
     args = p.parse_args()
