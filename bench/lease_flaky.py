@@ -154,7 +154,7 @@ def main() -> None:
     p.add_argument(
         "--before",
         default="688f1c9",
-        help="the commit whose leader.py is 'before' (default: the last one before the fence's retries)",
+        help="the commit whose leader.py is 'before' (default: the one before the retries)",
     )
     p.add_argument("--seed", type=int, default=29)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "lease_flaky.json"))
