@@ -233,10 +233,11 @@ async def test_a_version_the_crds_schema_refuses_is_the_servers_refusal(
 ) -> None:
     """``rollback --to`` a name that is no version: the API server validates the patch
     against the CRD's schema and refuses it (422) with its own message; nothing is
-    written."""
+    written. (``--force``: without it the tool refuses first, a version it has no record
+    of: test_rollback_to_a_version_the_resource_never_saw_is_refused_unless_forced.)"""
     await deployment(admin)
     code, out, err = await run_tool(
-        "kubectl-model", "rollback", "mlp", "--to", "v 3", "--kubeconfig", kubeconfig
+        "kubectl-model", "rollback", "mlp", "--to", "v 3", "--force", "--kubeconfig", kubeconfig
     )
     assert code == 4, (out, err)
     assert err.strip().startswith(
