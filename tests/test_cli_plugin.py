@@ -990,3 +990,34 @@ async def test_the_examples_promote_command_promotes_the_examples_canary(
     assert code == 0, (out, err)
     annotations = (await admin.read(name))["metadata"]["annotations"]
     assert annotations[PROMOTE] == "v8@1000000000"
+
+
+async def test_list_and_tree_read_what_the_api_server_holds(
+    tools: ControlPlane, admin: Admin, kubeconfig: str, namespace: str
+) -> None:
+    """``list`` shows the namespace's ModelDeployments (``-A``: every namespace's, for a
+    user who may list them there); ``tree`` each pod's versions."""
+    await deployment(admin)
+    report = SidecarReport("mlp", "v2", "v1", SidecarState.FETCHING, retained=("v0",))
+    annotations = {"serving.model-rollout.io/target-version": "v2",
+                   "serving.model-rollout.io/sidecar-status": report.to_json()}  # fmt: skip
+    await admin.create_pod("mlp-a", {DEPLOYMENT_LABEL: "mlp"}, annotations)
+    code, out, err = await run_tool("kubectl-model", "list", "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "MODEL"] and lines[1].split()[:5] == [
+        "mlp", "mlp", "v1", "v2", "2/2"
+    ]  # fmt: skip
+    code, out, err = await run_tool(
+        "kubectl-model", "list", "-A", "--kubeconfig", str(tools.kubeconfig)
+    )
+    assert code == 0, err
+    assert any(line.split()[:2] == [namespace, "mlp"] for line in out.splitlines()), out
+    code, out, err = await run_tool("kubectl-model", "tree", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    assert out.splitlines()[1:] == [
+        "└── pod/mlp-a  not ready",
+        "    ├── v2  loading (fetching)",
+        "    ├── v1  serving",
+        "    └── v0  retained",
+    ]

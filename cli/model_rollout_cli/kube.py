@@ -153,7 +153,7 @@ class Cluster:
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if self.deadline is not None and (
-                time.monotonic() >= self.deadline or (self._cut and _timed_out(exc))
+                time.monotonic() >= self.deadline or (self._cut and _is_timeout(exc))
             ):  # out of time, or of the part of it this call was given
                 raise self._timed_out() from exc
             raise CliError(
@@ -342,7 +342,7 @@ def event_time(event: dict[str, Any]) -> str:
     )
 
 
-def _timed_out(exc: BaseException) -> bool:
+def _is_timeout(exc: BaseException) -> bool:
     """The failure is a timeout (urllib3 wraps it in its retry error)."""
     reason: object = exc
     while isinstance(reason, BaseException):
