@@ -117,7 +117,7 @@ class Cluster:
             TIMED_OUT,
         )
 
-    def request_timeout(self) -> float:
+    def _request_timeout(self) -> float:
         """Seconds one attempt of a call may take: the remaining time shared by the
         attempts urllib3 may make (a GET is retried once after a read timeout)."""
         if self.deadline is None:
@@ -167,7 +167,7 @@ class Cluster:
         its kind); when discovery cannot tell, assume so (the plain "not found")."""
         try:
             found = self.custom.get_api_resources(
-                GROUP, VERSION, _request_timeout=self.request_timeout()
+                GROUP, VERSION, _request_timeout=self._request_timeout()
             )
         except ApiException as exc:
             return exc.status != 404
@@ -188,7 +188,7 @@ class Cluster:
                     self.namespace,
                     PLURAL,
                     name,
-                    _request_timeout=self.request_timeout(),
+                    _request_timeout=self._request_timeout(),
                 ),
                 SINGULAR,
             )
@@ -222,7 +222,7 @@ class Cluster:
                     name,
                     patch,
                     _content_type=MERGE_PATCH,
-                    _request_timeout=self.request_timeout(),
+                    _request_timeout=self._request_timeout(),
                     dry_run="All" if dry_run else None,
                 ),
                 SINGULAR,
@@ -258,7 +258,7 @@ class Cluster:
                     GROUP,
                     VERSION,
                     PLURAL,
-                    _request_timeout=self.request_timeout(),
+                    _request_timeout=self._request_timeout(),
                     _preload_content=False,
                 ),
             )
@@ -272,7 +272,7 @@ class Cluster:
                     VERSION,
                     self.namespace,
                     PLURAL,
-                    _request_timeout=self.request_timeout(),
+                    _request_timeout=self._request_timeout(),
                     _preload_content=False,
                 ),
             )
@@ -287,7 +287,7 @@ class Cluster:
             lambda: self.core.list_namespaced_pod(
                 self.namespace,
                 label_selector=f"{DEPLOYMENT_LABEL}={name}",
-                _request_timeout=self.request_timeout(),
+                _request_timeout=self._request_timeout(),
                 _preload_content=False,
             ),
         )
@@ -302,7 +302,7 @@ class Cluster:
             lambda: self.core.list_namespaced_event(
                 self.namespace,
                 field_selector=f"involvedObject.name={name}",
-                _request_timeout=self.request_timeout(),
+                _request_timeout=self._request_timeout(),
                 _preload_content=False,
             ),
         )
