@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 
 from cli_helpers import (
@@ -58,6 +60,7 @@ from model_rollout_e2e.kubeconfig import write_kubeconfig
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.processes import free_port, wait_until
 from sidecar_helpers import make_keys
+from test_cli_examples import commands_in
 
 STATUS = {
     "phase": "Canary",
@@ -230,10 +233,11 @@ async def test_a_version_the_crds_schema_refuses_is_the_servers_refusal(
 ) -> None:
     """``rollback --to`` a name that is no version: the API server validates the patch
     against the CRD's schema and refuses it (422) with its own message; nothing is
-    written."""
+    written. (``--force``: without it the tool refuses first, a version it has no record
+    of: test_rollback_to_a_version_the_resource_never_saw_is_refused_unless_forced.)"""
     await deployment(admin)
     code, out, err = await run_tool(
-        "kubectl-model", "rollback", "mlp", "--to", "v 3", "--kubeconfig", kubeconfig
+        "kubectl-model", "rollback", "mlp", "--to", "v 3", "--force", "--kubeconfig", kubeconfig
     )
     assert code == 4, (out, err)
     assert err.strip().startswith(
@@ -359,7 +363,7 @@ async def test_watch_in_a_log_prints_a_view_only_when_something_changed(
         "kubectl-model", "status", "mlp", "--watch", "--interval", "0.1", "--timeout", "1",
         "--kubeconfig", kubeconfig,
     )  # fmt: skip
-    assert code == 0, err
+    assert code == 3, err  # still a canary when its --timeout passed: --wait's exit code
     assert out.count("Name:        mlp") == 1 and out.rstrip().endswith("---")  # read ~10 times
 
 
@@ -799,3 +803,221 @@ async def test_promote_track_wait_follows_that_tracks_rollout(
     assert code == 0 and "result: Succeeded: 2/2 pods serve a2" in out, (out, err)
     assert "Available: 2/2 pods serve a2 | pods serving a2=2" in out  # the track's progress
     assert md["status"]["phase"] == "Canary"  # the deployment's own, never followed
+
+
+# --- issue 31, item 6: tools that refuse what cannot work, and say why ---
+
+
+async def test_rollback_to_a_version_the_resource_never_saw_is_refused_unless_forced(
+    admin: Admin, kubeconfig: str
+) -> None:
+    """``--to v9``, never served, never found in the store: refused (exit 2) with the
+    versions it knows; ``--dry-run`` writes nothing (the API server's dry run); ``--force``
+    sets it. A version the operator verified in the store is not refused."""
+    await deployment(admin)
+    before = await admin.read()
+    code, out, err = await run_tool(
+        "kubectl-model", "rollback", "mlp", "--to", "v9", "--kubeconfig", kubeconfig
+    )
+    assert code == 2 and "mlp has no record of v9" in err and "Known: v1" in err, (out, err)
+    assert "--force" in err
+    code, out, err = await run_tool(
+        "kubectl-model", "rollback", "mlp", "--to", "v9", "--force", "--dry-run",
+        "--kubeconfig", kubeconfig,
+    )  # fmt: skip
+    assert code == 0 and "would roll back from v2 to v9 (dry run" in out, (out, err)
+    after = await admin.read()
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    await admin.set_status("mlp", {"verifiedVersions": ["v2", "v7"]})
+    code, out, err = await run_tool(
+        "kubectl-model", "rollback", "mlp", "--to", "v7", "--kubeconfig", kubeconfig
+    )
+    assert code == 0 and "from v2 to v7" in out, (out, err)
+    code, out, err = await run_tool(
+        "kubectl-model", "rollback", "mlp", "--to", "v9", "--force", "--kubeconfig", kubeconfig
+    )
+    assert code == 0 and "from v7 to v9" in out, (out, err)
+    assert (await admin.read())["spec"]["version"] == "v9"
+
+
+async def test_a_release_to_a_store_the_deployment_does_not_fetch_from_is_refused(
+    admin: Admin, kubeconfig: str, tmp_path: Path
+) -> None:
+    """Published where the pods never look, the version would never reach them: refused
+    before publishing (exit 2), naming the store they fetch from. ``--dry-run`` checks
+    the rest and publishes and writes nothing."""
+    model, keys = tmp_path / "model.onnx", make_keys(tmp_path / "keys")
+    write_mlp(model, seed=1)
+    await admin.create(
+        "s3", {"model": "mlp", "version": "v1", "store": {"url": "s3://models/prod"}}
+    )
+    await admin.create("pvc", {"model": "mlp", "version": "v1"})  # store: the pvc models
+
+    def argv(deployment: str, store: str) -> list[str]:
+        return ["release", "--model", "mlp", "--version", "v2", "--file", str(model),
+                "--key", str(keys.private), "--deployment", deployment, "--store", store,
+                "--kubeconfig", kubeconfig]  # fmt: skip
+
+    directory = tmp_path / "store"
+    code, out, err = await run_tool("model-rollout", *argv("s3", f"file://{directory}"))
+    assert code == 2 and "fetches from s3://models/prod (spec.store.url)" in err, (out, err)
+    code, out, err = await run_tool("model-rollout", *argv("s3", "s3://models/staging"))
+    assert code == 2 and "not s3://models/staging" in err, (out, err)
+    code, out, err = await run_tool("model-rollout", *argv("pvc", "s3://models/prod"))
+    assert code == 2 and "fetches from the volume models (spec.store.pvc)" in err, (out, err)
+    assert not directory.exists()  # nothing published
+    for name in ("s3", "pvc"):
+        assert (await admin.read(name))["spec"]["version"] == "v1"  # nothing written
+    code, out, err = await run_tool(
+        "model-rollout", *argv("pvc", f"file://{directory}"), "--dry-run"
+    )
+    assert code == 0 and "would publish mlp:v2" in out and "DryRun" in out, (out, err)
+    assert not directory.exists() and (await admin.read("pvc"))["spec"]["version"] == "v1"
+
+
+async def test_wait_against_a_hanging_api_ends_when_its_timeout_does(
+    tools: ControlPlane, admin: Admin, user: Identity, tmp_path: Path
+) -> None:
+    """An API server that takes a request and never answers: ``promote --wait --timeout
+    2`` ends as timed out (exit 3, its --timeout named), not as an API error after the
+    client's own 30 s per request and its retry."""
+    hang = asyncio.Event()
+
+    async def stall(request: web.Request) -> None:
+        if request.method == "GET" and request.path.endswith("/modeldeployments/mlp"):
+            await hang.wait()
+
+    await deployment(admin)
+    async with intercepting_proxy(
+        tools.server, lambda _: None, api_ssl(tools), before=stall
+    ) as proxy:
+        kubeconfig = str(kubeconfig_through(user, proxy, tmp_path / "config"))
+        try:
+            code, out, err = await run_tool(
+                "kubectl-model", "promote", "mlp", "--wait", "--timeout", "2",
+                "--kubeconfig", kubeconfig,
+            )  # fmt: skip
+            watched = await run_tool(
+                "kubectl-model", "status", "mlp", "--watch", "--timeout", "2",
+                "--kubeconfig", kubeconfig,
+            )  # fmt: skip
+        finally:
+            hang.set()
+    assert code == 3 and "--timeout 2s passed waiting for the Kubernetes API" in err, (out, err)
+    assert watched[0] == 3 and "--timeout 2s passed" in watched[2], watched
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        ({**SERVING_V2, "phase": "Degraded", "message": "v2 failed"}, 1),
+        ({"phase": "Invalid", "message": "spec refused"}, 1),
+        (SERVING_V2, 0),
+        (STATUS, 3),  # still a canary: as --wait's timeout
+    ],
+)
+async def test_status_watch_with_a_timeout_exits_as_wait_does(
+    admin: Admin, kubeconfig: str, status: dict[str, Any], code: int
+) -> None:
+    await deployment(admin)
+    md = await admin.read()
+    await admin.set_status("mlp", {**status, "observedGeneration": md["metadata"]["generation"]})
+    result = await run_tool(
+        "kubectl-model", "status", "mlp", "--watch", "--interval", "0.2", "--timeout", "1",
+        "--kubeconfig", kubeconfig,
+    )  # fmt: skip
+    assert result[0] == code, result
+
+
+async def test_status_json_has_the_pods_and_events_the_text_view_shows(
+    admin: Admin, kubeconfig: str
+) -> None:
+    await deployment(admin)
+    report = SidecarReport("mlp", "v2", "v1", SidecarState.LOADING, retained=("v0",))
+    annotations = {"serving.model-rollout.io/target-version": "v2",
+                   "serving.model-rollout.io/sidecar-status": report.to_json()}  # fmt: skip
+    await admin.create_pod("mlp-a", {DEPLOYMENT_LABEL: "mlp"}, annotations)
+    md = await admin.read()
+    event = {
+        "metadata": {"name": "mlp.canary"},
+        "involvedObject": {"kind": "ModelDeployment", "name": "mlp", "namespace": admin.namespace,
+                           "uid": md["metadata"]["uid"], "apiVersion": f"{GROUP}/v1alpha1"},
+        "reason": "CanaryStarted", "message": "canary of v2 started", "type": "Normal",
+        "firstTimestamp": "2026-12-03T08:00:00Z", "lastTimestamp": "2026-12-03T08:00:00Z",
+    }  # fmt: skip
+    await admin.core.create_namespaced_event(admin.namespace, event)
+    code, text, err = await run_tool("kubectl-model", "status", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0 and "mlp-a" in text and "canary of v2 started" in text, err
+    code, out, err = await run_tool(
+        "kubectl-model", "status", "mlp", "-o", "json", "--kubeconfig", kubeconfig
+    )
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["spec"]["version"] == "v2" and shown["status"]["phase"] == "Canary"
+    assert shown["pods"] == [
+        {"name": "mlp-a", "ready": False, "serving": "v1", "retained": ["v0"], "target": "v2",
+         "state": "loading", "reason": None}
+    ]  # fmt: skip
+    assert [(e["reason"], e["message"]) for e in shown["events"]] == [
+        ("CanaryStarted", "canary of v2 started")
+    ]
+
+
+EXAMPLES_DIR = Path(__file__).parent.parent / "examples"
+
+
+async def test_the_examples_promote_command_promotes_the_examples_canary(
+    admin: Admin, kubeconfig: str
+) -> None:
+    """examples/modeldeployment-cpu-manual.yaml, created as it is (in this test's
+    namespace), held at its canary of v8: the command its comment shows, run as it is
+    written (its -n the test's namespace), writes the promotion of this rollout (the
+    annotation ``promote=v8`` it used to show promoted nothing: the id was missing)."""
+    path = EXAMPLES_DIR / "modeldeployment-cpu-manual.yaml"
+    text = path.read_text()
+    example = yaml.safe_load(text)
+    name = example["metadata"]["name"]
+    await admin.create(name, example["spec"])
+    held = {
+        **STATUS, "currentVersion": "v7", "targetVersion": "v8", "versions": {"v7": 2, "v8": 1},
+        "rollout": {"toVersion": "v8", "fromVersion": "v7", "stage": "canary", "startedAt": 1e9},
+    }  # fmt: skip
+    await admin.set_status(name, held)
+    line = next(c for c in commands_in(text) if c.startswith("kubectl model"))
+    words = shlex.split(line)[2:]
+    words[words.index("-n") + 1] = admin.namespace
+    code, out, err = await run_tool("kubectl-model", *words, "--kubeconfig", kubeconfig)
+    assert code == 0, (out, err)
+    annotations = (await admin.read(name))["metadata"]["annotations"]
+    assert annotations[PROMOTE] == "v8@1000000000"
+
+
+async def test_list_and_tree_read_what_the_api_server_holds(
+    tools: ControlPlane, admin: Admin, kubeconfig: str, namespace: str
+) -> None:
+    """``list`` shows the namespace's ModelDeployments (``-A``: every namespace's, for a
+    user who may list them there); ``tree`` each pod's versions."""
+    await deployment(admin)
+    report = SidecarReport("mlp", "v2", "v1", SidecarState.FETCHING, retained=("v0",))
+    annotations = {"serving.model-rollout.io/target-version": "v2",
+                   "serving.model-rollout.io/sidecar-status": report.to_json()}  # fmt: skip
+    await admin.create_pod("mlp-a", {DEPLOYMENT_LABEL: "mlp"}, annotations)
+    code, out, err = await run_tool("kubectl-model", "list", "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "MODEL"] and lines[1].split()[:5] == [
+        "mlp", "mlp", "v1", "v2", "2/2"
+    ]  # fmt: skip
+    code, out, err = await run_tool(
+        "kubectl-model", "list", "-A", "--kubeconfig", str(tools.kubeconfig)
+    )
+    assert code == 0, err
+    assert any(line.split()[:2] == [namespace, "mlp"] for line in out.splitlines()), out
+    code, out, err = await run_tool("kubectl-model", "tree", "mlp", "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    assert out.splitlines()[1:] == [
+        "└── pod/mlp-a  not ready",
+        "    ├── v2  loading (fetching)",
+        "    ├── v1  serving",
+        "    └── v0  retained",
+    ]

@@ -17,9 +17,11 @@ import yaml
 from cli_helpers import TENANT_MODELS
 from model_rollout_cli import errors, plugin, release
 from model_rollout_cli.cause import change_cause, ci_job
-from model_rollout_cli.errors import OK, ROLLOUT_FAILED, USAGE, api_error
+from model_rollout_cli.commands import watch_code
+from model_rollout_cli.errors import OK, ROLLOUT_FAILED, TIMED_OUT, USAGE, api_error
 from model_rollout_cli.follow import INVALID, judge, rollout_on
-from model_rollout_cli.history import history_table, keys, previous_success
+from model_rollout_cli.history import history_table, keys, known_versions, previous_success
+from model_rollout_cli.overview import held_versions, list_table, tree
 from model_rollout_cli.table import age
 from model_rollout_cli.track import checked_keys, track_view
 from model_rollout_cli.view import Progress, progress_line, render
@@ -466,3 +468,93 @@ def test_a_tenant_track_is_seen_as_the_resource_its_commands_act_on() -> None:
     with pytest.raises(errors.CliError) as none:
         checked_keys(md([]), "mlp", "acme-mlp")
     assert none.value.message.endswith("its tracks are none (no spec.tenants.models)")
+
+
+# --- issue 31: refusals, watch exit codes, list and tree views, completion, version ---
+
+
+def test_the_versions_a_rollback_may_go_to_without_force() -> None:
+    resource = md(HISTORY, currentVersion="v2", previousVersion="v1", verifiedVersions=["v3", "v4"])
+    assert known_versions(resource) == ["v1", "v2", "v3", "v4"]
+    assert "v3" not in known_versions(md(HISTORY))  # RolledBack: no pod of it was kept
+    assert known_versions(md([])) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        ({"phase": "Available", "currentVersion": "v3", "observedGeneration": 4}, OK),
+        ({"phase": "Available", "currentVersion": "v3", "observedGeneration": 3}, TIMED_OUT),
+        ({"phase": "Available", "currentVersion": "v2", "observedGeneration": 4}, TIMED_OUT),
+        ({"phase": "Degraded", "observedGeneration": 4}, ROLLOUT_FAILED),
+        ({"phase": "Invalid", "observedGeneration": 4}, ROLLOUT_FAILED),
+        ({"phase": "Canary", "observedGeneration": 4}, TIMED_OUT),
+        ({"phase": "Degraded", "observedGeneration": 3}, TIMED_OUT),  # an older spec's
+    ],
+)
+def test_a_watch_ends_with_the_exit_code_wait_would_give(status: dict, code: int) -> None:
+    assert watch_code(md([], **status)) == code
+
+
+def test_the_tree_shows_each_pods_versions_newest_first() -> None:
+    resource = md(HISTORY, phase="Canary", currentVersion="v2")
+    serving = pod("mlp-a", "v2", "v2", SidecarState.OK)
+    report = SidecarReport("mlp", "v3", "v2", SidecarState.LOADING, retained=("v1",))
+    loading = pod("mlp-b", "v2", "v3", SidecarState.OK)
+    loading["metadata"]["annotations"]["serving.model-rollout.io/sidecar-status"] = report.to_json()
+    refused = pod("mlp-c", "v2", "v3", SidecarState.REFUSED, ready=False)
+    assert tree(resource, [loading, serving, refused]).splitlines() == [
+        "modeldeployment/mlp  Canary  model mlp  target v3  stable v2",
+        "├── pod/mlp-a  ready",
+        "│   └── v2  serving",
+        "├── pod/mlp-b  ready",
+        "│   ├── v3  loading (loading)",
+        "│   ├── v2  serving",
+        "│   └── v1  retained",
+        "└── pod/mlp-c  not ready",
+        "    ├── v3  refused: why",
+        "    └── v2  serving",
+    ]
+    assert tree(resource, []).splitlines()[-1] == "└── no pods"
+
+
+def test_held_versions_without_an_order_follow_the_history() -> None:
+    """Git SHAs: newest first as the rollouts came, not as text sorts them."""
+    shown = held_versions(
+        {"serving": "e5a0c2f", "retained": ["9f2c1e7"], "target": "03b1d4a", "state": "fetching"},
+        ["9f2c1e7", "e5a0c2f", "03b1d4a"],
+    )
+    assert shown == [
+        ("03b1d4a", "loading (fetching)"),
+        ("e5a0c2f", "serving"),
+        ("9f2c1e7", "retained"),
+    ]
+
+
+def test_list_shows_one_line_per_deployment_and_a_namespace_column_with_all() -> None:
+    a = md(HISTORY, phase="Available", currentVersion="v3", readyReplicas=2)
+    b = {**md([]), "metadata": {"name": "b", "namespace": "aa"}}
+    lines = list_table([a, b], NOW, namespaces=True).splitlines()
+    assert lines[0].split() == [
+        "NAMESPACE", "NAME", "MODEL", "STABLE", "TARGET", "READY", "PHASE", "ANALYSIS",
+        "LAST", "AGE",
+    ]  # fmt: skip
+    assert lines[1].split()[:2] == ["aa", "b"]  # by namespace, then name
+    assert lines[2].split()[:8] == ["ml", "mlp", "mlp", "v3", "v3", "2/2", "Available", "-"]
+    assert list_table([a], NOW, namespaces=False).splitlines()[1].split()[0] == "mlp"
+    assert list_table([], NOW, namespaces=False) == "no modeldeployments found"
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_each_shells_code(shell: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert plugin.main(["completion", shell]) == OK
+    code = capsys.readouterr().out
+    assert "kubectl-model" in code and "model-rollout" in code
+    assert plugin.main(["completion", "tcsh"]) == USAGE
+
+
+def test_version_needs_no_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert plugin.main(["version", "--kubeconfig", "/nowhere"]) == OK
+    assert capsys.readouterr().out == f"kubectl-model {metadata.version('model-rollout')}\n"

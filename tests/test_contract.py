@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,13 +54,30 @@ def imported_packages(source: Path) -> set[str]:
     return names
 
 
-def test_the_contract_imports_no_third_party_package() -> None:
+# packaging: the canonical PEP 440 reading the version order needs (versions.py); pure
+# Python, in the base install that every program's extra builds on (pyproject.toml)
+CONTRACT_DEPENDENCIES = {"packaging"}
+
+
+def test_the_contract_imports_only_the_standard_library_and_packaging() -> None:
     """Which program imports which is import-linter's (pyproject.toml); that the contract
-    needs nothing but the standard library is not something it can say."""
+    needs nothing but the standard library and its one declared dependency is not
+    something it can say."""
     imported = imported_packages(CONTRACT) - {"model_rollout_contract", "__future__"}
     import sys
 
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    outside = imported - set(sys.stdlib_module_names)
+    assert outside <= CONTRACT_DEPENDENCIES, outside - CONTRACT_DEPENDENCIES
+
+
+def test_the_contract_dependencies_are_in_the_base_install() -> None:
+    """Each program installs the base (``.[server,sidecar]``, ``.[operator]``, ``.[cli]``):
+    a dependency the contract imports must be there, not in one program's extra."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in project["dependencies"]}
+    assert names == CONTRACT_DEPENDENCIES
 
 
 def test_the_import_check_sees_imports() -> None:  # the check above cannot pass vacuously
@@ -165,12 +183,14 @@ def test_model_keys_are_read_only_by_model_key() -> None:
 
 def test_one_version_order() -> None:
     assert sorted_versions(["v10", "v9", "v2", "v1"]) == ["v1", "v2", "v9", "v10"]
+    # dates with dashes follow no published rule: no date is newer than another, so they
+    # show in text order (test_versions.py: the history orders them)
     assert sorted_versions(["2026-11-30", "2026-1-2", "2025-12-31"]) == [
         "2025-12-31",
         "2026-1-2",
         "2026-11-30",
     ]
-    assert sorted_versions(["b", "a10", "a9", "10", "9"]) == ["9", "10", "a9", "a10", "b"]
+    assert sorted_versions(["b", "a10", "a9", "10", "9"]) == ["10", "9", "a10", "a9", "b"]
     assert newest(["v2", "v10"]) == "v10" and newest([]) is None
     assert predecessor(["v1", "v2", "v10"], "v10") == "v2"
     assert predecessor(["v1", "v2"], "v1") is None

@@ -73,3 +73,17 @@ async def test_a_current_file_planted_as_a_link_is_not_followed(tmp_path: Path) 
     app = ModelServer(ServerConfig(repository=root, control_socket=sock)).make_app()
     async with TestClient(TestServer(app)):
         assert (await ask(sock, {"op": "status", "model": "mlp"}))["version"] == "v1"
+
+
+async def test_versions_without_an_order_and_no_current_start_nothing(tmp_path: Path) -> None:
+    """Git SHAs on disk and no CURRENT: no version is the newest (the contract's order,
+    model_rollout_contract.versions), so the server waits for an announced one rather
+    than serve whichever sorts last as text."""
+    root = tmp_path / "repo"
+    add_version(root, "mlp", "03b1d4a", seed=1)
+    add_version(root, "mlp", "e5a0c2f", seed=2)
+    sock = tmp_path / "control.sock"
+    app = ModelServer(ServerConfig(repository=root, control_socket=sock)).make_app()
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/v2/models/mlp/ready")).status == 503
+        assert (await ask(sock, {"op": "status", "model": "mlp"}))["version"] is None

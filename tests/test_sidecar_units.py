@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -144,6 +145,34 @@ def test_prune_keeps_newest_in_version_order_and_never_the_serving(tmp_path: Pat
     removed = fetcher.prune("mlp", keep=2, protect={"v2"})
     assert sorted(removed) == ["v3", "v9"]
     assert sorted(p.name for p in (tmp_path / "volume" / "mlp").iterdir()) == ["v10", "v2"]
+
+
+async def test_the_predecessor_of_versions_without_an_order_is_the_one_published_before(
+    tmp_path: Path,
+) -> None:
+    """Git SHAs follow no published rule: the store's publish order (each manifest's
+    sequence) decides what the init container pre-pulls as previous, not the text."""
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    publish_versions(store, keys, tmp_path, {"beef": 1, "f00d": 2, "c0de": 3})
+    assert predecessor(store, "mlp", "c0de") == "f00d"
+    assert predecessor(store, "mlp", "f00d") == "beef"
+    assert predecessor(store, "mlp", "beef") is None
+    # versions that follow PEP 440 are in its order, whenever they were published
+    publish_versions(store, keys, tmp_path, {"1.9.0": 1, "1.10.0": 2, "1.10.0-rc1": 3}, "rc")
+    assert predecessor(store, "rc", "1.10.0") == "1.10.0-rc1"
+    assert predecessor(store, "rc", "1.10.0-rc1") == "1.9.0"
+
+
+def test_prune_keeps_versions_without_an_order_as_they_were_published(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path / "keys")
+    fetcher = make_fetcher(LocalStore(tmp_path / "store"), keys, tmp_path / "volume")
+    model_dir = tmp_path / "volume" / "mlp"
+    for name in ("9f2c1e7", "e5a0c2f", "03b1d4a"):
+        (model_dir / name).mkdir(parents=True)
+    order = {"9f2c1e7": 1, "e5a0c2f": 2, "03b1d4a": 3}  # publish sequences accepted
+    (model_dir / ".accepted-sequences.json").write_text(json.dumps(order))
+    assert fetcher.prune("mlp", keep=2, protect={"e5a0c2f"}) == ["9f2c1e7"]
 
 
 def test_retry_after_in_seconds_or_as_a_date_and_bounded() -> None:

@@ -100,21 +100,24 @@ READ_CALLS = {
     "Cluster.pods": Call("list", "", "pods"),
     # core.list_namespaced_event (field selector): status's events
     "Cluster.events": Call("list", "", "events"),
+    # custom.list_namespaced_custom_object (list -A: list_cluster_custom_object): list
+    "Cluster.deployments": Call("list", GROUP, PLURAL),
 }
 WRITE_CALLS = {
     # custom.patch_namespaced_custom_object, a merge patch: the annotations of promote,
     # abort, retry; annotations and spec.version of rollback and release (patch_read)
     "Cluster.patch": Call("patch", GROUP, PLURAL),
 }
-# Not the tools' but kubectl's: `kubectl get modeldeployments [-w]`, which anyone who may
-# view a rollout expects to run too
+# kubectl's: `kubectl get modeldeployments [-w]`, which anyone who may view a rollout
+# expects to run too (its list is the tools' `list` too)
 KUBECTL_READS = {Call("list", GROUP, PLURAL), Call("watch", GROUP, PLURAL)}
 # Not a rule: Cluster._crd_served's discovery (GET /apis/<group>/<version>, after a 404)
 # is a non-resource URL that every authenticated user may read (system:discovery).
-GET, PODS, EVENTS = (
+GET, PODS, EVENTS, LIST = (
     READ_CALLS["Cluster.get"],
     READ_CALLS["Cluster.pods"],
     READ_CALLS["Cluster.events"],
+    READ_CALLS["Cluster.deployments"],
 )
 PATCH = WRITE_CALLS["Cluster.patch"]
 
@@ -327,8 +330,13 @@ def test_the_table_is_every_call_cluster_makes() -> None:
     table = READ_CALLS | WRITE_CALLS
     assert _cluster_calls() == {k: (c.verb, c.rbac_resource) for k, c in table.items()}
     public = {n for n, v in vars(Cluster).items() if callable(v) and not n.startswith("_")}
-    # and nothing but those sends: patch_read is get then patch; close sends nothing
-    assert public == {m.removeprefix("Cluster.") for m in table} | {"patch_read", "close"}
+    # and nothing but those sends: patch_read is get then patch; close and until (the
+    # deadline of every later call) send nothing
+    assert public == {m.removeprefix("Cluster.") for m in table} | {
+        "patch_read",
+        "close",
+        "until",
+    }
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -408,19 +416,22 @@ def test_the_viewer_has_no_write_verbs() -> None:
 async def test_the_viewer_role_runs_status_and_history(
     tools: ControlPlane, admin: Admin, tmp_path: Path
 ) -> None:
-    runs: list[tuple[list[str], set[Call]]] = [
-        (["status", "held"], {GET, PODS, EVENTS}),
-        (["status", "held", "-o", "json"], {GET}),
-        (["status", "held", "--watch", "--timeout", "1", "--interval", "0.2"], {GET, PODS, EVENTS}),
-        (["history", "held"], {GET}),
-        (["history", "failed", "-o", "json"], {GET}),
+    watch = ["status", "held", "--watch", "--timeout", "1", "--interval", "0.2"]
+    runs: list[tuple[list[str], set[Call], int]] = [
+        (["status", "held"], {GET, PODS, EVENTS}, OK),
+        (["status", "held", "-o", "json"], {GET, PODS, EVENTS}, OK),  # the pods and events too
+        (watch, {GET, PODS, EVENTS}, TIMED_OUT),  # still a canary: --wait's exit code
+        (["history", "held"], {GET}, OK),
+        (["history", "failed", "-o", "json"], {GET}, OK),
+        (["list"], {LIST}, OK),
+        (["tree", "held"], {GET, PODS}, OK),
     ]
     async with cluster_as(tools, admin, tmp_path, VIEWER) as (recorder, kubeconfig):
-        for args, expected in runs:
+        for args, expected, expected_code in runs:
             code, calls, output = await calls_of(
                 recorder, "kubectl-model", *args, "--kubeconfig", kubeconfig
             )
-            assert (code, calls) == (OK, expected), (args, output)
+            assert (code, calls) == (expected_code, expected), (args, output)
     assert recorder.denied == []
     assert set(recorder.seen) == set(READ_CALLS.values())  # every read rule is used
 
@@ -458,14 +469,23 @@ async def test_the_editor_role_runs_every_command_and_release(
                 "--store", store, "--kubeconfig", kubeconfig, *extra,
             )  # fmt: skip
 
-        viewer_runs = [await plugin("status", "held"), await plugin("history", "held")]
+        viewer_runs = [
+            await plugin("status", "held"),
+            await plugin("history", "held"),
+            await plugin("list"),
+        ]
         runs = [
             (await plugin("promote", "held"), OK),
             (await plugin("abort", "held"), OK),
             (await plugin("retry", "failed"), OK),
             (await plugin("rollback", "held"), OK),
             # --wait: follow.follow's polls too (no operator runs here: it times out)
-            (await plugin("rollback", "held", "--to", "v3", "--wait", "--timeout", "1"), TIMED_OUT),
+            (
+                await plugin(
+                    "rollback", "held", "--to", "v3", "--force", "--wait", "--timeout", "1"
+                ),
+                TIMED_OUT,
+            ),  # --force: v3 is no version held knows of
             (await release("v4"), OK),
             (await release("v5", "--wait", "--timeout", "1", "-o", "json"), TIMED_OUT),
         ]

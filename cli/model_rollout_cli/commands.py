@@ -16,12 +16,12 @@ from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 from model_rollout_contract.tracks import TrackKeys
 
 from .cause import change_cause
-from .errors import NOTHING_TO_DO, OK, CliError
+from .errors import NOTHING_TO_DO, OK, ROLLOUT_FAILED, TIMED_OUT, USAGE, CliError
 from .follow import Outcome, follow, rollout_on
-from .history import history_table, key, keys, previous_success
+from .history import history_table, key, keys, known_versions, previous_success
 from .kube import Cluster
 from .track import checked_keys, described, subject, track_view
-from .view import Progress, render, wants_colour
+from .view import Progress, event_objects, pod_objects, render, wants_colour
 
 DEFAULT_TIMEOUT_S = 600.0
 _TIMELESS = datetime.min.replace(tzinfo=timezone.utc)  # every age renders as 0s
@@ -85,19 +85,52 @@ def _newest(md: dict[str, Any]) -> list[dict[str, Any]]:
     return [history[0]] if history and isinstance(history[0], dict) else []
 
 
+def watch_code(md: dict[str, Any]) -> int:
+    """The exit code of a watch whose ``--timeout`` passed, as ``--wait``'s: 0 where every
+    pod serves spec.version (the operator has seen that spec), 1 where the rollout failed
+    or the spec was refused, 3 while it still runs."""
+    meta, status = md.get("metadata") or {}, md.get("status") or {}
+    observed, generation = status.get("observedGeneration"), meta.get("generation")
+    seen = not isinstance(generation, int) or (isinstance(observed, int) and observed >= generation)
+    if status.get("phase") in (Phase.DEGRADED, Phase.INVALID) and seen:
+        return ROLLOUT_FAILED
+    on_target = status.get("currentVersion") == (md.get("spec") or {}).get("version")
+    if status.get("phase") == Phase.AVAILABLE and on_target and seen:
+        return OK
+    return TIMED_OUT
+
+
+def status_json(
+    md: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> str:
+    """The resource as the API has it, with what the text view shows beside it: its pods
+    (``kubectl model status``'s table, a row an object) and its events, oldest first."""
+    return json.dumps(
+        {**md, "pods": pod_objects(pods), "events": event_objects(events)}, indent=2, sort_keys=True
+    )
+
+
 def status(
     cluster: Cluster, name: str, watch: bool, output: str, timeout_s: float, interval_s: float
 ) -> int:
+    """One view (exit 0), or with ``watch`` a view redrawn until Ctrl-C or ``timeout_s``
+    (then the exit code :func:`watch_code` gives)."""
     out = sys.stdout
     colour = wants_colour(out)
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    shown = None
+    shown, last = None, None
     while True:
-        md = cluster.get(name)
+        try:
+            md = cluster.get(name)
+            pods, events = cluster.pods(name), cluster.events(name)
+        except CliError as exc:  # the --timeout passed during a read: the last view counts
+            if exc.code == TIMED_OUT and last is not None:
+                return watch_code(last)
+            raise
+        last = md
         if output == "json":
-            print(json.dumps(md, indent=2, sort_keys=True))
+            print(status_json(md, pods, events))
             return OK
-        pods, events = cluster.pods(name), cluster.events(name)
         text = render(md, pods, events, datetime.now(timezone.utc), colour)
         if not watch:
             print(text)
@@ -110,9 +143,13 @@ def status(
             if fingerprint != shown:
                 print(text + "\n---", flush=True)
             shown = fingerprint
-        if deadline is not None and time.monotonic() >= deadline:
-            return OK
-        time.sleep(interval_s)
+        if deadline is None:
+            time.sleep(interval_s)
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return watch_code(md)
+        time.sleep(min(interval_s, left))
 
 
 def _read(cluster: Cluster, name: str, track: str | None) -> tuple[dict[str, Any], TrackKeys]:
@@ -207,8 +244,10 @@ def retry(cluster: Cluster, name: str, how: Follow, track: str | None = None) ->
     return _report(_follow(cluster, name, version, known, how, track=track), how.out)
 
 
-def _rollback_to(md: dict[str, Any], name: str, to: str | None) -> str:
-    """The version a rollback sets, or a refusal (nothing to roll back to)."""
+def _rollback_to(md: dict[str, Any], name: str, to: str | None, force: bool = False) -> str:
+    """The version a rollback sets, or a refusal: nothing to roll back to, or (unless
+    ``force``) a ``to`` the resource has no record of (see :func:`~.history.known_versions`):
+    a version never published would start a canary toward nothing."""
     version = to or previous_success(md)
     if version is None:
         raise CliError(
@@ -218,23 +257,44 @@ def _rollback_to(md: dict[str, Any], name: str, to: str | None) -> str:
         )
     if version == (md.get("spec") or {}).get("version"):
         raise CliError(f"{name} is at {version} already (spec.version)", NOTHING_TO_DO)
+    known = known_versions(md)
+    if not force and version not in known:
+        others = ", ".join(v for v in known if v != (md.get("spec") or {}).get("version"))
+        raise CliError(
+            f"{name} has no record of {version}: no pod served it and the operator never found "
+            f"it in the store (status.history, status.verifiedVersions); its rollback would "
+            f"start a canary toward a version the pods may not find. Known: {others or 'none'}"
+            f"; pass --force if {version} is published",
+            USAGE,
+        )
     return version
 
 
-def rollback(cluster: Cluster, name: str, to: str | None, how: Follow) -> int:
+def rollback(
+    cluster: Cluster,
+    name: str,
+    to: str | None,
+    how: Follow,
+    force: bool = False,
+    dry_run: bool = False,
+) -> int:
+    """Set spec.version to the previous success (or ``to``); ``dry_run``: say what would
+    be set, and write nothing (the same checks, the API's server-side dry run)."""
+
     def decide(md: dict[str, Any]) -> dict[str, Any]:
-        version = _rollback_to(md, name, to)
+        version = _rollback_to(md, name, to, force)
         cause = change_cause("rollback", version)
         return {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": version}}
 
-    md, answer = cluster.patch_read(name, decide)
-    version = _rollback_to(md, name, to)
+    md, answer = cluster.patch_read(name, decide, dry_run=dry_run)
+    version = _rollback_to(md, name, to, force)
     print(
-        f"modeldeployment {name}: rolling back from {(md.get('spec') or {}).get('version')} "
-        f"to {version}",
+        f"modeldeployment {name}: {'would roll' if dry_run else 'rolling'} back from "
+        f"{(md.get('spec') or {}).get('version')} to {version}"
+        + (" (dry run: nothing written)" if dry_run else ""),
         file=how.out,
     )
-    if not how.wait:
+    if not how.wait or dry_run:
         return OK
     generation = (answer.get("metadata") or {}).get("generation")
     outcome = _follow(

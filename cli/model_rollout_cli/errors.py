@@ -5,7 +5,8 @@ Exit codes (the same for ``kubectl model`` and ``model-rollout release``):
 * 0: done (with ``--wait``: the rollout reached the result asked for);
 * 1: the rollout failed, was rolled back by the canary analysis, was aborted or
   superseded, or the spec was refused;
-* 2: bad arguments;
+* 2: bad arguments, or ones that cannot work for this resource (a rollback ``--to`` a
+  version it has no record of, a release ``--store`` its pods do not fetch from);
 * 3: ``--timeout`` passed before the rollout ended;
 * 4: the Kubernetes API refused or could not be reached (RBAC, not found, no kubeconfig);
 * 5: publishing the version failed;
@@ -16,6 +17,7 @@ Exit codes (the same for ``kubectl model`` and ``model-rollout release``):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 OK = 0
@@ -25,6 +27,12 @@ TIMED_OUT = 3
 API_ERROR = 4
 PUBLISH_FAILED = 5
 NOTHING_TO_DO = 6
+
+
+def exit_codes() -> list[tuple[int, str]]:
+    """The exit codes as this module's docstring lists them (for each command's help)."""
+    found = re.findall(r"^\* (\d+): (.+?)(?=^\* |\Z)", __doc__ or "", re.MULTILINE | re.DOTALL)
+    return [(int(n), " ".join(text.split()).rstrip(";.")) for n, text in found]
 
 
 class CliError(Exception):

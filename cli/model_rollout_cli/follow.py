@@ -154,6 +154,8 @@ def follow(
         try:
             md = cluster.get(name)
         except CliError as exc:  # one failed read is not the rollout's end: try again
+            if exc.code == TIMED_OUT:  # the command's --timeout, in the middle of a read
+                break
             if not exc.transient or time.monotonic() >= deadline:
                 raise
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))

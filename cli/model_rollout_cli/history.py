@@ -36,6 +36,29 @@ def previous_success(md: dict[str, Any]) -> str | None:
     return None
 
 
+def history_order(md: dict[str, Any]) -> list[str]:
+    """The versions of the recorded rollouts, oldest first: the order of versions that
+    follow no published rule (model_rollout_contract.versions)."""
+    return [str(e["version"]) for e in reversed(entries(md)) if e.get("version")]
+
+
+def known_versions(md: dict[str, Any]) -> list[str]:
+    """The versions the resource records as real: those a rollout of which
+    succeeded (pods served them), the stable and previous ones, and those the operator
+    found in the store (``status.verifiedVersions``). A version outside them may never
+    have been published."""
+    status = md.get("status") or {}
+    served = [
+        str(e["version"])
+        for e in reversed(entries(md))
+        if e.get("result") == RolloutResult.SUCCEEDED and e.get("version")
+    ]
+    held = [status.get("previousVersion"), status.get("currentVersion")]
+    verified = status.get("verifiedVersions")
+    found = verified if isinstance(verified, list) else []
+    return list(dict.fromkeys(str(v) for v in [*served, *held, *found] if v))
+
+
 def duration(entry: dict[str, Any], now: datetime) -> str:
     start = timestamp(entry.get("startedAt"))
     end = timestamp(entry.get("finishedAt")) or now

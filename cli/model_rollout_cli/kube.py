@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN
 
-from .errors import API_ERROR, CliError, api_error
+from .errors import API_ERROR, TIMED_OUT, CliError, api_error
 
 GROUP, VERSION, PLURAL = DOMAIN, "v1alpha1", "modeldeployments"
 RESOURCE = f"{PLURAL}.{GROUP}"  # as RBAC rules and kubectl name it
@@ -27,6 +28,7 @@ SINGULAR = "modeldeployment"
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 30.0  # one API call; a watch view polls with calls this short
+RETRIES = 1  # a refused connection is reported, not retried for minutes
 
 T = TypeVar("T")
 
@@ -86,17 +88,46 @@ def connect(options: KubeOptions) -> Cluster:
             )
     except (ConfigException, OSError, ValueError) as exc:
         raise CliError(f"cannot load the Kubernetes configuration: {exc}", API_ERROR) from exc
-    configuration.retries = 1  # a refused connection is reported, not retried for minutes
+    configuration.retries = RETRIES
     return Cluster(client.ApiClient(configuration), namespace, configuration.host)
 
 
 class Cluster:
-    """The few calls the tools make, each failure turned into a clear message."""
+    """The few calls the tools make, each failure turned into a clear message.
+
+    ``deadline`` (``time.monotonic()``; set by a command's ``--timeout``): no call, its
+    retry included, outlasts it; a call that would start after it, or fails for want of
+    time, ends the command as timed out (exit 3), not as an API error."""
 
     def __init__(self, api: client.ApiClient, namespace: str, host: str) -> None:
         self.api, self.namespace, self.host = api, namespace, host
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+        self.deadline: float | None = None
+        self.timeout_s: float | None = None  # what set the deadline, for the message
+        self._cut = False  # the last call's timeout was cut short by the deadline
+
+    def until(self, timeout_s: float) -> None:
+        """Bound every call from now on by ``timeout_s`` in all."""
+        self.deadline, self.timeout_s = time.monotonic() + timeout_s, timeout_s
+
+    def _timed_out(self) -> CliError:
+        return CliError(
+            f"--timeout {self.timeout_s:g}s passed waiting for the Kubernetes API at {self.host}",
+            TIMED_OUT,
+        )
+
+    def _request_timeout(self) -> float:
+        """Seconds one attempt of a call may take: the remaining time shared by the
+        attempts urllib3 may make (a GET is retried once after a read timeout)."""
+        if self.deadline is None:
+            return REQUEST_TIMEOUT_S
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self._timed_out()
+        share = left / (RETRIES + 1)
+        self._cut = share < REQUEST_TIMEOUT_S  # a timeout of this call is the deadline's
+        return min(REQUEST_TIMEOUT_S, share)
 
     def _call(
         self,
@@ -109,6 +140,8 @@ class Cluster:
         try:
             return call()
         except ApiException as exc:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise self._timed_out() from exc
             if exc.status == 404 and resource == RESOURCE and not self._crd_served():
                 raise CliError(
                     f"the ModelDeployment CRD is not installed: the API at {self.host} serves "
@@ -119,6 +152,10 @@ class Cluster:
                 exc.status, exc.body, verb, resource, self.namespace, name, singular
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self.deadline is not None and (
+                time.monotonic() >= self.deadline or (self._cut and _is_timeout(exc))
+            ):  # out of time, or of the part of it this call was given
+                raise self._timed_out() from exc
             raise CliError(
                 f"cannot reach the Kubernetes API at {self.host}: {_root_cause(exc)} "
                 "(is the cluster up, and is this the right kubeconfig context?)",
@@ -130,7 +167,7 @@ class Cluster:
         its kind); when discovery cannot tell, assume so (the plain "not found")."""
         try:
             found = self.custom.get_api_resources(
-                GROUP, VERSION, _request_timeout=REQUEST_TIMEOUT_S
+                GROUP, VERSION, _request_timeout=self._request_timeout()
             )
         except ApiException as exc:
             return exc.status != 404
@@ -151,18 +188,23 @@ class Cluster:
                     self.namespace,
                     PLURAL,
                     name,
-                    _request_timeout=REQUEST_TIMEOUT_S,
+                    _request_timeout=self._request_timeout(),
                 ),
                 SINGULAR,
             )
         )
 
     def patch(
-        self, name: str, patch: dict[str, Any], read: dict[str, Any] | None = None
+        self,
+        name: str,
+        patch: dict[str, Any],
+        read: dict[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386) of a ModelDeployment; its new state. ``read``:
         the state the patch was decided on; the API refuses the patch (409) if the
-        resource changed since (its ``resourceVersion``)."""
+        resource changed since (its ``resourceVersion``). ``dry_run``: the API server
+        checks it all (schema, admission, RBAC) and stores nothing."""
         version = ((read or {}).get("metadata") or {}).get("resourceVersion")
         if version is not None:
             meta = {**(patch.get("metadata") or {}), "resourceVersion": version}
@@ -180,14 +222,18 @@ class Cluster:
                     name,
                     patch,
                     _content_type=MERGE_PATCH,
-                    _request_timeout=REQUEST_TIMEOUT_S,
+                    _request_timeout=self._request_timeout(),
+                    dry_run="All" if dry_run else None,
                 ),
                 SINGULAR,
             )
         )
 
     def patch_read(
-        self, name: str, decide: Callable[[dict[str, Any]], dict[str, Any]]
+        self,
+        name: str,
+        decide: Callable[[dict[str, Any]], dict[str, Any]],
+        dry_run: bool = False,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Read, decide the patch on what was read (``decide`` may refuse), write it only
         if nothing changed since; on a conflict (the operator's status writes change the
@@ -195,11 +241,42 @@ class Cluster:
         for attempt in (1, 2):
             md = self.get(name)
             try:
-                return md, self.patch(name, decide(md), read=md)
+                return md, self.patch(name, decide(md), read=md, dry_run=dry_run)
             except CliError as exc:
                 if not exc.conflict or attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def deployments(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The ModelDeployments of the namespace, or of every namespace the user may list."""
+        if all_namespaces:
+            answer = self._call(
+                "list",
+                RESOURCE,
+                None,
+                lambda: self.custom.list_cluster_custom_object(
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    _request_timeout=self._request_timeout(),
+                    _preload_content=False,
+                ),
+            )
+        else:
+            answer = self._call(
+                "list",
+                RESOURCE,
+                None,
+                lambda: self.custom.list_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    _request_timeout=self._request_timeout(),
+                    _preload_content=False,
+                ),
+            )
+        return _items(answer)
 
     def pods(self, name: str) -> list[dict[str, Any]]:
         """The pods the operator runs for ModelDeployment ``name``."""
@@ -210,7 +287,7 @@ class Cluster:
             lambda: self.core.list_namespaced_pod(
                 self.namespace,
                 label_selector=f"{DEPLOYMENT_LABEL}={name}",
-                _request_timeout=REQUEST_TIMEOUT_S,
+                _request_timeout=self._request_timeout(),
                 _preload_content=False,
             ),
         )
@@ -225,7 +302,7 @@ class Cluster:
             lambda: self.core.list_namespaced_event(
                 self.namespace,
                 field_selector=f"involvedObject.name={name}",
-                _request_timeout=REQUEST_TIMEOUT_S,
+                _request_timeout=self._request_timeout(),
                 _preload_content=False,
             ),
         )
@@ -263,6 +340,16 @@ def event_time(event: dict[str, Any]) -> str:
         or meta.get("creationTimestamp")
         or ""
     )
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """The failure is a timeout (urllib3 wraps it in its retry error)."""
+    reason: object = exc
+    while isinstance(reason, BaseException):
+        if isinstance(reason, (urllib3.exceptions.TimeoutError, TimeoutError)):
+            return True
+        reason = getattr(reason, "reason", None)
+    return False
 
 
 def _root_cause(exc: BaseException) -> str:

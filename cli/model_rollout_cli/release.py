@@ -13,19 +13,23 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from model_rollout_contract.annotations import CHANGE_CAUSE
 from model_rollout_contract.argv import PublishArgs, publish_argv
+from model_rollout_contract.layout import StoreUrl
 from model_rollout_contract.names import InvalidName, check_name
 from model_rollout_contract.states import Phase, RolloutResult
 
 from .cause import change_cause
 from .errors import OK, PUBLISH_FAILED, ROLLOUT_FAILED, USAGE, CliError
 from .follow import Outcome, follow, rollout_on
+from .helptext import Formatter, epilog
 from .history import entries, key, keys
 from .kube import Cluster, connect
 from .options import kube_flags, kube_options, positive
+from .overview_commands import autocomplete
 from .view import Progress
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -39,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         "release",
         parents=[kube_flags(suppress=False)],
         help="publish a version signed, roll it out, follow it to its result",
+        description="publish a version signed, roll it out, follow it to its result",
+        formatter_class=Formatter,
+        epilog=epilog("release"),
     )
     p.add_argument("--model", required=True)
     p.add_argument("--version", required=True)
@@ -55,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", help="the publisher's --precision")
     p.add_argument("--golden", help="golden set signed with the manifest (publisher's --golden)")
     p.add_argument("--force", action="store_true", help="replace a published version")
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="check everything (the resource, its store, the files, the patch by the API "
+        "server's dry run); publish and write nothing",
+    )  # fmt: skip
     p.add_argument("--wait", action="store_true", help="follow the rollout to its result")
     p.add_argument("--timeout", type=positive, default=DEFAULT_TIMEOUT_S, help="seconds")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -98,6 +110,7 @@ def _check(args: argparse.Namespace, md: dict[str, Any]) -> None:
         raise CliError(
             f"modeldeployment {args.deployment} serves model {model}, not {args.model}", USAGE
         )
+    _check_store(args, md)
     store_id = ((md.get("spec") or {}).get("store") or {}).get("id")
     if store_id != args.store_id:  # its pods would refuse the version: wrong_store
         wanted = f"--store-id {store_id}" if store_id else "no --store-id"
@@ -105,6 +118,37 @@ def _check(args: argparse.Namespace, md: dict[str, Any]) -> None:
             f"modeldeployment {args.deployment}'s store has "
             f"{f'the id {store_id}' if store_id else 'no id'} (spec.store.id): publish with "
             f"{wanted}, or its pods refuse the version",
+            USAGE,
+        )
+
+
+def _check_store(args: argparse.Namespace, md: dict[str, Any]) -> None:
+    """``--store`` is the store the ModelDeployment's pods fetch from, or its pods would
+    never find the version: an S3 store by its bucket and prefix (any endpoint: the same
+    bucket), a volume store (spec.store.pvc) as a directory (its path differs between the
+    publisher and the pods; spec.store.id names it, checked beside)."""
+    store = (md.get("spec") or {}).get("store") or {}
+    try:
+        given = StoreUrl.parse(args.store)
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from exc
+    url = store.get("url")
+    if url:
+        try:
+            wanted = StoreUrl.parse(str(url))
+        except ValueError:
+            return  # the operator refuses that spec itself (Invalid)
+        if given.scheme != wanted.scheme or given.scope != wanted.scope:
+            raise CliError(
+                f"modeldeployment {args.deployment} fetches from {wanted} (spec.store.url), "
+                f"not {given}: its pods would never find the version; publish to {wanted}",
+                USAGE,
+            )
+    elif store.get("pvc") and given.scheme != "file":
+        raise CliError(
+            f"modeldeployment {args.deployment} fetches from the volume "
+            f"{store.get('pvc')} (spec.store.pvc), not {given}: publish to that volume's "
+            "directory (file:///path/where/it/is/mounted)",
             USAGE,
         )
 
@@ -153,6 +197,7 @@ def _set_already(
         return outcome
     name, version = args.deployment, args.version
     show = Progress(log)
+    cluster.until(args.timeout)
     if rollout_on(md, version):  # succeeded: no new entry comes, Available ends it
         generation = (md.get("metadata") or {}).get("generation")
         return follow(
@@ -161,6 +206,26 @@ def _set_already(
         )  # fmt: skip
     known = keys(md) - {key(e) for e in entries(md)[:1]}  # follow the running one
     return follow(cluster, name, version, known, args.timeout, on_update=show)
+
+
+def _dry_run(args: argparse.Namespace, cluster: Cluster, log: TextIO, is_set: bool) -> Outcome:
+    """What a release would do, checked as far as it can be without doing it: the
+    resource's checks (above), the files there, and the patch by the API server's own
+    dry run (schema, admission policies, RBAC). Nothing is published or written."""
+    for flag, path in (("--file", args.file), ("--key", args.key), ("--golden", args.golden)):
+        if path is not None and not Path(path).is_file():
+            raise CliError(f"{flag} {path}: no such file", USAGE)
+    if is_set:
+        what = f"spec.version is {args.version} already: nothing would be published or set"
+    else:
+        patch = {"spec": {"version": args.version}}
+        cluster.patch_read(args.deployment, lambda _: patch, dry_run=True)
+        what = (
+            f"would publish {args.model}:{args.version} to {args.store} and set spec.version "
+            f"to {args.version}"
+        )
+    print(f"modeldeployment {args.deployment}: {what} (dry run)", file=log, flush=True)
+    return Outcome("DryRun", "nothing published or written", OK)
 
 
 def release(
@@ -178,6 +243,8 @@ def release(
             f"bytes under that name would never reach them; release them as a new version",
             USAGE,
         )
+    if args.dry_run:
+        return _dry_run(args, cluster, log, is_set and status.get("phase") != Phase.INVALID)
     if is_set and status.get("phase") != Phase.INVALID:
         if args.force:  # no pod holds it (a version the sidecars refused): new bytes
             report["published"] = publish(args)
@@ -185,6 +252,8 @@ def release(
         return _set_already(args, cluster, md, log)
     report["published"] = publish(args)
     print(report["published"], file=log, flush=True)
+    if args.wait:  # from here on, every API call is bounded by what is left of it
+        cluster.until(args.timeout)
     cause = change_cause("release", args.version)
     patch = {"metadata": {"annotations": {CHANGE_CAUSE: cause}}, "spec": {"version": args.version}}
     md, answer = cluster.patch_read(args.deployment, lambda _: patch)  # read after publishing
@@ -207,8 +276,10 @@ def release(
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    autocomplete(parser)  # answers a shell's completion request, exits
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else USAGE
     as_json = args.output == "json"

@@ -16,6 +16,7 @@ from typing import Any
 from model_rollout_contract.annotations import promotion_id
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.tracks import InvalidTrack, TrackKeys, track_keys
+from model_rollout_contract.versions import sorted_versions
 
 from .table import table
 
@@ -51,7 +52,8 @@ def _pods_by_version(pods: list[dict[str, Any]], keys: TrackKeys | None) -> dict
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         report = SidecarReport.from_json(annotations.get(keys.sidecar_status))
         counted[(report.serving if report else None) or NO_REPORT] += 1
-    return dict(sorted(counted.items()))
+    order = [NO_REPORT, *sorted_versions(set(counted) - {NO_REPORT})]
+    return {v: counted[v] for v in order if v in counted}
 
 
 def tenant_tracks(md: dict[str, Any], pods: list[dict[str, Any]]) -> list[TenantTrack]:

@@ -19,10 +19,11 @@ from model_rollout_contract.annotations import (
 )
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import Phase
+from model_rollout_contract.versions import sorted_versions
 
-from .history import entries
+from .history import entries, history_order
 from .table import cut, since, table
-from .tenants import tenant_lines, tenant_tracks
+from .tenants import NO_REPORT, tenant_lines, tenant_tracks
 
 RECENT_EVENTS = 8
 RECENT_HISTORY = 5
@@ -35,6 +36,13 @@ _COLOURS = {
     Phase.INVALID: "31",
     "Warning": "31",
 }
+
+
+def by_version(counts: dict[str, int], md: dict[str, Any]) -> list[tuple[str, int]]:
+    """Counts per version, oldest version first (the contract's order; the rollout
+    history's where the versions have none, such as git SHAs)."""
+    versions = sorted_versions(set(counts) - {NO_REPORT}, history_order(md))
+    return [(v, counts[v]) for v in [NO_REPORT, *versions] if v in counts]
 
 
 def wants_colour(stream: TextIO) -> bool:
@@ -79,25 +87,56 @@ def analysis_text(analysis: dict[str, Any], colour: bool) -> str:
     )
 
 
-def pod_rows(pods: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
+def pod_objects(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pod as the view shows it, by name: ready, the version its server serves, the
+    versions it retains beside it, its target, the sidecar's state and why."""
+    objects = []
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         report = SidecarReport.from_json(annotations.get(SIDECAR_STATUS))
         conditions = (pod.get("status") or {}).get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        rows.append(
-            [
-                str(meta.get("name") or "?"),
-                "True" if ready else "False",
-                (report.serving if report else None) or "-",
-                str(annotations.get(TARGET_VERSION) or "-"),
-                str(report.state) if report else "-",
-                (report.reason if report else None) or "",
-            ]
+        objects.append(
+            {
+                "name": str(meta.get("name") or "?"),
+                "ready": ready,
+                "serving": report.serving if report else None,
+                "retained": list(report.retained) if report else [],
+                "target": annotations.get(TARGET_VERSION),
+                "state": str(report.state) if report else None,
+                "reason": report.reason if report else None,
+            }
         )
-    return rows
+    return objects
+
+
+def pod_rows(pods: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            p["name"],
+            "True" if p["ready"] else "False",
+            p["serving"] or "-",
+            str(p["target"] or "-"),
+            p["state"] or "-",
+            p["reason"] or "",
+        ]
+        for p in pod_objects(pods)
+    ]
+
+
+def event_objects(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events the view shows (the most recent :data:`RECENT_EVENTS`, oldest first)."""
+    return [
+        {
+            "time": _event_time(e),
+            "type": str(e.get("type") or "Normal"),
+            "reason": str(e.get("reason") or ""),
+            "message": str(e.get("message") or ""),
+            "count": e.get("count"),
+        }
+        for e in events[-RECENT_EVENTS:]
+    ]
 
 
 def render(
@@ -127,7 +166,7 @@ def render(
     versions = status.get("versions") or {}
     if versions:
         lines.append(
-            "Serving:     " + "  ".join(f"{v}: {n} pods" for v, n in sorted(versions.items()))
+            "Serving:     " + "  ".join(f"{v}: {n} pods" for v, n in by_version(versions, md))
         )
     rollout = status.get("rollout") or {}
     if reason == "AwaitingPromotion" and rollout.get("toVersion"):
@@ -145,7 +184,7 @@ def render(
     lines += _indent(table(header, rows)) if rows else ["  none"]
     counted = Counter(r[2] for r in rows)
     if rows:
-        lines.append("  by version: " + "  ".join(f"{v}={n}" for v, n in sorted(counted.items())))
+        lines.append("  by version: " + "  ".join(f"{v}={n}" for v, n in by_version(counted, md)))
     history = entries(md)[:RECENT_HISTORY]
     lines += ["", "History (most recent first):"]
     if history:
@@ -205,7 +244,7 @@ def progress_line(md: dict[str, Any], elapsed_s: float) -> str:
     """One line of a followed rollout, for a CI log: what changed since the last one."""
     status = md.get("status") or {}
     versions = status.get("versions") or {}
-    serving = " ".join(f"{v}={n}" for v, n in sorted(versions.items())) or "none"
+    serving = " ".join(f"{v}={n}" for v, n in by_version(versions, md)) or "none"
     reason = phase_reason(status)
     return (
         f"[{elapsed_s:6.1f}s] {status.get('phase') or 'Pending'}"

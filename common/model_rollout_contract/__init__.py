@@ -3,7 +3,7 @@
 Everything that crosses a process boundary is defined here once, and nowhere else:
 
 * :mod:`.names` — the rule for model, version and tenant names;
-* :mod:`.versions` — the one order of versions;
+* :mod:`.versions` — the one order of versions (PEP 440, SemVer, else the history's);
 * :mod:`.manifest` — the signed per-version manifest and its digest;
 * :mod:`.layout` — where versions live in the store and on the pod's volume;
 * :mod:`.annotations` — pod annotations and labels, and the Downward API file format;
@@ -13,5 +13,6 @@ Everything that crosses a process boundary is defined here once, and nowhere els
 * :mod:`.defaults` — every default that more than one place needs;
 * :mod:`.argv` — the server and sidecar command lines the operator writes into pods.
 
-It depends on the standard library alone, and no program package is imported here.
+It depends on the standard library and one small pure-Python library, ``packaging``
+(PEP 440, for :mod:`.versions`), and no program package is imported here.
 """

@@ -161,8 +161,13 @@ class ModelServer:
             except (InvalidName, UntrustedPath) as exc:  # a CURRENT naming nothing, or a link
                 log.error("model %s: %s; not ready until a version is loaded", spec.key, exc)
                 continue
-            if version is None:
-                log.warning("model %s has no version yet; not ready until one is loaded", spec.key)
+            if version is None:  # none on disk, or versions without an order and no CURRENT
+                log.warning(
+                    "model %s has no version to start with (versions on disk: %s, none in "
+                    "CURRENT, and no order says which is newest); not ready until one is loaded",
+                    spec.key,
+                    self.repository.versions(spec.key) or "none",
+                )
                 continue
             # a version named by the flags is not CURRENT: TRAFFIC, written beside it, is not
             # for it

@@ -44,7 +44,7 @@ from model_rollout_contract.manifest import (
 )
 from model_rollout_contract.names import ModelKey, is_valid_name
 from model_rollout_contract.pins import InvalidPins
-from model_rollout_contract.versions import version_order
+from model_rollout_contract.versions import sorted_versions
 
 from . import sequences
 from .errors import (
@@ -421,8 +421,9 @@ class Fetcher:
     ) -> list[str]:
         """Delete the ``refused`` versions; keep those in ``protect`` (the serving one,
         the previous good one, those the server holds), then the newest others in the
-        contract's version order up to ``keep`` in all. Links are never followed nor
-        counted as versions."""
+        contract's version order up to ``keep`` in all (versions that follow no published
+        rule, such as git SHAs: in the order their builds were published, as accepted
+        here). Links are never followed nor counted as versions."""
         with self.root() as root:
             try:
                 model_dir = root.model_dir(model)
@@ -435,11 +436,10 @@ class Fetcher:
                         log.warning(
                             "not following the link %s in the volume", model_dir.path / name
                         )
-                versions = sorted(
+                versions = sorted_versions(
                     (name for name, kind in entries if kind == "dir" and is_valid_name(name)),
-                    key=version_order,
-                    reverse=True,
-                )
+                    sequences.publish_order(model_dir),
+                )[::-1]
                 kept = [v for v in versions if v in protect and v not in refused]
                 removed = []
                 for name in versions:

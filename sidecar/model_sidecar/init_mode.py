@@ -19,11 +19,13 @@ import logging
 import random
 
 from model_rollout_contract.canary import TrafficPolicy
+from model_rollout_contract.versions import is_ordered
 from model_rollout_contract.versions import predecessor as previous_in_order
 
 from .current import write_current, write_traffic
 from .errors import SidecarError, StoreError
 from .fetcher import Fetcher, FetchResult
+from .publish import published_sequence
 from .retry import start_jitter
 from .store import ModelStore
 
@@ -31,8 +33,21 @@ log = logging.getLogger(__name__)
 
 
 def predecessor(store: ModelStore, model: str, version: str) -> str | None:
-    """The version published just before ``version`` (the contract's order), for rollback."""
-    return previous_in_order(store.list_children(model), version)
+    """The version before ``version``, for rollback: by the contract's order where the
+    versions follow a rule (PEP 440, SemVer), else by publish order (each manifest's
+    publish sequence, read only then)."""
+    versions = store.list_children(model)
+    if is_ordered([*versions, version]):
+        return previous_in_order(versions, version)
+    return previous_in_order(versions, version, publish_order(store, model, versions))
+
+
+def publish_order(store: ModelStore, model: str, versions: list[str]) -> list[str]:
+    """``versions`` oldest published first; those without a manifest are left out."""
+    sequences = {v: published_sequence(store, model, v) for v in versions}
+    return sorted(
+        (v for v, s in sequences.items() if s is not None), key=lambda v: sequences[v] or 0
+    )
 
 
 async def pre_pull(

@@ -41,6 +41,16 @@ def _load(model_dir: SafeDir) -> dict[str, int]:
     return raw
 
 
+def publish_order(model_dir: SafeDir) -> list[str]:
+    """The versions accepted here, oldest published first: the order of versions that
+    follow no published rule (model_rollout_contract.versions), such as git SHAs."""
+    try:
+        known = _load(model_dir)
+    except VolumeError:  # the fetch that needs the file says so; an order can do without
+        return []
+    return sorted(known, key=lambda v: known[v])
+
+
 def accepted(model_dir: SafeDir, version: str) -> int | None:
     return _load(model_dir).get(version)
 

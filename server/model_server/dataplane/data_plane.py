@@ -518,7 +518,13 @@ class DataPlane:
         except UntrustedPath as exc:  # a link or a special file in CURRENT's place
             raise Forbidden(str(exc)) from None
         if version is None:
-            raise VersionNotFound(f"model {key!r} has no version in the repository")
+            on_disk = repository.versions(key)
+            raise VersionNotFound(
+                f"model {key!r} has no version in the repository"
+                if not on_disk
+                else f"model {key!r} has no CURRENT, and its versions {on_disk} follow no "
+                "version order (PEP 440, SemVer) that says which is newest: load one by name"
+            )
         policy = resumed_policy(repository, key, version)
         try:
             result = await load_resumed(
