@@ -454,7 +454,7 @@ async def test_prometheus_one_live_answer_too_many_in_a_shadow_only_window_is_en
     app.router.add_get("/api/v1/query", query)
     async with TestServer(app) as server:
         spec = PrometheusSpec(str(server.make_url("/")))
-        got = await query_prometheus(spec, "ns", "mlp", ("v1", "v2"), 60.0, 0.0)
+        got = await query_prometheus(spec, "ns", "mlp", "mlp", ("v1", "v2"), 60.0, 0.0)
     assert got.figures is not None and got.figures.engine_time
     check = judge(got.figures, AnalysisSpec(min_requests=10, max_latency_ratio=1.5), 60.0)
     assert check.result is Result.FAILED, check.message

@@ -476,7 +476,7 @@ async def _track_pass(
     now = time.time()
     rollout = rollout_from_status(status.get("rollout"))
     analysis = AnalysisState.from_status(status.get("analysis"))
-    sample = await _read_canary(spec, namespace, stable, rollout, analysis, views, now)
+    sample = await _read_canary(spec, namespace, name, stable, rollout, analysis, views, now)
     plan = plan_rollout(
         spec,
         stable,
@@ -554,6 +554,7 @@ async def _tenant_pass(
 async def _read_canary(
     spec: ModelDeploymentSpec,
     namespace: str,
+    name: str,
     stable: str | None,
     rollout: RolloutState | None,
     analysis: AnalysisState | None,
@@ -564,7 +565,7 @@ async def _read_canary(
     held = analysing(spec, rollout, analysis)
     if held is None or stable is None or not held.due(now):
         return None
-    return await read_canary(spec, namespace, stable, pods, held.window_start, now)
+    return await read_canary(spec, namespace, name, stable, pods, held.window_start, now)
 
 
 async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:
