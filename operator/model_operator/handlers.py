@@ -328,7 +328,7 @@ async def reconcile_pass(
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
-        foreign=foreign, store_problem=gate.problem, pins=gate.pins,
+        foreign=foreign, store_problem=gate.problem, store_checked=gate.checked, pins=gate.pins,
     )  # fmt: skip
     events += own.events
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
@@ -399,6 +399,7 @@ class StoreGate:
     # the publish sequences pinned when rollouts started (model_rollout_contract.pins):
     # of the versions verified, serving and kept for a rollback
     pins: dict[str, int] = field(default_factory=dict)
+    checked: bool = True  # found in the store (now or before), or served: False, not asked
 
 
 async def _store_gate(
@@ -416,9 +417,13 @@ async def _store_gate(
     stable = status.get("currentVersion")
     known = (stable, status.get("previousVersion"))  # served before: never blocked by it
     pins = stored_pins(status.get(PINS_FIELD))
-    if not check_store or spec.version in verified or spec.version in known:
+    if spec.version in verified or spec.version in known:
         return StoreGate(spec, verified, pins=_kept(pins, verified, status))
+    if not check_store:
+        return StoreGate(spec, verified, pins=_kept(pins, verified, status), checked=False)
     answer: StoreAnswer = await _check_store(memo.api, namespace, spec)
+    if answer.result is VersionCheck.SKIPPED:  # a volume store: nothing was verified
+        return StoreGate(spec, verified, pins=_kept(pins, verified, status), checked=False)
     if answer.result is VersionCheck.MISSING:
         return StoreGate(spec, verified, missing=answer.message, pins=pins)
     if answer.result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
@@ -465,6 +470,7 @@ async def _track_pass(
     *,
     foreign: list[str] | None = None,
     store_problem: str | None = None,
+    store_checked: bool = True,
     pins: Mapping[str, int] | None = None,
 ) -> TrackPass:
     """Plan and act on one track's rollout: the deployment's model (``status`` is the
@@ -507,6 +513,7 @@ async def _track_pass(
         signing_key=spec.signing_public_key_secret,
         foreign=foreign,
         store_problem=store_problem,
+        store_checked=store_checked,
     )
     new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
     deadline = next_deadline(spec, plan.state, plan.analysis)
@@ -539,7 +546,8 @@ async def _tenant_pass(
         return TrackPass(refused.status, events, None)
     passed = await _track_pass(
         gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
-        generation, annotations, store_problem=gate.problem, pins=gate.pins,
+        generation, annotations, store_problem=gate.problem, store_checked=gate.checked,
+        pins=gate.pins,
     )  # fmt: skip
     passed.status["verifiedVersions"] = gate.verified
     passed.status[PINS_FIELD] = gate.pins

@@ -739,6 +739,12 @@ class _Tick:
                 )
             )
         remaining = sorted((p for p in self.pods if p.target != self.version), key=_readiness_order)
+        if not self.pods and self.spec.replicas > 0:  # nothing serves it yet: not complete
+            return self.plan(
+                self._progress_phase(),
+                "PodsStarting",
+                f"0/{self.spec.replicas} pods exist to serve {self.version}",
+            )
         if not remaining:
             return self._complete()
         remaining = [p for p in remaining if p.name not in self.moved]
