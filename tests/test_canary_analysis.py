@@ -553,6 +553,11 @@ def test_on_inconclusive_hold_keeps_the_canary_degraded_until_a_check_concludes(
         CANARY,
     )
     assert "held (onInconclusive: hold)" in plan.message and "deadline 10s" in plan.message
+    status = build_status(plan, [p.view() for p in cluster.pods], 4, 1, cluster.now, [],
+                          signing_key="k")  # fmt: skip
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "AnalysisInconclusive")
+    assert "no rollout in progress" not in progressing["message"]
     assert cluster.serving() == {"v1": 3, "v2": 1}
     assert any(p.policy for p in cluster.pods)  # the canary keeps its traffic policy
     warned = [

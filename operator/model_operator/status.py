@@ -181,8 +181,9 @@ def build_status(
         condition(
             ConditionType.PROGRESSING,
             rolling,
-            plan.reason if rolling else "Idle",
-            plan.message if rolling else "no rollout in progress",
+            # a rollout stopped (failed, or a canary held undecided) is not idle: it says why
+            plan.reason if rolling or degraded else "Idle",
+            plan.message if rolling or degraded else "no rollout in progress",
             now,
             existing_conditions,
         ),
