@@ -454,7 +454,158 @@ async def test_prometheus_one_live_answer_too_many_in_a_shadow_only_window_is_en
     app.router.add_get("/api/v1/query", query)
     async with TestServer(app) as server:
         spec = PrometheusSpec(str(server.make_url("/")))
-        got = await query_prometheus(spec, "ns", "mlp", ("v1", "v2"), 60.0, 0.0)
+        got = await query_prometheus(spec, "ns", "mlp", "mlp", ("v1", "v2"), 60.0, 0.0)
     assert got.figures is not None and got.figures.engine_time
     check = judge(got.figures, AnalysisSpec(min_requests=10, max_latency_ratio=1.5), 60.0)
     assert check.result is Result.FAILED, check.message
+
+
+# --- an analysis that always concludes -------------------------------------------------
+NO_TRAFFIC = Figures(0, 0, 0, 0, None, None, None, None, 0)
+
+
+def unreadable(pods: object, analysis: object, now: float) -> Sample:
+    return Sample(now, problem="Prometheus: http://prometheus:9090: connection refused")
+
+
+def no_traffic(pods: object, analysis: object, now: float) -> Sample:
+    return Sample(now, figures=NO_TRAFFIC)
+
+
+def inconclusive_spec(canary: dict, rollout: dict | None = None, **analysis: object):  # type: ignore[no-untyped-def]
+    settings = {"intervalSeconds": 2, "minRequests": 40, "failureLimit": 2, **analysis}
+    return parse_spec({**BASE, "rollout": {**BASE["rollout"], **(rollout or {})},  # type: ignore[dict-item]
+                       "canary": {"percent": 25, "pauseSeconds": 6, **canary,
+                                  "analysis": settings}})  # fmt: skip
+
+
+def step_until_failed(cluster: SimCluster, sp: ModelDeploymentSpec, read, steps: int = 400):  # type: ignore[no-untyped-def]
+    for _ in range(steps):
+        plan = cluster.step(sp, read=read)
+        if plan.state.stage == FAILED:
+            return plan
+    raise AssertionError(f"still {cluster.plans[-1].phase} after {steps} steps")
+
+
+@pytest.mark.parametrize("read", [no_traffic, unreadable], ids=["no traffic", "unreadable"])
+def test_an_analysis_that_never_concludes_is_rolled_back_by_the_progress_deadline(read) -> None:  # type: ignore[no-untyped-def]
+    """Observed: 360 inconclusive checks in 6 hours, the phase still Canary. By default
+    the clock is spec.rollout.progressDeadlineSeconds: then Degraded, AnalysisInconclusive,
+    and the canary pods back on the stable version."""
+    sp = inconclusive_spec({"trafficPercent": 20}, {"progressDeadlineSeconds": 30})
+    cluster = SimCluster(4, "v1")
+    plan = step_until_failed(cluster, sp, read)
+    assert (plan.phase, plan.reason) == (Phase.DEGRADED, "AnalysisInconclusive")
+    assert plan.state.rolled_back and plan.analysis is not None
+    assert 14 <= plan.analysis.checks <= 17, plan.analysis  # ~30s of checks every 2s
+    assert plan.analysis.failures == 0 and plan.analysis.last_result is Result.INCONCLUSIVE
+    assert "no check concluded in 3" in plan.message, plan.message
+    assert any(e.reason == "AnalysisInconclusive" and e.warning for e in plan.events)
+    for _ in range(5):
+        plan = cluster.step(sp, read=read)
+    assert cluster.serving() == {"v1": 4} and plan.reason == "AnalysisInconclusive"
+    status = build_status(plan, [p.view() for p in cluster.pods], 4, 1, cluster.now, [],
+                          signing_key="k")  # fmt: skip
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "AnalysisInconclusive")
+
+
+def test_inconclusive_limit_counts_checks_in_a_row_and_a_conclusive_one_resets_it() -> None:
+    sp = inconclusive_spec({"trafficPercent": 20}, inconclusiveLimit=3)
+    reads: list[Sample] = []
+
+    def flaky(pods: object, analysis: object, now: float) -> Sample:  # two bad, one good
+        reads.append(Sample(now, figures=FEW_FIGURES if len(reads) % 3 != 2 else NO_ERRORS))
+        return reads[-1]
+
+    cluster, manual = SimCluster(4, "v1"), replace_pause(sp)
+    for _ in range(40):  # passes now and then: never three inconclusive in a row
+        plan = cluster.step(manual, read=flaky)
+        assert plan.state.stage == CANARY and plan.phase is Phase.CANARY, plan
+    assert len(reads) > 10
+    plan = step_until_failed(cluster, manual, unreadable)
+    assert plan.reason == "AnalysisInconclusive" and plan.analysis is not None
+    assert "3 inconclusive checks in a row (inconclusiveLimit 3)" in plan.message
+    assert "connection refused" in plan.message
+
+
+FEW_FIGURES = Figures(3, 0, 0, 30, 0.01, 0.01, None, None, 0)
+NO_ERRORS = Figures(50, 0, 0, 200, 0.01, 0.01, None, None, 0)
+
+
+def replace_pause(sp: ModelDeploymentSpec) -> ModelDeploymentSpec:
+    """``sp`` with manual promotion: a passed check never ends the canary by itself."""
+    from dataclasses import replace
+
+    return replace(sp, canary=replace(sp.canary, manual_promote=True))
+
+
+def test_on_inconclusive_hold_keeps_the_canary_degraded_until_a_check_concludes() -> None:
+    sp = inconclusive_spec(
+        {"trafficPercent": 20}, inconclusiveDeadlineSeconds=10, onInconclusive="hold"
+    )
+    cluster = SimCluster(4, "v1")
+    for _ in range(30):
+        plan = cluster.step(sp, read=no_traffic)
+    assert (plan.phase, plan.reason, plan.state.stage) == (
+        Phase.DEGRADED,
+        "AnalysisInconclusive",
+        CANARY,
+    )
+    assert "held (onInconclusive: hold)" in plan.message and "deadline 10s" in plan.message
+    status = build_status(plan, [p.view() for p in cluster.pods], 4, 1, cluster.now, [],
+                          signing_key="k")  # fmt: skip
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "AnalysisInconclusive")
+    assert "no rollout in progress" not in progressing["message"]
+    assert cluster.serving() == {"v1": 3, "v2": 1}
+    assert any(p.policy for p in cluster.pods)  # the canary keeps its traffic policy
+    warned = [
+        e
+        for p in cluster.plans
+        for e in p.events
+        if e.reason == "AnalysisInconclusive" and e.warning
+    ]
+    assert len(warned) == 1 and "canary held" in warned[0].message  # once, when it began
+    good = Reader(NO_ERRORS)
+    for _ in range(40):
+        plan = cluster.step(sp, read=good)
+        if plan.state.stage != CANARY:
+            break
+    assert "CanaryPromoted" in [e.reason for p in cluster.plans for e in p.events]
+
+
+class Reader:
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+
+    def __call__(self, pods: object, analysis: object, now: float) -> Sample:
+        return Sample(now, figures=self.figures)
+
+
+def test_the_inconclusive_count_survives_a_restart_and_a_new_canary_pod() -> None:
+    analysis = inconclusive_spec({"trafficPercent": 20}).canary.analysis
+    assert analysis is not None
+    state = AnalysisState.start("v2@1", 0.0, analysis)
+    for at in (2.0, 4.0, 6.0):
+        state, _ = state.advance(Sample(at, figures=NO_TRAFFIC), analysis, "v1", "v2")
+    back = AnalysisState.from_status(json.loads(json.dumps(state.to_status())))
+    assert back is not None and (back.inconclusive, back.undecided_since) == (3, 0.0)
+    moved = back.restart_window(7.0, analysis)
+    assert (moved.inconclusive, moved.undecided_since) == (3, 0.0)
+    assert moved.undecided(analysis, 6.0) is not None and moved.undecided(analysis, 60.0) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"onInconclusive": "wait"}, "onInconclusive must be one of"),
+        ({"inconclusiveLimit": 0}, "inconclusiveLimit must be between"),
+        ({"inconclusiveDeadlineSeconds": 0}, "inconclusiveDeadlineSeconds must be between"),
+    ],
+)
+def test_inconclusive_settings_are_validated(settings: dict, problem: str) -> None:
+    from model_operator.errors import SpecError
+
+    with pytest.raises(SpecError, match=problem):
+        inconclusive_spec({"trafficPercent": 20}, **settings)

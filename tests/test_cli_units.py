@@ -558,3 +558,24 @@ def test_version_needs_no_cluster(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert plugin.main(["version", "--kubeconfig", "/nowhere"]) == OK
     assert capsys.readouterr().out == f"kubectl-model {metadata.version('model-rollout')}\n"
+
+
+def test_a_status_the_operator_has_not_caught_up_with_is_never_shown_as_the_specs() -> None:
+    """spec.version edited to v3 (generation 4), the operator still on generation 3: its
+    Available (of v2) must not stand beside Target: v3."""
+    resource = md(
+        [], phase="Available", currentVersion="v2", targetVersion="v2", observedGeneration=3,
+        conditions=[{"type": "Ready", "status": "True", "reason": "Available"}],
+    )  # fmt: skip
+    lines = render(resource, [], [], NOW).splitlines()
+    phase = next(line for line in lines if line.startswith("Phase:"))
+    assert phase == (
+        "Phase:       Pending (the operator has not yet acted on generation 4 (status of 3);"
+        " it said Available)"
+    )
+    target = next(line for line in lines if line.startswith("Target:"))
+    assert target == "Target:      v3   (the operator still works toward v2)"
+    caught_up = md([], phase="Available", currentVersion="v3", targetVersion="v3",
+                   observedGeneration=4)  # fmt: skip
+    lines = render(caught_up, [], [], NOW).splitlines()
+    assert "Phase:       Available" in lines and "Target:      v3" in lines

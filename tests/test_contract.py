@@ -304,6 +304,7 @@ CRD_DEFAULTS = {
     "canary.analysis.maxErrorRate": defaults.ANALYSIS_MAX_ERROR_RATE,
     "canary.analysis.maxLatencyRatio": defaults.ANALYSIS_MAX_LATENCY_RATIO,
     "canary.analysis.maxNonFinite": defaults.ANALYSIS_MAX_NON_FINITE,
+    "canary.analysis.onInconclusive": defaults.ANALYSIS_ON_INCONCLUSIVE,
     "rollout": {},
     "rollout.jitterSeconds": defaults.JITTER_SECONDS,
     "rollout.maxUnavailable": defaults.MAX_UNAVAILABLE,

@@ -321,6 +321,17 @@ def test_the_crd_limits_and_query_names_are_the_operators() -> None:
         spec_module.MAX_ANALYSIS_INTERVAL_SECONDS,
         spec_module.MAX_FAILURE_LIMIT,
     )
+    assert (
+        analysis["inconclusiveLimit"]["maximum"],
+        analysis["inconclusiveDeadlineSeconds"]["maximum"],
+        tuple(analysis["onInconclusive"]["enum"]),
+        analysis["onInconclusive"]["default"],
+    ) == (
+        spec_module.MAX_INCONCLUSIVE_LIMIT,
+        spec_module.MAX_INCONCLUSIVE_DEADLINE_SECONDS,
+        spec_module.ON_INCONCLUSIVE,
+        spec_module.AnalysisSpec.on_inconclusive,
+    )
     queries = analysis["prometheus"]["properties"]["queries"]["properties"]
     assert tuple(queries) == spec_module.PROMETHEUS_QUERIES
     assert analysis["prometheus"]["properties"]["url"]["pattern"] == (
@@ -515,6 +526,11 @@ SPEC_FIELDS: dict[str, Any] = {
             "maxOutputDrift": _number(0, 100),  # above 5: refused by both
             "minArgmaxAgreement": _number(0, 1),
             "maxNonFinite": _integer(0, 100_000),
+            "inconclusiveLimit": _integer(1, 1000),
+            "inconclusiveDeadlineSeconds": _number(1, 86400),
+            "onInconclusive": _field(
+                st.sampled_from(spec_module.ON_INCONCLUSIVE), "Rollback", "wait", "", 3
+            ),
             "prometheus": {
                 "url": ENDPOINTS,
                 "queries": {name: QUERIES for name in spec_module.PROMETHEUS_QUERIES},

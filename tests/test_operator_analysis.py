@@ -281,9 +281,15 @@ async def test_with_prometheus_the_figures_come_from_promql(
     analysis = {"intervalSeconds": 2, "minRequests": 10, "prometheus": {"url": prometheus.url}}
     await harness.cluster.create(body(trafficPercent=25, analysis=analysis))
     await harness.wait(available("v1"))
-    ips = [p["status"]["podIP"] for p in await harness.pods_now()]
+    pods = await harness.pods_now()
+    ips = [p["status"]["podIP"] for p in pods]
     assert len(set(ips)) == 4 and "127.0.0.1" not in ips  # an address of its own each
-    prometheus.targets = [(f"{ip}:8000", {"namespace": harness.cluster.namespace}) for ip in ips]
+    # the labels Kubernetes service discovery gives (the queries select the pods by name)
+    prometheus.targets = [
+        (f"{p['status']['podIP']}:8000",
+         {"namespace": harness.cluster.namespace, "pod": p["metadata"]["name"]})
+        for p in pods
+    ]  # fmt: skip
     prometheus.start()
     try:
         await asyncio.to_thread(prometheus.wait_for_scrapes, 2)

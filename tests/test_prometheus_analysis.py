@@ -29,6 +29,8 @@ from model_rollout_e2e.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.slow
 VERSIONS = ("v1", "v2")
+# the pods' names as a Deployment "mlp" names them (the queries select its pods by name)
+POD_NAMES = {"canary": "mlp-5f7c9d8b4-x2k9q", "stable": "mlp-5f7c9d8b4-p7wz4"}
 
 
 @pytest.fixture
@@ -108,8 +110,8 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         prometheus = PrometheusServer(
             tmp_path / "prometheus",
             [
-                (f"127.0.0.1:{servers['canary'].port}", {"namespace": "ml", "pod": "canary"}),
-                (f"127.0.0.1:{servers['stable'].port}", {"namespace": "ml", "pod": "stable"}),
+                (f"127.0.0.1:{servers[name].port}", {"namespace": "ml", "pod": POD_NAMES[name]})
+                for name in ("canary", "stable")
             ],
             scrape_interval_s=0.5,
         ).start()
@@ -123,7 +125,7 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         pods = figures(increase(before, after), "v1", "v2")
         seconds = time.time() - started + 1.0  # the window reaches back before the traffic
         sample = await query_prometheus(
-            PrometheusSpec(prometheus.url), "ml", "mlp", VERSIONS, seconds, time.time()
+            PrometheusSpec(prometheus.url), "ml", "mlp", "mlp", VERSIONS, seconds, time.time()
         )
         assert sample.figures is not None, sample.problem
         promql = sample.figures
@@ -140,7 +142,13 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         pods_shadow = figures(shadow_window, "v1", "v2")
         shadow_seconds = time.time() - started + 1.0
         sample = await query_prometheus(
-            PrometheusSpec(prometheus.url), "ml", "mlp", VERSIONS, shadow_seconds, time.time()
+            PrometheusSpec(prometheus.url),
+            "ml",
+            "mlp",
+            "mlp",
+            VERSIONS,
+            shadow_seconds,
+            time.time(),
         )
         assert sample.figures is not None, sample.problem
         promql_shadow = sample.figures
@@ -192,6 +200,99 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
 
 async def test_an_unreachable_prometheus_is_inconclusive_not_a_failure() -> None:
     sample = await query_prometheus(
-        PrometheusSpec(f"http://127.0.0.1:{free_port()}"), "ml", "mlp", VERSIONS, 30, 0.0
+        PrometheusSpec(f"http://127.0.0.1:{free_port()}"), "ml", "mlp", "mlp", VERSIONS, 30, 0.0
     )
     assert sample.figures is None and sample.problem and "Prometheus" in sample.problem
+
+
+async def test_two_deployments_of_the_same_model_judge_only_their_own_pods(
+    tmp_path: Path, prometheus_available: None
+) -> None:
+    """Two ModelDeployments in one namespace, "mlp" and "mlp-b", both serving mlp:v2 (the
+    latter to many clients, answering 5xx to none): each one's analysis counts only the
+    requests of its own pods, with the built-in queries and with a custom one that names
+    {pods}; an unfiltered query (as the built-in ones were) counts both."""
+    root = tmp_path / "models"
+    add_version(root, "mlp", "v1", seed=1)
+    v2 = add_version(root, "mlp", "v2", seed=2)
+    pods = {  # pod name -> the versions its server starts with
+        "mlp-5f7c9d8b4-x2k9q": "mlp=v1",  # mlp's canary pod: v2 beside v1, 30% live
+        "mlp-5f7c9d8b4-p7wz4": "mlp=v1",  # mlp's stable pod
+        "mlp-b-6c8d9f7b5-m4n2s": "mlp=v2",  # mlp-b's pod, serving v2 for itself
+    }
+    servers = {
+        name: ServerProcess(
+            root, [models], tmp_path / f"{name}.log",
+            extra=["--control-socket", str(tmp_path / f"{name}.sock"), "--retain", "2",
+                   "--traffic-seed", "3"],
+        ).start()
+        for name, models in pods.items()
+    }  # fmt: skip
+    canary_pod, stable_pod, other_pod = pods
+    prometheus = None
+    try:
+        for server in servers.values():
+            await asyncio.to_thread(server.wait_ready)
+        sock = tmp_path / f"{canary_pod}.sock"
+        load = {"op": "load", "model": "mlp", "version": "v2", "path": str(v2.path),
+                "sha256": v2.sha256}  # fmt: skip
+        assert (await ask(sock, load))["ok"]
+        policy = {"op": "traffic", "model": "mlp", "stable": "v1", "candidate": "v2",
+                  "traffic_percent": 30, "shadow_percent": 0}  # fmt: skip
+        answer = await ask(sock, policy)
+        assert "error" not in answer, answer
+        urls = {name: server.url for name, server in servers.items()}
+        # every series exists before the first scrape (increase() counts from there)
+        assert await send(urls[canary_pod], 1, "v1") == await send(urls[canary_pod], 1, "v2")
+        assert await send(urls[stable_pod], 1) == await send(urls[other_pod], 1) == [200]
+        prometheus = PrometheusServer(
+            tmp_path / "prometheus",
+            [(f"127.0.0.1:{s.port}", {"namespace": "ml", "pod": n}) for n, s in servers.items()],
+            scrape_interval_s=0.5,
+        ).start()
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        before, started = await read_pods({canary_pod: servers[canary_pod]}), time.time()
+        codes = await send(urls[canary_pod], 200) + await send(urls[stable_pod], 100)
+        codes += await send(urls[other_pod], 600)
+        assert set(codes) == {200}
+        after = await read_pods({canary_pod: servers[canary_pod]})
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        seconds = time.time() - started + 1.0
+        own = PrometheusSpec(prometheus.url)
+
+        async def figures_of(spec: PrometheusSpec, deployment: str):  # type: ignore[no-untyped-def]
+            sample = await query_prometheus(
+                spec, "ml", deployment, "mlp", VERSIONS, seconds, time.time()
+            )
+            assert sample.figures is not None, sample.problem
+            return sample.figures
+
+        mlp, mlp_b = await figures_of(own, "mlp"), await figures_of(own, "mlp-b")
+        custom = PrometheusSpec(
+            prometheus.url,
+            (("requests", f'sum(increase({canary.REQUESTS}{{pod=~"{{pods}}",model="{{model}}",'
+                          'version="{version}"}[{interval}]))'),),
+        )  # fmt: skip
+        mlp_custom = await figures_of(custom, "mlp")
+        unfiltered = PrometheusSpec(
+            prometheus.url,
+            (("requests", f'sum(increase({canary.REQUESTS}{{model="{{model}}",'
+                          'version="{version}"}[{interval}]))'),),
+        )  # fmt: skip
+        both = await figures_of(unfiltered, "mlp")
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for server in servers.values():
+            server.stop()
+
+    own_pods = figures(increase(before, after), "v1", "v2")
+    assert 30 <= own_pods.live_requests <= 100  # ~30% of 200, drawn per request
+    # mlp's canary: its own ~60 live answers of v2, never mlp-b's 600
+    assert close(mlp.live_requests, own_pods.live_requests, 0.35), (mlp, own_pods)
+    assert close(mlp_custom.live_requests, own_pods.live_requests, 0.35), mlp_custom
+    assert mlp.stable_requests < 450  # mlp's v1 answers only (~240)
+    # mlp-b's pod answered 600 of v2, none of v1
+    assert mlp_b.live_requests > 400 and mlp_b.stable_requests == 0, mlp_b
+    # and what the built-in queries did before: both deployments' requests as one's
+    assert both.live_requests > 400, both

@@ -87,6 +87,16 @@ def analysis_text(analysis: dict[str, Any], colour: bool) -> str:
     )
 
 
+def lag(md: dict[str, Any]) -> str | None:
+    """Why the status may not describe the spec shown beside it: the operator has not yet
+    acted on the resource's latest generation (``None``: it has)."""
+    generation = (md.get("metadata") or {}).get("generation")
+    observed = (md.get("status") or {}).get("observedGeneration")
+    if isinstance(generation, int) and isinstance(observed, int) and observed < generation:
+        return f"the operator has not yet acted on generation {generation} (status of {observed})"
+    return None
+
+
 def pod_objects(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each pod as the view shows it, by name: ready, the version its server serves, the
     versions it retains beside it, its target, the sidecar's state and why."""
@@ -151,15 +161,23 @@ def render(
     name = str(meta.get("name"))
     phase = str(status.get("phase") or "Unknown")
     reason = phase_reason(status)
+    behind = lag(md)
+    shown = f"{paint(phase, phase, colour)}" + (f" ({reason})" if reason else "")
+    if behind is not None:  # the phase is of an older spec: never shown as this one's
+        shown = f"{paint('Pending', Phase.PROGRESSING, colour)} ({behind}; it said {phase})"
+    working_on = status.get("targetVersion")
+    target = str(spec.get("version", "-"))
+    if behind is not None and working_on and working_on != target:
+        target += f"   (the operator still works toward {working_on})"
     lines = [
         f"Name:        {name}",
         f"Namespace:   {meta.get('namespace', '-')}",
         f"Model:       {spec.get('model', '-')}",
-        f"Phase:       {paint(phase, phase, colour)}" + (f" ({reason})" if reason else ""),
+        f"Phase:       {shown}",
         f"Message:     {cut(str(status.get('message') or '-'), 160)}",
         f"Stable:      {status.get('currentVersion') or '-'}"
         f"   (previous {status.get('previousVersion') or '-'})",
-        f"Target:      {spec.get('version', '-')}",
+        f"Target:      {target}",
         f"Replicas:    {spec.get('replicas', '-')} desired | {status.get('readyReplicas', 0)} "
         f"ready | {status.get('updatedReplicas', 0)} updated",
     ]

@@ -27,6 +27,9 @@ ANALYSIS_FAILURE_LIMIT = 2
 ANALYSIS_MAX_ERROR_RATE = 0.01  # 5xx answers per request of the candidate
 ANALYSIS_MAX_LATENCY_RATIO = 1.5  # candidate p99 / stable p99
 ANALYSIS_MAX_NON_FINITE = 0  # NaN or ±Inf output values of the candidate per check
+# an analysis that cannot conclude in time (spec.canary.analysis.inconclusiveLimit,
+# inconclusiveDeadlineSeconds): the canary is rolled back ("rollback") or held ("hold")
+ANALYSIS_ON_INCONCLUSIVE = "rollback"
 # spec.tenants.jwt / the server's --jwt-* flags: tenants' JWTs, verified with asymmetric
 # algorithms only (a verifying key is public: an HMAC "key" would be a secret)
 JWT_ASYMMETRIC_ALGORITHMS = (

@@ -124,20 +124,27 @@ class AnalysisState:
     message: str = ""
     at: float | None = None  # when the last check was made
     baseline: Snapshot | None = None  # the last scrape (scraping only; None: none yet)
+    inconclusive: int = 0  # inconclusive checks in a row
+    # since when no check concluded: the analysis' start, or its last passed or failed check
+    undecided_since: float | None = None
 
     @classmethod
     def start(cls, rollout: str, now: float, spec: AnalysisSpec) -> AnalysisState:
         """Scraping begins with a baseline at once; Prometheus has the history and is
         first asked one interval later."""
         first = now + spec.interval_seconds if spec.prometheus is not None else now
-        return cls(rollout, now, first, message="waiting for the first check")
+        return cls(rollout, now, first, message="waiting for the first check", undecided_since=now)
 
     def restart_window(self, now: float, spec: AnalysisSpec) -> AnalysisState:
         """The canary's pods changed: measure afresh (the counts so far stand). The last
-        verdict does not: it judged other pods, and must not promote these."""
+        verdict does not: it judged other pods, and must not promote these. Nor does the
+        clock of inconclusive checks restart: a canary whose pods keep changing must still
+        conclude."""
         fresh = AnalysisState.start(self.rollout, now, spec)
         return replace(fresh, checks=self.checks, failures=self.failures,
-                       last_result=None, message=self.message, at=self.at)  # fmt: skip
+                       last_result=None, message=self.message, at=self.at,
+                       inconclusive=self.inconclusive,
+                       undecided_since=self.undecided_since)  # fmt: skip
 
     def due(self, now: float) -> bool:
         return now >= self.next_check_at
@@ -168,10 +175,29 @@ class AnalysisState:
             last_result=check.result,
             message=check.message,
             at=sample.at,
+            inconclusive=self.inconclusive + 1,
         )
         if check.result is not Result.INCONCLUSIVE:  # a judged interval: the next one starts
-            state = replace(state, window_start=sample.at, baseline=sample.snapshot)
+            state = replace(state, window_start=sample.at, baseline=sample.snapshot,
+                            inconclusive=0, undecided_since=sample.at)  # fmt: skip
         return state, check
+
+    def undecided(self, spec: AnalysisSpec, deadline_seconds: float) -> str | None:
+        """Why the analysis has gone on too long without concluding, or ``None``: the
+        last check was inconclusive, and the ``inconclusiveLimit``-th in a row, or no check
+        concluded for ``deadline_seconds`` (no traffic, the figures unreadable)."""
+        if self.inconclusive == 0 or self.at is None:
+            return None
+        limit = spec.inconclusive_limit
+        if limit is not None and self.inconclusive >= limit:
+            return f"{self.inconclusive} inconclusive checks in a row (inconclusiveLimit {limit})"
+        since = self.window_start if self.undecided_since is None else self.undecided_since
+        if self.at - since >= deadline_seconds:
+            return (
+                f"no check concluded in {self.at - since:.0f}s ({self.inconclusive} "
+                f"inconclusive in a row; deadline {deadline_seconds:.0f}s)"
+            )
+        return None
 
     def to_status(self) -> dict[str, Any]:
         """``status.analysis`` but for ``at`` (:mod:`.status` writes the time for people):
@@ -183,7 +209,10 @@ class AnalysisState:
             "rollout": self.rollout,
             "windowStart": self.window_start,
             "nextCheckAt": self.next_check_at,
+            "inconclusiveChecks": self.inconclusive,
         }
+        if self.undecided_since is not None:
+            out["undecidedSince"] = self.undecided_since
         if self.last_result is not None:
             out["lastResult"] = str(self.last_result)
         if self.at is not None:
@@ -200,6 +229,7 @@ class AnalysisState:
         try:
             result = raw.get("lastResult")
             at = raw.get("checkedAt")
+            since = raw.get("undecidedSince")
             return cls(
                 rollout=raw["rollout"],
                 window_start=float(raw["windowStart"]),
@@ -210,6 +240,8 @@ class AnalysisState:
                 message=str(raw.get("message", "")),
                 at=None if at is None else float(at),
                 baseline=_snapshot(raw.get("baseline")),
+                inconclusive=int(raw.get("inconclusiveChecks", 0)),
+                undecided_since=None if since is None else float(since),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -79,7 +79,13 @@ async def scrape(
 
 
 # --- Prometheus --------------------------------------------------------------------------
-_SELECT = '{namespace="{namespace}",model="{model}",version="{version}"'
+# the series of this deployment's own pods only: another ModelDeployment serving the same
+# model (and versions) in the namespace has other pods, whose traffic is not this canary's
+_SELECT = '{namespace="{namespace}",pod=~"{pods}",model="{model}",version="{version}"'
+# a Deployment's pods are named <deployment>-<pod-template-hash>-<5 characters>, and the
+# hash has no "-": so "mlp" does not match the pods of a deployment "mlp-b" (PromQL
+# anchors a regular expression at both ends)
+POD_NAME_TEMPLATE = "{deployment}-[a-z0-9]{1,10}-[a-z0-9]{5}"
 
 
 def _increase(metric: str, extra: str = "") -> str:
@@ -114,10 +120,21 @@ class QueryError(Exception):
     """Prometheus could not answer a query, or answered it with several series."""
 
 
-def render(template: str, namespace: str, model: str, version: str, seconds: float) -> str:
+def pods_regex(deployment: str) -> str:
+    """The PromQL regular expression (as written inside a string literal) of the names
+    of the Deployment's pods; a "." of the name matches only itself."""
+    return POD_NAME_TEMPLATE.replace("{deployment}", deployment.replace(".", "\\\\."))
+
+
+def render(
+    template: str, namespace: str, deployment: str, model: str, version: str, seconds: float
+) -> str:
     """A template with its placeholders filled in (PromQL's own braces left alone; the
-    values are names of a restricted alphabet, so nothing can be injected)."""
+    values are names of a restricted alphabet, so nothing can be injected). ``{pods}``
+    (before ``{deployment}``, which it contains) is :func:`pods_regex`."""
     values = {
+        "{pods}": pods_regex(deployment),
+        "{deployment}": deployment,
         "{namespace}": namespace,
         "{model}": model,
         "{version}": version,
@@ -158,12 +175,14 @@ async def _query(session: aiohttp.ClientSession, url: str, promql: str) -> float
 async def query_prometheus(
     prometheus: PrometheusSpec,
     namespace: str,
+    deployment: str,
     model: str,
     versions: tuple[str, str],
     seconds: float,
     at: float,
 ) -> Sample:
-    """The figures of the last ``seconds``, each a query of the stable or the candidate;
+    """The figures of the last ``seconds`` of ``deployment``'s pods, each a query of the
+    stable or the candidate;
     latency as :func:`~.canary_metrics.figures` compares it (request time of live
     answers, or with none live engine time: shadow runs against the stable's engine)."""
     stable, candidate = versions
@@ -184,7 +203,12 @@ async def query_prometheus(
     async with aiohttp.ClientSession(timeout=timeout) as session:
         promql = [
             render(
-                prometheus.query(name) or DEFAULT_QUERIES[name], namespace, model, version, seconds
+                prometheus.query(name) or DEFAULT_QUERIES[name],
+                namespace,
+                deployment,
+                model,
+                version,
+                seconds,
             )
             for name, version in asked
         ]
@@ -222,18 +246,20 @@ async def query_prometheus(
 async def read_canary(
     spec: ModelDeploymentSpec,
     namespace: str,
+    name: str,
     stable: str,
     pods: list[PodView],
     window_start: float,
     at: float,
 ) -> Sample:
-    """What the analysis reads at ``at`` of the canary of ``spec.version``."""
+    """What the analysis reads at ``at`` of the canary of ``spec.version`` of the
+    ModelDeployment ``name`` (its Deployment's name)."""
     versions = (stable, spec.version)
     assert spec.canary.analysis is not None
     prometheus = spec.canary.analysis.prometheus
     if prometheus is not None:
         return await query_prometheus(
-            prometheus, namespace, spec.model, versions, at - window_start, at
+            prometheus, namespace, name, spec.model, versions, at - window_start, at
         )
     chosen = pods_to_read(spec, stable, spec.version, pods)
     if not chosen:

@@ -341,7 +341,7 @@ async def reconcile_pass(
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
-        foreign=foreign, store_problem=gate.problem, pins=gate.pins,
+        foreign=foreign, store_problem=gate.problem, store_checked=gate.checked, pins=gate.pins,
     )  # fmt: skip
     events += own.events
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
@@ -412,6 +412,7 @@ class StoreGate:
     # the publish sequences pinned when rollouts started (model_rollout_contract.pins):
     # of the versions verified, serving and kept for a rollback
     pins: dict[str, int] = field(default_factory=dict)
+    checked: bool = True  # found in the store (now or before), or served: False, not asked
 
 
 async def _store_gate(
@@ -429,9 +430,13 @@ async def _store_gate(
     stable = status.get("currentVersion")
     known = (stable, status.get("previousVersion"))  # served before: never blocked by it
     pins = stored_pins(status.get(PINS_FIELD))
-    if not check_store or spec.version in verified or spec.version in known:
+    if spec.version in verified or spec.version in known:
         return StoreGate(spec, verified, pins=_kept(pins, verified, status))
+    if not check_store:
+        return StoreGate(spec, verified, pins=_kept(pins, verified, status), checked=False)
     answer: StoreAnswer = await _check_store(memo.api, namespace, spec)
+    if answer.result is VersionCheck.SKIPPED:  # a volume store: nothing was verified
+        return StoreGate(spec, verified, pins=_kept(pins, verified, status), checked=False)
     if answer.result is VersionCheck.MISSING:
         return StoreGate(spec, verified, missing=answer.message, pins=pins)
     if answer.result is VersionCheck.UNREACHABLE:  # a condition; the rest of the pass goes on
@@ -478,6 +483,7 @@ async def _track_pass(
     *,
     foreign: list[str] | None = None,
     store_problem: str | None = None,
+    store_checked: bool = True,
     pins: Mapping[str, int] | None = None,
 ) -> TrackPass:
     """Plan and act on one track's rollout: the deployment's model (``status`` is the
@@ -489,7 +495,7 @@ async def _track_pass(
     now = time.time()
     rollout = rollout_from_status(status.get("rollout"))
     analysis = AnalysisState.from_status(status.get("analysis"))
-    sample = await _read_canary(spec, namespace, stable, rollout, analysis, views, now)
+    sample = await _read_canary(spec, namespace, name, stable, rollout, analysis, views, now)
     plan = plan_rollout(
         spec,
         stable,
@@ -520,6 +526,7 @@ async def _track_pass(
         signing_key=spec.signing_public_key_secret,
         foreign=foreign,
         store_problem=store_problem,
+        store_checked=store_checked,
     )
     new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
     deadline = next_deadline(spec, plan.state, plan.analysis)
@@ -552,7 +559,8 @@ async def _tenant_pass(
         return TrackPass(refused.status, events, None)
     passed = await _track_pass(
         gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
-        generation, annotations, store_problem=gate.problem, pins=gate.pins,
+        generation, annotations, store_problem=gate.problem, store_checked=gate.checked,
+        pins=gate.pins,
     )  # fmt: skip
     passed.status["verifiedVersions"] = gate.verified
     passed.status[PINS_FIELD] = gate.pins
@@ -567,6 +575,7 @@ async def _tenant_pass(
 async def _read_canary(
     spec: ModelDeploymentSpec,
     namespace: str,
+    name: str,
     stable: str | None,
     rollout: RolloutState | None,
     analysis: AnalysisState | None,
@@ -577,7 +586,7 @@ async def _read_canary(
     held = analysing(spec, rollout, analysis)
     if held is None or stable is None or not held.due(now):
         return None
-    return await read_canary(spec, namespace, stable, pods, held.window_start, now)
+    return await read_canary(spec, namespace, name, stable, pods, held.window_start, now)
 
 
 async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:

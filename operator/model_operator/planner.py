@@ -90,6 +90,7 @@ class RolloutState:
     failure: str | None = None
     rolled_back: bool = False  # failed by the canary analysis: canary pods went back
     aborted: bool = False  # ended by the abort annotation: every pod went back
+    inconclusive: bool = False  # rolled back: its analysis could not conclude
 
     @property
     def promotion(self) -> str:
@@ -133,6 +134,8 @@ class Plan:
 # the events of a rollout's start: each begins one entry of the rollout history
 START_EVENTS = ("RolloutStarted", "RollbackStarted")
 RETRIED_EVENT = "RolloutRetried"  # a failed rollout of spec.version run again
+# the reason (phase Degraded) of an analysis that could not conclude in time
+INCONCLUSIVE_REASON = "AnalysisInconclusive"
 
 
 def _readiness_order(pod: PodView) -> tuple[bool, str]:
@@ -503,6 +506,13 @@ class _Tick:
             if failed := self._analyse(spec, sample):
                 return failed
             verdict = f"; analysis {self._verdict()}"
+            if (why := self._undecided(spec)) is not None:  # onInconclusive: hold
+                return self.plan(
+                    Phase.DEGRADED,
+                    INCONCLUSIVE_REASON,
+                    f"canary of {self.version} held (onInconclusive: hold): {why}; a "
+                    "conclusive check ends it, or abort",
+                )
         if self.spec.canary.manual_promote:
             if promoted_version != self.state.promotion:
                 return self.plan(
@@ -593,9 +603,17 @@ class _Tick:
         assert analysis is not None and self.stable is not None
         if sample is None or not analysis.due(sample.at):
             return None
-        before = analysis.last_result
+        before, held_before = analysis.last_result, self._undecided(spec)
         self.analysis, check = analysis.advance(sample, spec, self.stable, self.version)
         if check is None:
+            return None
+        if (why := self._undecided(spec)) is not None:
+            if spec.on_inconclusive == "rollback":
+                return self._analysis_inconclusive(why)
+            if held_before is None:
+                self.events.append(
+                    Event("AnalysisInconclusive", f"{why}; canary held", warning=True)
+                )
             return None
         if check.result is Result.FAILED:
             failures = self.analysis.failures
@@ -612,6 +630,33 @@ class _Tick:
         elif check.result != before:
             self.events.append(Event(f"Analysis{check.result}", check.message))
         return None
+
+    def _undecided(self, spec: AnalysisSpec) -> str | None:
+        """Why this canary's analysis has gone on too long without concluding."""
+        if self.analysis is None or self.analysis.rollout != self.state.promotion:
+            return None
+        return self.analysis.undecided(spec, spec.inconclusive_deadline(self.spec.rollout))
+
+    def _analysis_inconclusive(self, why: str) -> Plan:
+        """``onInconclusive: rollback``: an unproven candidate goes, as a failed one does."""
+        why = f"canary analysis of {self.version} inconclusive: {why}: {self._verdict()}"
+        self.state = replace(
+            self.state,
+            stage=FAILED,
+            failure=why,
+            rolled_back=True,
+            inconclusive=True,
+            batch_in_flight=False,
+        )
+        back = self._back_to_stable()
+        self.events.append(
+            Event(
+                INCONCLUSIVE_REASON,
+                f"{why}; {back} canary pods back to {self.stable}",
+                warning=True,
+            )
+        )
+        return self.plan(Phase.DEGRADED, INCONCLUSIVE_REASON, why)
 
     def _analysis_failed(self, spec: AnalysisSpec) -> Plan:
         assert self.analysis is not None
@@ -665,6 +710,8 @@ class _Tick:
         if self.state.rolled_back and self.stable is not None:
             self._back_to_stable()
             reason = "Aborted" if self.state.aborted else "AnalysisFailed"
+            if self.state.inconclusive:
+                reason = INCONCLUSIVE_REASON
             return self.plan(Phase.DEGRADED, reason, why)
         return self.plan(Phase.DEGRADED, "RolloutFailed", why)
 
@@ -692,6 +739,12 @@ class _Tick:
                 )
             )
         remaining = sorted((p for p in self.pods if p.target != self.version), key=_readiness_order)
+        if not self.pods and self.spec.replicas > 0:  # nothing serves it yet: not complete
+            return self.plan(
+                self._progress_phase(),
+                "PodsStarting",
+                f"0/{self.spec.replicas} pods exist to serve {self.version}",
+            )
         if not remaining:
             return self._complete()
         remaining = [p for p in remaining if p.name not in self.moved]

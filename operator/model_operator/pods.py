@@ -24,6 +24,7 @@ class PodView:
     seen_at: float | None = None  # sidecar report: when it saw ``reported_target``
     policy: str | None = None  # operator-set traffic policy annotation
     ip: str | None = None  # status.podIP: where the operator reads its server's /metrics
+    code: str | None = None  # sidecar report: the stable word for ``reason``
     # every annotation of the pod, for the views of its other tracks (tenant models); a
     # part of its equality, so that an index keeping views sees a tenant track's change
     annotations: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -85,6 +86,7 @@ def _view(
         reported_target=report.target if report else None,
         state=report.state if report else None,
         reason=report.reason if report else None,
+        code=report.code if report else None,
         retained=report.retained if report else (),
         seen_at=report.target_seen_at if report else None,
         ready=ready,

@@ -65,6 +65,10 @@ class StoreSpec:
 # limits of spec.canary.analysis the CRD repeats (the property test checks both agree)
 MAX_ANALYSIS_INTERVAL_SECONDS = 3600
 MAX_FAILURE_LIMIT = 100
+MAX_INCONCLUSIVE_LIMIT = 1000
+MAX_INCONCLUSIVE_DEADLINE_SECONDS = 86400
+# spec.canary.analysis.onInconclusive: what an analysis that cannot conclude leads to
+ON_INCONCLUSIVE = ("rollback", "hold")
 # the figures a Prometheus query template may ask for, and its placeholders: every
 # template names {version}, so that it reads the candidate and the stable version apart
 PROMETHEUS_QUERIES = (
@@ -106,6 +110,16 @@ class AnalysisSpec:
     min_argmax_agreement: float | None = None  # share of shadowed class scores that agree
     max_non_finite: int = defaults.ANALYSIS_MAX_NON_FINITE
     prometheus: PrometheusSpec | None = None
+    # an analysis that cannot conclude (no traffic, its figures unreadable) ends: after
+    # this many inconclusive checks in a row (None: no count), or this long without a
+    # conclusive one (None: spec.rollout.progressDeadlineSeconds), the canary is rolled
+    # back ("rollback") or held, Degraded, until a check concludes ("hold")
+    inconclusive_limit: int | None = None
+    inconclusive_deadline_seconds: float | None = None
+    on_inconclusive: str = defaults.ANALYSIS_ON_INCONCLUSIVE
+
+    def inconclusive_deadline(self, rollout: RolloutSettings) -> float:
+        return self.inconclusive_deadline_seconds or rollout.progress_deadline_seconds
 
 
 @dataclass(frozen=True)
@@ -744,7 +758,21 @@ def _analysis(canary: dict[str, Any], problems: list[str]) -> AnalysisSpec | Non
             raw, "maxNonFinite", int, problems, where, defaults.ANALYSIS_MAX_NON_FINITE
         ),
         prometheus=_prometheus(raw, problems),
+        inconclusive_limit=_get(raw, "inconclusiveLimit", int, problems, where),
+        inconclusive_deadline_seconds=(
+            None
+            if raw.get("inconclusiveDeadlineSeconds") is None
+            else _number(raw, "inconclusiveDeadlineSeconds", problems, where, 0.0)
+        ),
+        on_inconclusive=_get(
+            raw, "onInconclusive", str, problems, where, AnalysisSpec.on_inconclusive
+        ),
     )
+    if analysis.on_inconclusive not in ON_INCONCLUSIVE:
+        problems.append(
+            f"{where}onInconclusive must be one of {list(ON_INCONCLUSIVE)},"
+            f" not {analysis.on_inconclusive!r}"
+        )
     for key, value, low, high in (
         ("intervalSeconds", analysis.interval_seconds, 1, MAX_ANALYSIS_INTERVAL_SECONDS),
         ("minRequests", analysis.min_requests, 1, None),
@@ -754,6 +782,13 @@ def _analysis(canary: dict[str, Any], problems: list[str]) -> AnalysisSpec | Non
         ("maxOutputDrift", analysis.max_output_drift, 0, MAX_DRIFT_THRESHOLD),
         ("minArgmaxAgreement", analysis.min_argmax_agreement, 0, 1),
         ("maxNonFinite", analysis.max_non_finite, 0, None),
+        ("inconclusiveLimit", analysis.inconclusive_limit, 1, MAX_INCONCLUSIVE_LIMIT),
+        (
+            "inconclusiveDeadlineSeconds",
+            analysis.inconclusive_deadline_seconds,
+            1,
+            MAX_INCONCLUSIVE_DEADLINE_SECONDS,
+        ),
     ):
         _range(problems, f"{where}{key}", value, low, high)
     return analysis

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_contract.states import ConditionType, Phase, RolloutStage
+from model_rollout_contract.states import ConditionType, Phase, RolloutStage, SidecarState
 
 from .planner import Plan, RolloutState
 from .pods import PodView
@@ -96,6 +96,62 @@ def was_unsigned(existing: list[dict[str, Any]]) -> bool:
     )
 
 
+# the sidecar report codes that say the model store lacks the version or cannot be read,
+# and the StoreReachable reason each gives
+STORE_CODES = {
+    "not_found": "NotInStore",
+    "store_unreachable": "StoreUnreachable",
+    "store_error": "StoreUnreachable",
+    "bad_credentials": "StoreUnreachable",
+}
+NOT_CHECKED_MESSAGE = (
+    "the operator did not check the model store for the target version (a volume store,"
+    " or store checks off); no pod reports it missing"
+)
+
+
+def store_condition(
+    target: str,
+    pods: list[PodView],
+    problem: str | None,
+    checked: bool,
+    now: float,
+    existing: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``StoreReachable``: what the operator's own check found (``problem``: it could
+    not ask; ``checked``: it found the target), and what the pods' sidecars report of
+    the target: a pod that cannot fetch it contradicts any claim that the store has it."""
+    failing = [
+        p
+        for p in pods
+        if p.reported_target == target
+        and p.state in (SidecarState.REFUSED, SidecarState.ERROR)
+        and p.code in STORE_CODES
+    ]
+    if problem is not None:
+        return condition(
+            ConditionType.STORE_REACHABLE, False, "StoreUnreachable", problem, now, existing
+        )
+    if failing:
+        first = failing[0]
+        more = f" (and {len(failing) - 1} more pods)" if len(failing) > 1 else ""
+        message = f"pod {first.name} cannot fetch {target}: {first.reason or first.code}{more}"
+        reason = STORE_CODES[str(first.code)]
+        return condition(ConditionType.STORE_REACHABLE, False, reason, message, now, existing)
+    if not checked:
+        return condition(
+            ConditionType.STORE_REACHABLE, True, "NotChecked", NOT_CHECKED_MESSAGE, now, existing
+        )
+    return condition(
+        ConditionType.STORE_REACHABLE,
+        True,
+        "Reachable",
+        "the target version is in the model store",
+        now,
+        existing,
+    )
+
+
 def build_status(
     plan: Plan,
     pods: list[PodView],
@@ -107,10 +163,12 @@ def build_status(
     signing_key: str | None,
     foreign: list[str] | None = None,
     store_problem: str | None = None,
+    store_checked: bool = True,
 ) -> dict[str, Any]:
     """``signing_key``: the sidecars' public key Secret, ``None`` with allowUnsigned;
     ``foreign``: children that exist under another owner (never adopted);
-    ``store_problem``: why ``spec.version`` could not be checked in the model store."""
+    ``store_problem``: why ``spec.version`` could not be checked in the model store;
+    ``store_checked``: the operator found it there (False: it did not look)."""
     versions = Counter(p.serving for p in pods if p.serving)
     ready = sum(p.ready for p in pods)
     target = plan.state.to_version
@@ -123,8 +181,9 @@ def build_status(
         condition(
             ConditionType.PROGRESSING,
             rolling,
-            plan.reason if rolling else "Idle",
-            plan.message if rolling else "no rollout in progress",
+            # a rollout stopped (failed, or a canary held undecided) is not idle: it says why
+            plan.reason if rolling or degraded else "Idle",
+            plan.message if rolling or degraded else "no rollout in progress",
             now,
             existing_conditions,
         ),
@@ -154,14 +213,7 @@ def build_status(
         ),
     ]
     conditions.append(
-        condition(
-            ConditionType.STORE_REACHABLE,
-            store_problem is None,
-            "StoreUnreachable" if store_problem else "Reachable",
-            store_problem or "the target version is in the model store",
-            now,
-            existing_conditions,
-        )
+        store_condition(target, pods, store_problem, store_checked, now, existing_conditions)
     )
     conditions.append(signatures_condition(signing_key, now, existing_conditions))
     healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
@@ -189,7 +241,9 @@ def build_status(
         "conditions": conditions,
         "lastUpdateTime": iso(now),
     }
-    if plan.analysis is not None:  # the last canary analysis, until the next one starts
+    if plan.analysis is not None and plan.analysis.rollout == plan.state.promotion:
+        # the analysis of this rollout only: a verdict on an earlier one (Passed, say,
+        # before an abort) must not stand beside a rollout it never judged
         analysis = plan.analysis.to_status()
         if plan.analysis.at is not None:
             analysis["at"] = iso(plan.analysis.at)
