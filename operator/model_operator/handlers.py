@@ -591,7 +591,10 @@ async def _read_canary(
 
 async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:
     """Is ``spec.version`` in the store, asked with the resource's own credentials? Its
-    sequence is read only from a manifest signed by a key the pods trust."""
+    sequence is read only from a manifest signed by a key the pods trust. A volume store
+    is not read (the operator has no volume): its keys are not asked for either."""
+    if not spec.store.url:
+        return await check_version(spec)
     keys = await _trusted_keys(api, namespace, spec)
     secret_name = spec.store.credentials_secret
     if not secret_name or not spec.store.url:
