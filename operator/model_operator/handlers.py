@@ -3,11 +3,11 @@
 One task per ModelDeployment runs every pass for that resource (observe, plan, act,
 write status, post events), so observations, decisions and the status they produce never
 race each other; all decisions are made by the pure functions in :mod:`planner`,
-:mod:`manifests` and :mod:`status`. The task sleeps until something happens: a watch on
-the pods this operator labels keeps an index (no LIST per pass) and wakes the owning
-resource's task on every pod event; a change of the resource itself wakes it too; a
-timer remains only for deadlines and jitter (the planner's
-:func:`~.planner.next_deadline`) and as a resync period.
+:mod:`manifests` and :mod:`status`. The task sleeps until something happens: the
+operator's own watch on the pods it labels keeps an index (:mod:`.pod_index`: no LIST
+per pass) and wakes the owning resource's task when a pod's view changed; a change of
+the resource itself wakes it too; a timer remains only for deadlines and jitter (the
+planner's :func:`~.planner.next_deadline`) and as a resync period.
 
 The task is the operator's own (:class:`Follower`), started and stopped by the
 resource's watch events, not a kopf daemon: kopf puts a finalizer on every resource that
@@ -32,7 +32,6 @@ import kopf
 from model_rollout_contract.annotations import (
     ABORT,
     CHANGE_CAUSE,
-    DEPLOYMENT_LABEL,
     PROMOTE,
     RETRY,
 )
@@ -54,7 +53,8 @@ from .leader import LeaseFence
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
-from .pods import PodView, pod_view
+from .pod_index import PodIndex, PodLookup
+from .pods import PodView
 from .spec import ModelDeploymentSpec, TenantModelSpec, parse_spec, track_spec
 from .status import (
     UNSIGNED_MESSAGE,
@@ -98,6 +98,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's task
     memo.followers = {}  # (namespace, name) -> its Follower
 
+    def pods_changed(namespace: str, name: str) -> None:
+        _waker(memo, namespace, name).set()
+
+    # listed before kopf starts the resources' watch: no pass runs on an empty index
+    memo.pods = PodIndex(memo.api, config.namespaces, pods_changed)
+    await memo.pods.start()
+
 
 async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
     port = _config(memo).metrics_port
@@ -113,6 +120,9 @@ async def close_api(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     followers.clear()
+    pods: PodIndex | None = getattr(memo, "pods", None)
+    if pods is not None:
+        await pods.stop()
     api: KubeClient | None = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -157,27 +167,6 @@ def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
     return wakers.setdefault((namespace, name), asyncio.Event())
 
 
-# -- observing --------------------------------------------------------------------------
-def is_live(body: kopf.Body, **_: Any) -> bool:
-    """Pods being deleted, and Failed or Succeeded ones (evicted, say), serve nothing and
-    count as no replica: the index drops them (kopf purges what stops matching)."""
-    if body.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    return (body.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
-
-
-def pods_by_deployment(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], PodView]:
-    """Index of the live pods of each ModelDeployment."""
-    return {(namespace, str(labels[DEPLOYMENT_LABEL])): pod_view(body)}
-
-
-def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    if namespace is not None:
-        _waker(memo, namespace, str(labels[DEPLOYMENT_LABEL])).set()
-
-
 class Follower:
     """One ModelDeployment's task (:func:`follow`) and the latest copy of the resource
     its watch delivered, which each pass reads."""
@@ -194,7 +183,6 @@ async def resource_changed(
     name: str | None,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView] | None = None,
     **_: Any,
 ) -> None:
     """Start the resource's task when it is first seen, hand it each new copy and wake
@@ -214,10 +202,9 @@ async def resource_changed(
         followers.pop(key, None)
         return
     if follower is None:
-        assert pods_by_deployment is not None  # kopf passes every index to every handler
         follower = followers[key] = Follower(body)
         follower.task = asyncio.create_task(
-            follow(follower, name, namespace, memo, logger, pods_by_deployment),
+            follow(follower, name, namespace, memo, logger, memo.pods),
             name=f"rollouts of {namespace}/{name}",
         )
     follower.body = body
@@ -639,7 +626,7 @@ async def follow(
     namespace: str,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
+    pods_by_deployment: PodLookup,
 ) -> None:
     """The resource's task, until cancelled: its passes (:func:`follow_rollouts`), run
     again from the latest copy of the resource after a failure: a transient API failure
@@ -662,7 +649,7 @@ async def follow_rollouts(
     namespace: str,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
+    pods_by_deployment: PodLookup,
 ) -> None:
     """The resource's passes: one whenever it or one of its pods changes, or a deadline
     comes. Status is written only when it changed; the status this task wrote is what
@@ -727,8 +714,5 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.startup(registry=registry)(serve_metrics)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(close_api)
-    ours = {DEPLOYMENT_LABEL: kopf.PRESENT}
-    kopf.index("v1", "pods", labels=ours, when=is_live, registry=registry)(pods_by_deployment)
-    kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_changed)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(resource_changed)
     return registry
