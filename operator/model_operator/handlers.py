@@ -174,6 +174,23 @@ class Follower:
     def __init__(self, body: kopf.Body) -> None:
         self.body = body
         self.task: asyncio.Task[None] | None = None
+        self.written: dict[str, Any] | None = None  # the status its last write stored
+
+    def echo(self, body: kopf.Body) -> bool:
+        """Is ``body`` the watch's copy of this task's own status write, with nothing
+        else changed? Then it is no news: a pass on it would find nothing to do."""
+        if self.written is None or dict(body.get("status") or {}) != self.written:
+            return False
+        return body.get("spec") == self.body.get("spec") and _meta(body) == _meta(self.body)
+
+
+def _meta(body: kopf.Body) -> tuple[Any, ...]:
+    """What of a resource's metadata a pass reads."""
+    meta = body.get("metadata") or {}
+    return tuple(
+        meta.get(k)
+        for k in ("generation", "annotations", "labels", "deletionTimestamp", "finalizers")
+    )
 
 
 async def resource_changed(
@@ -186,8 +203,9 @@ async def resource_changed(
     **_: Any,
 ) -> None:
     """Start the resource's task when it is first seen, hand it each new copy and wake
-    it; stop it once the resource is deleted (or being deleted: nothing more to roll
-    out). A finalizer that an earlier version's kopf daemon left is removed."""
+    it (not for the copy that only echoes the task's own status write); stop it once
+    the resource is deleted (or being deleted: nothing more to roll out). A finalizer
+    that an earlier version's kopf daemon left is removed."""
     if namespace is None or name is None:
         return
     key = (namespace, name)
@@ -200,6 +218,9 @@ async def resource_changed(
         if follower is not None and follower.task is not None:
             follower.task.cancel()
         followers.pop(key, None)
+        return
+    if follower is not None and follower.echo(body):
+        follower.body = body
         return
     if follower is None:
         follower = followers[key] = Follower(body)
@@ -688,6 +709,7 @@ async def follow_rollouts(
             if _changed(status, new_status):
                 patch = merge_patch(status, new_status)
                 status = await cluster.patch_status(memo.api, namespace, name, patch) or status
+                follower.written = status
             if result.cleared:  # acted on, and the status that says so is written
                 await cluster.clear_annotations(memo.api, namespace, name, result.cleared)
                 cleared.update({k: shown[k] for k in result.cleared if k in shown})
