@@ -43,10 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=1000)
     p.add_argument("--deployments", type=int, default=10)
     p.add_argument("--idle-seconds", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=900.0, help="a hang guard for each step")
     p.add_argument("--out", default="bench/results/rollout_scale/rollout_scale.json")
     p.add_argument("--work", help="where the control plane's files go (default: a temp dir)")
     args = p.parse_args(argv)
-    settings = ScaleSettings(pods=args.pods, deployments=args.deployments, idle_s=args.idle_seconds)
+    settings = ScaleSettings(
+        pods=args.pods, deployments=args.deployments, idle_s=args.idle_seconds,
+        timeout_s=args.timeout,
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rollout-scale-") as tmp:
         work = Path(args.work or tmp)
         report = run_scale(work, settings)

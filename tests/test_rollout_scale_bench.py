@@ -1,8 +1,9 @@
 """The scale benchmark (``bench/rollout_scale.py``) in small: 20 simulated pods of 2
 ModelDeployments on the session's real control plane, rolled v1→v2 and back by the
 operator as the chart runs it. Its figures are the API server's counts, so they are
-checked for what the structure allows (no write while idle, at most 5 writes a pod a
-rollout), never for time."""
+checked for what the structure allows, never for time: no write while idle; in a
+rollout, a pod is written at most 5 times (the operator's target, the sidecar's reports:
+fetching, loading, ok) and each ModelDeployment's status at most once per pod and step."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def test_a_small_scale_run_is_counted_and_within_the_targets(
     idle, forward, back, idle_after = report["windows"]
     for rollout in (forward, back):
         # every pod's target is set, and its sidecar reports at least once
-        assert rollout["writes"] >= 2 * settings.pods, rollout["by_writer"]
-        assert rollout["writes_per_pod"] <= 5, rollout["by_writer"]
-        assert rollout["md_status_writes"] >= settings.deployments
+        assert rollout["pod_writes"] >= 2 * settings.pods, rollout["by_writer"]
+        assert rollout["pod_writes"] <= 5 * settings.pods, rollout["by_writer"]
+        assert settings.deployments <= rollout["md_status_writes"] <= 2 * settings.pods + 10
         assert rollout["operator_cpu_s"] > 0
     for window in (idle, idle_after):
         assert window["writes"] == 0, window["by_writer"]

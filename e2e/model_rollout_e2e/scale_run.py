@@ -61,6 +61,7 @@ class Window:
     name: str
     wall_s: float
     writes: int  # to the run's namespace
+    pod_writes: int  # of the pods themselves (targets, reports), not their status
     md_status_writes: int
     operator_cpu_s: float
     by_writer: list[dict[str, Any]]
@@ -127,7 +128,10 @@ class ScaleRun:
         name = f"node-{uuid.uuid4().hex[:6]}"
         kubeconfig = self.cluster.node_kubeconfig(name)
         containers = SimulatedModelContainers(kubeconfig, self.settings.sidecars)
-        agent = NodeAgent(kubeconfig, containers, name, pods=self.settings.pods + 110)
+        # room for every pod (no GPU asked: a simulated server needs none)
+        agent = NodeAgent(
+            kubeconfig, containers, name, cpu="4000", memory="16Ti", pods=self.settings.pods + 110
+        )
         self.node = AgentThread(agent).start()
         self.operator = Operator(
             identity.kubeconfig, self.namespace, self.work / "operator.log",
@@ -162,7 +166,7 @@ class ScaleRun:
                     "replicas": self.replicas(index),
                     "backend": "onnxruntime",
                     "store": {"pvc": "model-store"},
-                    "resources": {"memory": "1Gi"},
+                    "resources": {"memory": "1Gi", "gpu": 0},
                     "canary": self.settings.canary,
                     "rollout": self.settings.rollout,
                     "signingPublicKeySecret": "model-signing-key",
@@ -232,6 +236,7 @@ def _window(name: str, wall: float, cpu: float, counts: WriteCounts, pods: int) 
         name=name,
         wall_s=round(wall, 2),
         writes=counts.total(),
+        pod_writes=sum(n for (_, resource), n in counts.by_writer.items() if resource == "pods"),
         md_status_writes=counts.status_writes("modeldeployments"),
         operator_cpu_s=round(cpu, 2),
         by_writer=counts.table(),
