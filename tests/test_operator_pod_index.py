@@ -9,7 +9,9 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest.mock import patch
 
+from model_operator.errors import ApiError, TransientApiError
 from model_operator.pod_index import PodIndex, namespace_matcher
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, TARGET_VERSION
 
@@ -87,3 +89,26 @@ def test_namespace_patterns_are_kopfs() -> None:
     matches = namespace_matcher(["rollouts-*", "!rollouts-x"])
     assert matches("rollouts-1") and not matches("rollouts-x") and not matches("other")
     assert namespace_matcher([])("anything")
+
+
+async def test_a_refused_first_list_is_asked_again() -> None:
+    """The operator does not start its passes on an empty index, nor crash, when the
+    first LIST is refused or fails: it asks again until the API answers."""
+    api = ScriptedApi([pod("a")])
+    answers = iter([TransientApiError(503, "overloaded"), ApiError(403, "forbidden")])
+    listed = api.request
+
+    async def request(method: str, path: str) -> dict[str, Any]:
+        answer = next(answers, None)
+        if answer is not None:
+            raise answer
+        return await listed(method, path)
+
+    api.request = request  # type: ignore[method-assign]
+    index = PodIndex(api, ["ns"], lambda ns, name: None)  # type: ignore[arg-type]
+    with patch("model_operator.pod_index.RETRY_S", 0.01):
+        await index.start()
+    try:
+        assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]
+    finally:
+        await index.stop()

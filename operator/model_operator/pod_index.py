@@ -93,8 +93,9 @@ class PodIndex:
         return list(views.values()) if views else (default if default is not None else [])
 
     async def start(self) -> None:
-        """The first LIST of each scope, then its WATCH on a task of its own."""
-        versions = [await self._list(scope) for scope in self.scopes]
+        """The first LIST of each scope (asked again until the API answers it: a refusal,
+        RBAC's say, is logged), then its WATCH on a task of its own."""
+        versions = [await self._first_list(scope) for scope in self.scopes]
         self._tasks = [
             asyncio.create_task(self._follow(scope, version), name=f"pod watch {scope or '*'}")
             for scope, version in zip(self.scopes, versions, strict=True)
@@ -152,6 +153,14 @@ class PodIndex:
         for pod in items:
             self._put(pod)
         return str((answer.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _first_list(self, scope: str | None) -> str:
+        while True:
+            try:
+                return await self._list(scope)
+            except ApiError as exc:
+                log.warning("listing pods (%s): %s; again in %gs", scope or "all", exc, RETRY_S)
+                await asyncio.sleep(RETRY_S)
 
     async def _follow(self, scope: str | None, version: str | None) -> None:
         while True:
