@@ -93,6 +93,7 @@ test-fast: install
 bench: install
 	$(BIN)/python bench/swap_under_load.py
 	$(BIN)/python bench/cold_start.py
+	$(BIN)/python bench/planner_scale.py
 	$(BIN)/python bench/rollout_scale.py
 
 # the KServe v2 gRPC code from the vendored protos (committed; a test checks it is current)

@@ -167,3 +167,26 @@ def test_a_status_that_differs_only_in_update_times_is_not_written_again() -> No
     assert not _changed(old, new)
     assert _changed(old, at("t2", "Canary"))
     assert _changed(old, {**new, "tenants": {}})  # a tenant model removed
+
+
+async def test_the_echo_of_its_own_status_write_does_not_wake_the_task() -> None:
+    """The watch brings back every status the task writes; a pass on that copy would
+    find nothing to do (issue 28 item 8: no pass, at 1000 pods, for the operator's own
+    write). A change of the spec, or a status the task did not write, still wakes it."""
+    written = {"phase": "Available", "currentVersion": "v1"}
+    memo = kopf.Memo(wakers={}, followers={})
+    follower = memo.followers[("ns", "m")] = Follower(kopf.Body(BODY))
+    follower.written = written
+    logger = logging.getLogger("test")
+
+    async def event(body: dict[str, Any]) -> bool:
+        wake = handlers._waker(memo, "ns", "m")
+        wake.clear()
+        await handlers.resource_changed(
+            {"type": "MODIFIED", "object": body}, kopf.Body(body), "ns", "m", memo, logger
+        )  # type: ignore[arg-type]
+        return wake.is_set()
+
+    assert not await event({**BODY, "status": written})
+    assert await event({**BODY, "status": {**written, "phase": "Progressing"}})
+    assert await event({**BODY, "spec": {**BODY["spec"], "version": "v2"}, "status": written})

@@ -21,6 +21,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract import server_codes
+from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.control import BUSY, StatusReply, encode
 from model_rollout_contract.redact import redact
 from model_rollout_contract.report import SidecarReport
@@ -239,6 +240,37 @@ async def test_an_unchanged_report_is_rewritten_once_the_heartbeat_is_due(
     reporter.heartbeat_s = 0.0
     await reporter.heartbeat()
     assert read_status(path)["updated_at"] > first
+
+
+class AnnotationCounter:
+    """A pod's API as far as the reporter uses it: each annotation patch counted."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, str]] = []
+
+    async def annotate(self, annotations: dict[str, str]) -> None:
+        self.patches.append(annotations)
+
+
+async def test_a_heartbeat_refreshes_the_file_but_patches_the_pod_only_for_news(
+    tmp_path: Path,
+) -> None:
+    """An idle pod costs the API server no writes (issue 28: 0 idle writes): the
+    heartbeat keeps the status file's ``updated_at`` fresh, and the pod's annotation is
+    patched again only when the report says something new."""
+    path, pod = tmp_path / "status.json", AnnotationCounter()
+    reporter = StatusReporter(path, pod, heartbeat_s=0.0)  # type: ignore[arg-type]
+    report = SidecarReport("mlp", "v1", "v1", SidecarState.OK)
+    await reporter.report(report)
+    first = read_status(path)["updated_at"]
+    for _ in range(3):
+        await reporter.heartbeat()
+        await reporter.report(report)
+    assert read_status(path)["updated_at"] > first
+    assert len(pod.patches) == 1
+    await reporter.report(SidecarReport("mlp", "v2", "v1", SidecarState.LOADING))
+    assert len(pod.patches) == 2
+    assert json.loads(pod.patches[-1][SIDECAR_STATUS])["state"] == "loading"
 
 
 async def test_the_watch_loop_keeps_the_report_fresh_between_cycles(tmp_path: Path) -> None:

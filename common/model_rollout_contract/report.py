@@ -10,9 +10,11 @@ Wire format (one JSON object, keys sorted)::
 
 ``code`` is a stable word for programs (every failure has its own: ``volume_full``,
 ``store_unreachable``, ``bad_credentials``, ``size_mismatch``, ``stale_sequence``, ...);
-``reason`` says the same for people. ``updated_at`` is also a heartbeat: a sidecar
-rewrites an unchanged report at least every :data:`HEARTBEAT_SECONDS`, so a report much
-older than that comes from a sidecar that is stuck or gone.
+``reason`` says the same for people. In the status file ``updated_at`` is also a
+heartbeat: a sidecar rewrites an unchanged report there at least every
+:data:`HEARTBEAT_SECONDS`, so a file much older than that comes from a sidecar that is
+stuck or gone. The pod annotation is patched only when the report changes (an idle pod
+makes no API writes), so there ``updated_at`` is when the report last changed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from .states import SidecarState
 
-HEARTBEAT_SECONDS = 30.0  # an unchanged report is rewritten at least this often
+HEARTBEAT_SECONDS = 30.0  # an unchanged report is rewritten to the file at least this often
 
 
 @dataclass(frozen=True)

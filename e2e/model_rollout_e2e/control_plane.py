@@ -10,7 +10,9 @@ There is no kubelet of its own: pods are created and scheduled, and run once a n
 registered a Node.
 
 The API server keeps an audit log of every write (:meth:`ControlPlane.audit_writes`: who
-wrote what, and when the server received it), so a test can tell which client wrote.
+wrote what, and when the server received it), so a test can tell which client wrote, and
+a benchmark can count the writes of a window (:meth:`ControlPlane.audit_mark`,
+:meth:`ControlPlane.audit_counts`).
 
 Every process is started in a session of its own and stopped by its process id (its
 process group), newest first; the kernel kills them too if the test process dies
@@ -30,9 +32,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from model_rollout_e2e.api_counts import WRITE_VERBS, WriteCounts, now_utc, writes_between
 from model_rollout_e2e.binaries import BinaryNotFound
 from model_rollout_e2e.cluster_pki import SERVICE_RANGE, CertPair, ClusterPKI
 from model_rollout_e2e.identities import Identity, service_account
@@ -42,7 +46,6 @@ from model_rollout_e2e.processes import die_with_parent, free_port, wait_until
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 # the audit policy: each write once, when answered (who, what, when; no bodies); no reads
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -168,16 +171,39 @@ class ControlPlane:
     def logs(self) -> str:
         return "\n".join(f"--- {c.name} ---\n{c.log_tail()}" for c in self.components)
 
-    def audit_writes(self) -> list[dict[str, Any]]:
-        """Every write the API server has answered so far, oldest first: audit.k8s.io/v1
-        Events at Metadata level (``user.username``, ``verb``, ``objectRef``,
-        ``requestReceivedTimestamp``, ``responseStatus.code``). The log is written before
-        each answer is sent (the log backend's default, blocking mode)."""
+    def audit_writes(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Every write the API server has answered so far (received in ``[since,
+        until)`` when given, marks from :meth:`audit_mark`), oldest first:
+        audit.k8s.io/v1 Events at Metadata level (``user.username``, ``verb``,
+        ``objectRef``, ``requestReceivedTimestamp``, ``responseStatus.code``). The log is
+        written before each answer is sent (the log backend's default, blocking mode)."""
         try:
             lines = self.audit_log.read_text().splitlines()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        entries = [json.loads(line) for line in lines if line.strip()]
+        if since is None and until is None:
+            return entries
+        return [dict(e) for e in writes_between(entries, since, until)]
+
+    @staticmethod
+    def audit_mark() -> datetime:
+        """Now, as a bound of a window of :meth:`audit_writes` and :meth:`audit_counts`."""
+        return now_utc()
+
+    def audit_counts(
+        self, since: datetime | None, until: datetime | None = None, namespace: str | None = None
+    ) -> WriteCounts:
+        """The writes received in ``[since, until)`` (to objects of ``namespace`` only,
+        when given), counted by user and resource."""
+        entries = self.audit_writes(since, until)
+        if namespace is not None:
+            entries = [
+                e for e in entries if (e.get("objectRef") or {}).get("namespace") == namespace
+            ]
+        return WriteCounts.of(entries)
 
     # -- clients ---------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ By container (read from its command line, as the operator writes it):
   target; the ``bad_policy`` code beside ``ok`` for a traffic annotation that is not a
   policy. ``retained`` is what the server holds besides (``--retain`` of the server
   container, a canary's stable version), ``target_seen_at`` when the target was first
-  seen, and an unchanged report is written again every ``heartbeat_s``.
+  seen; an unchanged report is not written again (the real sidecar heartbeats its status
+  file only, and patches its pod's annotation for news), unless ``heartbeat_s`` is set.
 * any other container (the server) runs until signalled; its probes pass at once.
 
 Not simulated: the model store (any version but a refused one exists), signatures,
@@ -61,7 +62,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from model_rollout_contract import defaults
 from model_rollout_contract.canary import InvalidPolicy, TrafficPolicy
 from model_rollout_contract.names import is_valid_name
-from model_rollout_contract.report import HEARTBEAT_SECONDS, SidecarReport
+from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_contract.tracks import TrackKeys, track_keys
 
@@ -92,7 +93,7 @@ class SidecarBehaviour:
     fetch_s: float = 0.1  # download and verification of a version
     load_s: float = 0.2  # the server's load and warm-up of it
     refuse: Mapping[str, str] = field(default_factory=dict)  # version -> refusal code
-    heartbeat_s: float | None = HEARTBEAT_SECONDS  # None: an unchanged report is not rewritten
+    heartbeat_s: float | None = None  # a period to rewrite an unchanged report (None: never)
     config_refresh_s: float = 60.0  # the kubelet's refresh of the projected ConfigMap
 
     def refusal(self, model: str, version: str) -> tuple[str, str] | None:

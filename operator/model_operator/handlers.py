@@ -3,11 +3,11 @@
 One task per ModelDeployment runs every pass for that resource (observe, plan, act,
 write status, post events), so observations, decisions and the status they produce never
 race each other; all decisions are made by the pure functions in :mod:`planner`,
-:mod:`manifests` and :mod:`status`. The task sleeps until something happens: a watch on
-the pods this operator labels keeps an index (no LIST per pass) and wakes the owning
-resource's task on every pod event; a change of the resource itself wakes it too; a
-timer remains only for deadlines and jitter (the planner's
-:func:`~.planner.next_deadline`) and as a resync period.
+:mod:`manifests` and :mod:`status`. The task sleeps until something happens: the
+operator's own watch on the pods it labels keeps an index (:mod:`.pod_index`: no LIST
+per pass) and wakes the owning resource's task when a pod's view changed; a change of
+the resource itself wakes it too; a timer remains only for deadlines and jitter (the
+planner's :func:`~.planner.next_deadline`) and as a resync period.
 
 The task is the operator's own (:class:`Follower`), started and stopped by the
 resource's watch events, not a kopf daemon: kopf puts a finalizer on every resource that
@@ -32,7 +32,6 @@ import kopf
 from model_rollout_contract.annotations import (
     ABORT,
     CHANGE_CAUSE,
-    DEPLOYMENT_LABEL,
     PROMOTE,
     RETRY,
 )
@@ -55,7 +54,8 @@ from .leader import LeaseFence
 from .manifests import children, configmap, digest
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
-from .pods import PodView, pod_view
+from .pod_index import PodIndex, PodLookup
+from .pods import PodView
 from .signatures import Ed25519PublicKey, secret_keys
 from .spec import ModelDeploymentSpec, TenantModelSpec, parse_spec, track_spec
 from .status import (
@@ -100,6 +100,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.wakers = {}  # (namespace, name) -> asyncio.Event of that resource's task
     memo.followers = {}  # (namespace, name) -> its Follower
 
+    def pods_changed(namespace: str, name: str) -> None:
+        _waker(memo, namespace, name).set()
+
+    # listed before kopf starts the resources' watch: no pass runs on an empty index
+    memo.pods = PodIndex(memo.api, config.namespaces, pods_changed)
+    await memo.pods.start()
+
 
 async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
     port = _config(memo).metrics_port
@@ -115,6 +122,9 @@ async def close_api(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     followers.clear()
+    pods: PodIndex | None = getattr(memo, "pods", None)
+    if pods is not None:
+        await pods.stop()
     api: KubeClient | None = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -159,27 +169,6 @@ def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
     return wakers.setdefault((namespace, name), asyncio.Event())
 
 
-# -- observing --------------------------------------------------------------------------
-def is_live(body: kopf.Body, **_: Any) -> bool:
-    """Pods being deleted, and Failed or Succeeded ones (evicted, say), serve nothing and
-    count as no replica: the index drops them (kopf purges what stops matching)."""
-    if body.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    return (body.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
-
-
-def pods_by_deployment(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], PodView]:
-    """Index of the live pods of each ModelDeployment."""
-    return {(namespace, str(labels[DEPLOYMENT_LABEL])): pod_view(body)}
-
-
-def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    if namespace is not None:
-        _waker(memo, namespace, str(labels[DEPLOYMENT_LABEL])).set()
-
-
 class Follower:
     """One ModelDeployment's task (:func:`follow`), the latest copy of the resource its
     watch delivered, which each pass reads, and the transient failures in a row (its
@@ -191,6 +180,23 @@ class Follower:
         self.uid = str(body.get("metadata", {}).get("uid") or "")
         self.task: asyncio.Task[None] | None = None
         self.failures = 0
+        self.written: dict[str, Any] | None = None  # the status its last write stored
+
+    def echo(self, body: kopf.Body) -> bool:
+        """Is ``body`` the watch's copy of this task's own status write, with nothing
+        else changed? Then it is no news: a pass on it would find nothing to do."""
+        if self.written is None or dict(body.get("status") or {}) != self.written:
+            return False
+        return body.get("spec") == self.body.get("spec") and _meta(body) == _meta(self.body)
+
+
+def _meta(body: kopf.Body) -> tuple[Any, ...]:
+    """What of a resource's metadata a pass reads."""
+    meta = body.get("metadata") or {}
+    return tuple(
+        meta.get(k)
+        for k in ("generation", "annotations", "labels", "deletionTimestamp", "finalizers")
+    )
 
 
 async def resource_changed(
@@ -200,12 +206,12 @@ async def resource_changed(
     name: str | None,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView] | None = None,
     **_: Any,
 ) -> None:
     """Start the resource's task when it is first seen, hand it each new copy and wake
-    it; stop it once the resource is deleted (or being deleted: nothing more to roll
-    out). A finalizer that an earlier version's kopf daemon left is removed."""
+    it (not for the copy that only echoes the task's own status write); stop it once
+    the resource is deleted (or being deleted: nothing more to roll out). A finalizer
+    that an earlier version's kopf daemon left is removed."""
     if namespace is None or name is None:
         return
     key = (namespace, name)
@@ -226,11 +232,13 @@ async def resource_changed(
             follower.task.cancel()
         followers.pop(key, None)
         return
+    if follower is not None and follower.echo(body):
+        follower.body = body
+        return
     if follower is None:
-        assert pods_by_deployment is not None  # kopf passes every index to every handler
         follower = followers[key] = Follower(body)
         follower.task = asyncio.create_task(
-            follow(follower, name, namespace, memo, logger, pods_by_deployment),
+            follow(follower, name, namespace, memo, logger, memo.pods),
             name=f"rollouts of {namespace}/{name} ({uid})",
         )
     follower.body = body
@@ -679,7 +687,7 @@ async def follow(
     namespace: str,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
+    pods_by_deployment: PodLookup,
 ) -> None:
     """The resource's task, until cancelled or the resource is gone: its passes
     (:func:`follow_rollouts`), run again from the latest copy of the resource after a
@@ -708,7 +716,7 @@ async def follow_rollouts(
     namespace: str,
     memo: kopf.Memo,
     logger: kopf.Logger,
-    pods_by_deployment: kopf.Index[tuple[str | None, str], PodView],
+    pods_by_deployment: PodLookup,
 ) -> None:
     """The resource's passes: one whenever it or one of its pods changes, or a deadline
     comes. Status is written only when it changed; the status this task wrote is what
@@ -748,6 +756,7 @@ async def follow_rollouts(
                 status = await cluster.replace_status(
                     memo.api, namespace, name, follower.uid, new_status
                 ) or status  # fmt: skip
+                follower.written = status
             if result.cleared:  # acted on, and the status that says so is written
                 await cluster.clear_annotations(
                     memo.api, namespace, name, follower.uid, result.cleared
@@ -776,8 +785,5 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.startup(registry=registry)(serve_metrics)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(close_api)
-    ours = {DEPLOYMENT_LABEL: kopf.PRESENT}
-    kopf.index("v1", "pods", labels=ours, when=is_live, registry=registry)(pods_by_deployment)
-    kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_changed)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(resource_changed)
     return registry

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -192,6 +192,42 @@ class KubeClient:
             message = _api_message(text)
             raise error(status, f"{method} {path}: HTTP {status}: {message}", message, wait)
         return json.loads(text) if text else {}
+
+    @asynccontextmanager
+    async def stream(self, path: str, timeout_s: float) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A GET whose answer is read line by line (a watch): ``async with
+        api.stream(path, t) as lines: async for line in lines``; empty lines skipped.
+        The errors are :meth:`request`'s."""
+        client = self._open()
+        try:
+            response = await client.call_api(
+                path, "GET", header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=timeout_s,
+            )  # fmt: skip
+        except _TRANSPORT_ERRORS as exc:
+            self.on_error(0)
+            raise TransientApiError(0, f"GET {path}: {exc or type(exc).__name__}") from exc
+        try:
+            if response.status >= 300:
+                self.on_error(response.status)
+                transient = response.status in _TRANSIENT_STATUSES
+                error = TransientApiError if transient else ApiError
+                message = _api_message(await response.text())
+                raise error(response.status, f"GET {path}: HTTP {response.status}: {message}")
+
+            async def lines() -> AsyncIterator[bytes]:
+                try:
+                    while line := await response.content.readline():
+                        if line.strip():
+                            yield line
+                except _TRANSPORT_ERRORS as exc:
+                    self.on_error(0)
+                    raise TransientApiError(0, f"GET {path}: {exc!r}") from exc
+
+            yield lines()
+        finally:
+            response.release()
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
         return await self.request("PATCH", path, patch, "application/merge-patch+json")

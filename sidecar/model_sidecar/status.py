@@ -1,10 +1,13 @@
 """What the sidecar reports: a JSON status file the operator (or a person) can read, and,
 in a cluster, the same JSON as an annotation on its own pod.
 
-A report is written when it changes, and an unchanged one again once ``heartbeat_s``
-(:data:`~model_rollout_contract.report.HEARTBEAT_SECONDS`) has passed since the last
-write, so ``updated_at`` shows that the sidecar is alive; the watch loop calls
-:meth:`StatusReporter.heartbeat` between its cycles. The file is replaced atomically and
+A report is written when it changes, and an unchanged one again to the file once
+``heartbeat_s`` (:data:`~model_rollout_contract.report.HEARTBEAT_SECONDS`) has passed
+since the last write, so the file's ``updated_at`` shows that the sidecar is alive; the
+watch loop calls :meth:`StatusReporter.heartbeat` between its cycles. The pod's
+annotation is patched only when the report says something new (or the last patch
+failed): an idle pod costs the API server no writes, and every pod event the operator
+sees is news. The file is replaced atomically and
 never through a link (it lies in the shared volume). A failed write (a full volume) is
 logged and tried again on the next report; the pod annotation still carries it. A patch
 of the annotation that the API refuses (403 from admission, 429, 5xx, no answer) is
@@ -51,6 +54,7 @@ class StatusReporter:
         self.backoff = backoff  # between refused patches of the annotation
         self.rng = rng or random.Random()
         self.last: SidecarReport | None = None
+        self._annotated: SidecarReport | None = None  # what the pod's annotation says
         self._written_at = 0.0  # monotonic time of the last complete write
         self._dirty = False  # the last report did not reach every destination
         self.patch_failures = 0  # patches refused in a row
@@ -91,7 +95,7 @@ class StatusReporter:
     async def _annotate(self, status: SidecarReport) -> bool:
         """Whether the pod's annotation carries ``status`` now; while a refused patch's
         pause lasts, nothing is sent (the report stays due)."""
-        if self.pod is None:
+        if self.pod is None or status.same_as(self._annotated):
             return True
         if time.monotonic() < self._patch_after:
             return False
@@ -109,4 +113,5 @@ class StatusReporter:
             )
             return False
         self.patch_failures = 0
+        self._annotated = status
         return True

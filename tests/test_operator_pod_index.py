@@ -1,0 +1,114 @@
+"""The operator's pod index (:mod:`model_operator.pod_index`) on a scripted API: a pod
+event wakes its ModelDeployment's task only when the pod's view changed, came or went
+(at a thousand pods, every other event would be a pass for nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from unittest.mock import patch
+
+from model_operator.errors import ApiError, TransientApiError
+from model_operator.pod_index import PodIndex, namespace_matcher
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, TARGET_VERSION
+
+
+def pod(name: str, owner: str = "mlp", version: str = "1", **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name, "namespace": "ns", "resourceVersion": version,
+            "labels": {DEPLOYMENT_LABEL: owner}, "annotations": annotations,
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+
+
+class ScriptedApi:
+    """A LIST of ``listed``, then one watch that yields what is put in ``events``."""
+
+    def __init__(self, listed: list[dict[str, Any]]) -> None:
+        self.listed = listed
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def request(self, method: str, path: str) -> dict[str, Any]:
+        return {"items": self.listed, "metadata": {"resourceVersion": "1"}}
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, timeout_s: float) -> AsyncIterator[AsyncIterator[bytes]]:
+        async def lines() -> AsyncIterator[bytes]:
+            while True:
+                yield json.dumps(await self.events.get()).encode()
+
+        yield lines()
+
+
+async def settle(api: ScriptedApi) -> None:
+    while not api.events.empty():
+        await asyncio.sleep(0)
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_only_a_change_of_a_pods_view_wakes_its_owner() -> None:
+    api = ScriptedApi([pod("a"), pod("b", owner="other")])
+    woken: list[tuple[str, str]] = []
+    index = PodIndex(api, ["ns"], lambda ns, name: woken.append((ns, name)))  # type: ignore[arg-type]
+    await index.start()
+    try:
+        assert sorted(woken) == [("ns", "mlp"), ("ns", "other")]
+        assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]
+        woken.clear()
+        # a new resourceVersion, the kubelet's timestamps: nothing the planner reads
+        same = pod("a", version="2")
+        same["status"]["startTime"] = "2026-12-06T00:00:00Z"
+        await api.events.put({"type": "MODIFIED", "object": same})
+        await settle(api)
+        assert woken == []
+        await api.events.put(
+            {"type": "MODIFIED", "object": pod("a", "mlp", "3", **{TARGET_VERSION: "v2"})}
+        )
+        await settle(api)
+        assert woken == [("ns", "mlp")]
+        assert index.get(("ns", "mlp"), [])[0].target == "v2"
+        deleting = pod("a", "mlp", "4", **{TARGET_VERSION: "v2"})
+        deleting["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+        await api.events.put({"type": "MODIFIED", "object": deleting})
+        await settle(api)
+        assert woken == [("ns", "mlp"), ("ns", "mlp")] and index.get(("ns", "mlp"), []) == []
+        await api.events.put({"type": "DELETED", "object": pod("b", owner="other")})
+        await settle(api)
+        assert woken[-1] == ("ns", "other") and index.get(("ns", "other"), []) == []
+    finally:
+        await index.stop()
+
+
+def test_namespace_patterns_are_kopfs() -> None:
+    matches = namespace_matcher(["rollouts-*", "!rollouts-x"])
+    assert matches("rollouts-1") and not matches("rollouts-x") and not matches("other")
+    assert namespace_matcher([])("anything")
+
+
+async def test_a_refused_first_list_is_asked_again() -> None:
+    """The operator does not start its passes on an empty index, nor crash, when the
+    first LIST is refused or fails: it asks again until the API answers."""
+    api = ScriptedApi([pod("a")])
+    answers = iter([TransientApiError(503, "overloaded"), ApiError(403, "forbidden")])
+    listed = api.request
+
+    async def request(method: str, path: str) -> dict[str, Any]:
+        answer = next(answers, None)
+        if answer is not None:
+            raise answer
+        return await listed(method, path)
+
+    api.request = request  # type: ignore[method-assign]
+    index = PodIndex(api, ["ns"], lambda ns, name: None)  # type: ignore[arg-type]
+    with patch("model_operator.pod_index.RETRY_S", 0.01):
+        await index.start()
+    try:
+        assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]
+    finally:
+        await index.stop()
