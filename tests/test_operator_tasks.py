@@ -42,13 +42,13 @@ async def test_a_resource_created_again_under_its_name_gets_a_task_of_its_own(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(handlers, "follow", follow)
-    memo = kopf.Memo(config=OperatorConfig(), followers={}, wakers={})
+    memo = kopf.Memo(config=OperatorConfig(), followers={}, wakers={}, pods=None)
     log = logging.getLogger("test")
 
     async def seen(body: kopf.Body) -> None:
         await handlers.resource_changed(
             event={"type": "MODIFIED"}, body=body, namespace="ns", name="m", memo=memo,
-            logger=log, pods_by_deployment={},
+            logger=log,
         )  # fmt: skip
         await asyncio.sleep(0)
 
