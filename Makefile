@@ -103,7 +103,7 @@ grpc-protocol: install
 # The images' Python dependencies, locked with hashes (uv, a dev dependency) for the
 # images' Python (3.12: python:3.12-slim, and NVIDIA's TensorRT image on Ubuntu 24.04) on
 # Linux; the Dockerfiles install them with --require-hashes. Run after changing an extra
-# in pyproject.toml (tests/test_images.py fails while a lock does not satisfy it) and to
+# in pyproject.toml (tests/deploy/test_images.py fails while a lock does not satisfy it) and to
 # take upstream fixes: `make locks UPGRADE=--upgrade`.
 LOCK_PYTHON := 3.12
 UPGRADE ?=

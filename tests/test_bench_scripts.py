@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-BENCH = Path(__file__).parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 SUPPORT = "bench_support"
 
 

@@ -19,7 +19,7 @@ def test_stdlib_operator_is_not_shadowed() -> None:
 
 def test_fresh_interpreter_in_repo_root_sees_stdlib_operator() -> None:
     """Even with the repository root first on sys.path (as with ``python -m`` there)."""
-    root = Path(__file__).parent.parent
+    root = Path(__file__).resolve().parents[1]
     code = "import operator, collections; print(operator.itemgetter(0)([7]))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
@@ -27,7 +27,7 @@ def test_fresh_interpreter_in_repo_root_sees_stdlib_operator() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 IMAGES = {  # Dockerfile -> (source folders it copies, the extras it installs)
     "Dockerfile.server": ({"common", "server", "sidecar"}, "server,sidecar"),
     "Dockerfile.operator": ({"common", "operator"}, "operator"),

@@ -44,7 +44,7 @@ def test_only_gpu_tests_may_skip_under_ci(
     monkeypatch.setenv("CI", ci)
     pytester.makeini(INI + "    gpu: needs a GPU\n    s3: needs S3\n")
     pytester.makepyfile(test_sample=SAMPLE)
-    result = pytester.runpytest("-p", "skip_policy", "-ra")
+    result = pytester.runpytest("-p", "tests.support.skip_policy", "-ra")
     if ci:
         result.assert_outcomes(passed=1, skipped=1, failed=1, errors=2, xfailed=1)
         result.stdout.fnmatch_lines(["*only GPU/TensorRT tests*'weed' not found*"])
@@ -57,7 +57,9 @@ def test_only_gpu_tests_may_skip_under_ci(
 def test_s3_fixture_users_are_marked(pytester: pytest.Pytester) -> None:
     pytester.makeini(INI + "    s3: needs S3\n")
     pytester.makepyfile(test_sample=SAMPLE)
-    result = pytester.runpytest("-p", "skip_policy", "-m", "not s3", "--collect-only", "-q")
+    result = pytester.runpytest(
+        "-p", "tests.support.skip_policy", "-m", "not s3", "--collect-only", "-q"
+    )
     assert "test_uses_s3" not in result.stdout.str()
     assert "test_runs" in result.stdout.str()
 
@@ -70,7 +72,7 @@ def test_control_plane_fixture_users_are_marked(pytester: pytest.Pytester) -> No
         test_sample="import pytest\n\n@pytest.fixture\ndef control_plane():\n    return 1\n\n"
         "def test_on_a_cluster(control_plane):\n    pass\n\ndef test_runs():\n    pass\n"
     )
-    args = ("-p", "skip_policy", "--strict-markers", "--collect-only", "-q")
+    args = ("-p", "tests.support.skip_policy", "--strict-markers", "--collect-only", "-q")
     result = pytester.runpytest(*args, "-m", "not controlplane")
     assert "test_on_a_cluster" not in result.stdout.str()
     assert "test_runs" in result.stdout.str()

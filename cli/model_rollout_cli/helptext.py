@@ -7,7 +7,7 @@ import argparse
 
 from .errors import exit_codes
 
-# one or more examples per command, as a person types them (tests/test_cli_examples.py
+# one or more examples per command, as a person types them (tests/cli/test_cli_examples.py
 # parses every one with the command's parser, and runs those of the README)
 EXAMPLES: dict[str, list[str]] = {
     "status": [

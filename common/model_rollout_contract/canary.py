@@ -89,7 +89,7 @@ class TrafficPolicy:
 
 # --- per-version metrics: the server exports them, the operator reads /metrics ----------
 # named as Prometheus asks (the server's prefix model_server_, units, _total on counters
-# only: tests/test_metric_names.py); docs/metrics.md lists the names they replaced
+# only: tests/contract/test_metric_names.py); docs/metrics.md lists the names they replaced
 # every series is labelled {model, version}; counters are cumulative since the version
 # was loaded, so analysis works on the difference between two scrapes
 # + label code: "200", "400", "500", ...; a shadow run counts too (200, 500 when the

@@ -5,7 +5,7 @@ hand-kept copy::
 
     .venv/bin/python -m model_rollout_e2e.chart_policy
 
-``tests/test_admission_policy.py`` fails while a template is not what this writes.
+``tests/operator/test_admission_policy.py`` fails while a template is not what this writes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "model-rol
 GENERATED = """\
 # GENERATED from operator/model_operator/{module}.py: do not edit; run
 #   .venv/bin/python -m model_rollout_e2e.chart_policy
-# (tests/test_admission_policy.py checks that this file is what that writes).
+# (tests/operator/test_admission_policy.py checks that this file is what that writes).
 #
 """
 

@@ -19,7 +19,7 @@ from model_rollout_contract.states import ConditionType, Phase
 
 from .analysis import Result
 
-# of every metric the operator serves (Prometheus naming: tests/test_metric_names.py)
+# of every metric the operator serves (Prometheus naming: tests/contract/test_metric_names.py)
 PREFIX = "model_operator_"
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 

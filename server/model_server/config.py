@@ -26,7 +26,8 @@ from model_server.security.jwt_auth import (
 # Python's own switch interval (5 ms): shorter ones did not help steadily on the GPU
 GIL_SWITCH_INTERVAL_US = 5000
 # the longest engine run the event loop makes itself (only torch's graph replays qualify);
-# every answer stays its version's with them on (tests/test_torch_swap_answers_gpu.py)
+# every answer stays its version's with them on
+# (tests/server/backends/test_torch_swap_answers_gpu.py)
 QUICK_RUN_US = 300
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# of every metric the sidecar serves (Prometheus naming: tests/test_metric_names.py)
+# of every metric the sidecar serves (Prometheus naming: tests/contract/test_metric_names.py)
 PREFIX = "model_sidecar_"
 
 

@@ -55,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MIN_VERSION = (10, 8)  # the oldest runtime API checked (tests/test_tensorrt_api.py)
+MIN_VERSION = (10, 8)  # the oldest runtime API checked (tests/server/backends/test_tensorrt_api.py)
 MAX_VERSION = (11, 4)  # the newest checked: later releases are refused until checked
 MAX_MAJOR = MAX_VERSION[0]
 

@@ -118,7 +118,7 @@ class TenantRequests(Collector):
         yield from (requests, latency)
 
 
-# of every metric the server serves (Prometheus naming: tests/test_metric_names.py)
+# of every metric the server serves (Prometheus naming: tests/contract/test_metric_names.py)
 PREFIX = "model_server_"
 LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

@@ -2,7 +2,8 @@
 dropping a request whose connection the kernel had already accepted.
 
 aiohttp's own way (``site.stop()``, then ``Server.pre_shutdown()``) drops requests three
-ways (tests/test_drain.py shows each): closing a listening socket resets the connections
+ways (tests/server/frontends/http/test_drain.py shows each): closing a listening socket resets the
+connections
 still in its backlog, accepted by the kernel and maybe holding a request already;
 ``RequestHandler.close()`` ends the wait of a connection with no request parsed yet, so
 a request on its way, or already in the socket's buffer, is never read, and the
