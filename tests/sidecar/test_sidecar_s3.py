@@ -12,13 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION, format_downward_annotations
 from model_rollout_e2e.onnx_models import MlpWeights, reference_forward
 from model_rollout_e2e.seaweed import SeaweedFS
-from model_server.app import SERVER, ModelServer
-from model_server.config import ModelSpec, ServerConfig
+from model_server.app import SERVER
 from model_sidecar.store import S3Store
 from tests.support.server import infer_body
 from tests.support.sidecar import (
@@ -28,6 +26,7 @@ from tests.support.sidecar import (
     make_watcher,
     publish_versions,
     set_target,
+    start_server,
 )
 
 pytestmark = pytest.mark.s3
@@ -66,13 +65,6 @@ def init_cli(store: S3Store, volume: Path, keys, annotations: Path) -> subproces
         text=True,
         timeout=120,
     )
-
-
-async def start_server(volume: Path, socket: Path) -> TestClient:
-    config = ServerConfig(repository=volume, models=[ModelSpec("mlp")], control_socket=socket)
-    client = TestClient(TestServer(ModelServer(config).make_app()))
-    await client.start_server()
-    return client
 
 
 def expected(seed: int) -> np.ndarray:

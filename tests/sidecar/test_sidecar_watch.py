@@ -10,14 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.fault_proxy import Fault, FaultProxy
 from model_rollout_e2e.processes import free_port
-from model_server.app import ModelServer
-from model_server.config import ModelSpec, ServerConfig
 from model_sidecar.cli import _watch
 from model_sidecar.config import WatchConfig, parse_args
 from model_sidecar.kube import PodApi, PodSnapshot
@@ -31,6 +28,7 @@ from tests.support.sidecar import (
     make_watcher,
     publish_versions,
     set_target,
+    start_server,
 )
 from tests.support.sidecar_pod import SidecarPod, api_client, sidecar_pod
 
@@ -47,13 +45,6 @@ async def until(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-
     async with asyncio.timeout(timeout_s):
         while not predicate():
             await asyncio.sleep(0.02)
-
-
-async def start_server(volume: Path, socket: Path, model: str = "mlp") -> TestClient:
-    config = ServerConfig(repository=volume, models=[ModelSpec(model)], control_socket=socket)
-    client = TestClient(TestServer(ModelServer(config).make_app()))
-    await client.start_server()
-    return client
 
 
 async def test_the_pod_watch_follows_the_api_and_relists_after_410(pod: SidecarPod) -> None:
