@@ -6,14 +6,11 @@ prometheus_client's parser) and golden sets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
 import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ from model_rollout_contract import canary
 from model_rollout_contract.canary import PIN_HEADER, TrafficPolicy
 from model_rollout_contract.layout import CURRENT_FILE, TRAFFIC_FILE
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
-from model_server.app import SERVER, ModelServer
+from model_server.app import ModelServer
 from model_server.backends.base import Engine, ModelFile
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.config import ModelSpec, ServerConfig, parse_args
@@ -34,6 +31,7 @@ from model_server.observability.version_metrics import SHADOW_SKIPPED
 from model_server.protocol.tensor_spec import TensorSpec
 from model_server.protocol.v2_codec import InferenceRequest
 from model_server.scheduling.traffic import Route, TrafficRouter
+from tests.support.backends import RiggedBackend, serving
 from tests.support.server import (
     ADMIN,
     ADMIN_TOKEN,
@@ -50,59 +48,7 @@ from tests.support.server import (
     which_version,
 )
 
-Feeds = Mapping[str, np.ndarray]
 GRPC_ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # gRPC metadata keys: lower case
-
-
-class Rigged(OnnxRuntimeBackend):
-    """ONNX Runtime whose engines of chosen versions misbehave on cue: wait at a gate,
-    raise, or answer NaN for the inputs a predicate picks (warm-up's zeros pass)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gates: dict[str, threading.Event] = {}
-        self.fails: dict[str, Callable[[Feeds], bool]] = {}
-        self.nans: dict[str, Callable[[Feeds], bool]] = {}
-        self.waiting: dict[str, int] = Counter()  # runs blocked at each gate now
-        self.closed: list[str] = []
-
-    def gate(self, version: str) -> threading.Event:
-        return self.gates.setdefault(version, threading.Event())
-
-    def load(self, model: ModelFile) -> Engine:
-        engine = super().load(model)
-        version, backend = model.path.parent.name, self
-        inner_infer, inner_close = engine.infer, engine.close
-
-        def infer(feeds: Feeds) -> dict[str, np.ndarray]:
-            gate = backend.gates.get(version)
-            if gate is not None and not gate.is_set():
-                backend.waiting[version] += 1
-                gate.wait()
-                backend.waiting[version] -= 1
-            if backend.fails.get(version, lambda _: False)(feeds):
-                raise RuntimeError(f"{version} cannot run these inputs")
-            out = inner_infer(feeds)
-            if backend.nans.get(version, lambda _: False)(feeds):
-                out = {k: v * np.nan for k, v in out.items()}
-            return out
-
-        def close() -> None:
-            backend.closed.append(version)
-            inner_close()
-
-        engine.infer = infer  # type: ignore[method-assign]
-        engine.close = close  # type: ignore[method-assign]
-        return engine
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    config: ServerConfig, backend: OnnxRuntimeBackend | None = None, **changes: object
-) -> AsyncIterator[tuple[TestClient, ModelServer]]:
-    app = ModelServer(dataclasses.replace(config, **changes), backend).make_app()  # type: ignore[arg-type]
-    async with TestClient(TestServer(app)) as client:
-        yield client, client.app[SERVER]
 
 
 def load_request(v: Version) -> dict[str, str]:
@@ -294,7 +240,7 @@ async def test_a_request_under_a_policy_holds_its_version_until_it_ends(
     """The stable v1 answers a request held at a gate while v3's load evicts v1
     (retain 2): v1 is unloaded (its series gone), but its engine stays open until the
     request ends, and the request is answered by v1."""
-    backend = Rigged()
+    backend = RiggedBackend()
     async with serving(server_config, backend) as (client, server):
         sock = server_config.control_socket
         await canary_of_v2(sock, repo, percent=0)
@@ -321,7 +267,7 @@ async def test_a_request_its_client_gave_up_on_is_not_the_versions_error(
     """A call cancelled while its version runs (a gRPC deadline, a client gone) is
     counted by the server as 499, and never as a 5xx in the series a canary is judged
     on: before, it counted as the version's 500."""
-    backend = Rigged()
+    backend = RiggedBackend()
     async with serving(server_config, backend) as (client, server):
         backend.gate("v1").clear()
         x = np.ones((1, 8), dtype=np.float32)
@@ -405,7 +351,7 @@ async def test_shadow_runs_wait_for_no_client_and_are_bounded(
 ) -> None:
     """The candidate is stuck at a gate: the client's requests are all answered anyway,
     one shadow run is in flight (the bound) and the others are skipped and counted."""
-    backend = Rigged()
+    backend = RiggedBackend()
     async with serving(server_config, backend, shadow_max_in_flight=1) as (client, server):
         await canary_of_v2(server_config.control_socket, repo, shadow=100)
         backend.gate("v2").clear()
@@ -456,7 +402,7 @@ async def test_a_shadow_run_over_the_candidates_row_limit_is_not_run(
 async def test_a_candidate_failing_in_shadow_counts_as_its_error_and_never_the_clients(
     repo, server_config: ServerConfig
 ) -> None:
-    backend = Rigged()
+    backend = RiggedBackend()
     backend.fails["v2"] = lambda feeds: bool(feeds[INPUT_NAME][0, 0] < 0)
     async with serving(server_config, backend, shadow_max_in_flight=30) as (client, server):
         await canary_of_v2(server_config.control_socket, repo, shadow=100)
@@ -483,7 +429,7 @@ async def test_a_candidate_failing_in_shadow_counts_as_its_error_and_never_the_c
 async def test_output_statistics_count_nan_and_go_with_the_version(
     repo, server_config: ServerConfig
 ) -> None:
-    backend = Rigged()
+    backend = RiggedBackend()
     backend.nans["v2"] = lambda feeds: bool(feeds[INPUT_NAME].max() > 100)
     async with serving(server_config, backend) as (client, _server):
         sock = server_config.control_socket
@@ -613,7 +559,7 @@ async def test_a_candidate_answering_nan_in_shadow_counts_its_non_finite_outputs
 ) -> None:
     """A shadow-only canary has no live answers from the candidate: its NaN must still
     show in the candidate's output statistics, not only as infinite drift."""
-    backend = Rigged()  # v2 answers NaN on large inputs (so it passes its warm-up on zeros)
+    backend = RiggedBackend()  # v2 answers NaN on large inputs (so it passes its warm-up on zeros)
     backend.nans["v2"] = lambda feeds: bool(feeds[INPUT_NAME].max() > 100)
     async with serving(server_config, backend, shadow_max_in_flight=10) as (client, server):
         await canary_of_v2(server_config.control_socket, repo, percent=0, shadow=100)
@@ -827,7 +773,7 @@ async def test_a_shadow_run_in_flight_counts_in_neither_requests_nor_shadow_requ
     """Analysis takes the candidate's live answers as REQUESTS less SHADOW_REQUESTS: a
     scrape while a shadow run is in flight must not see one counted and not the other
     (a phantom live answer would switch latency to request time and skip the check)."""
-    backend = Rigged()
+    backend = RiggedBackend()
     async with serving(server_config, backend, shadow_max_in_flight=4) as (client, server):
         sock = server_config.control_socket
         assert (await ask(sock, load_with_policy(repo[1]["v2"], percent=0, shadow=100)))["ok"]
@@ -855,7 +801,7 @@ async def test_a_run_of_several_batched_requests_is_not_timed_as_engine_time(
     compared with, must be too. A batched run's time is that of all its rows, so only
     the runs of one request are observed (here every request is one row: the runs of
     one row in the batch-size histogram)."""
-    backend = Rigged()
+    backend = RiggedBackend()
     async with serving(
         server_config,
         backend,

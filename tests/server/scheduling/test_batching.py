@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from onnx import TensorProto, helper
 
 from model_operator.manifests import deployment
@@ -28,9 +27,7 @@ from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract import argv, defaults
 from model_rollout_contract.manifest import Manifest, sha256_file
 from model_rollout_e2e.onnx_models import INPUT_NAME, OUTPUT_NAME
-from model_server.app import SERVER, ModelServer
-from model_server.backends.base import Engine, ModelFile
-from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.app import ModelServer
 from model_server.config import ConfigError, ModelSpec, ServerConfig, parse_args
 from model_server.errors import Unavailable
 from model_server.lifecycle.engine_manager import EngineManager
@@ -40,6 +37,7 @@ from model_server.observability.metrics import ServerMetrics
 from model_server.protocol.tensor_spec import TensorSpec
 from model_server.scheduling.batching import BatchPolicy, engine_max_rows, unbatchable_reason
 from model_server.scheduling.runner import Runner
+from tests.support.backends import RiggedBackend, serving
 from tests.support.crd_validation import ResourceSchema
 from tests.support.server import ADMIN, infer_body, output_of, sample, samples, which_version
 
@@ -49,63 +47,14 @@ GUARD_S = 60.0  # hang guard: far beyond any wait here, never a measured bound
 LONG_DELAY_US = 30_000_000  # a batch that must fill up before it runs
 
 
-class Recording(OnnxRuntimeBackend):
-    """ONNX Runtime that records every engine run (version, rows) on the inference threads
-    (not the warm-ups on the loader threads, nor the tests' reference runs), and whose
-    engines can wait at a gate or fail on the inputs a
-    predicate picks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.runs: list[tuple[str, int]] = []
-        self.gates: dict[str, threading.Event] = {}
-        self.waiting: Counter[str] = Counter()  # runs blocked at each gate now
-        self.fails: dict[str, Callable[[Feeds], bool]] = {}
-        self.closed: list[str] = []
-
-    def gate(self, version: str) -> threading.Event:
-        return self.gates.setdefault(version, threading.Event())
-
-    def rows(self, version: str | None = None) -> list[int]:
-        return [rows for v, rows in self.runs if version in (None, v)]
-
-    def load(self, model: ModelFile) -> Engine:
-        engine = super().load(model)
-        version, backend = model.path.parent.name, self
-        inner_infer, inner_close = engine.infer, engine.close
-
-        def infer(feeds: Feeds) -> dict[str, np.ndarray]:
-            if threading.current_thread().name.startswith(("infer", "asyncio")):
-                backend.runs.append((version, int(next(iter(feeds.values())).shape[0])))
-            gate = backend.gates.get(version)
-            if gate is not None and not gate.is_set():
-                backend.waiting[version] += 1
-                gate.wait(GUARD_S)
-                backend.waiting[version] -= 1
-            if backend.fails.get(version, lambda _: False)(feeds):
-                raise RuntimeError(f"{version} cannot run these inputs")
-            return inner_infer(feeds)
-
-        def close() -> None:
-            backend.closed.append(version)
-            inner_close()
-
-        engine.infer = infer  # type: ignore[method-assign]
-        engine.close = close  # type: ignore[method-assign]
-        return engine
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    config: ServerConfig, backend: Recording, **changes: Any
-) -> AsyncIterator[tuple[TestClient, ModelServer]]:
+def batched(
+    config: ServerConfig, backend: RiggedBackend, **changes: Any
+) -> contextlib.AbstractAsyncContextManager[tuple[TestClient, ModelServer]]:
     """A server of ``config`` with ``changes``, its models opted in to batching unless
     the changes say which are."""
     models = changes.get("models", config.models)
     changes.setdefault("batch_models", tuple(m.key for m in models))
-    app = ModelServer(dataclasses.replace(config, **changes), backend).make_app()
-    async with TestClient(TestServer(app)) as client:
-        yield client, client.app[SERVER]
+    return serving(config, backend, **changes)
 
 
 async def until(predicate: Callable[[], bool]) -> None:
@@ -191,8 +140,8 @@ async def test_requests_queued_together_run_as_one_engine_run_each_getting_its_o
     answer is exactly what the model gives its rows alone."""
     rng = np.random.default_rng(1)
     xs = [rows_of(rng, n) for n in (1, 2, 3, 2)]
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, max_batch_size=8, max_queue_delay_us=LONG_DELAY_US
     ) as (client, server):
         answers = await asyncio.gather(*(infer(client, x) for x in xs))
@@ -217,8 +166,8 @@ async def test_a_batch_keeps_to_the_models_rows_per_request(
     most 4 rows per request, run as two batches of 4, not one of 8 (before: [8])."""
     rng = np.random.default_rng(11)
     xs = [rows_of(rng, 2) for _ in range(4)]
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, max_batch_size=8, max_queue_delay_us=LONG_DELAY_US,
         max_rows={"mlp": 4},
     ) as (client, server):  # fmt: skip
@@ -236,8 +185,8 @@ async def test_a_batch_takes_the_oldest_requests_that_fit_and_the_rest_wait(
     order, for batches of at most 4 rows. Then: 3 (the next 3 does not fit, and the queue
     is served in order), 3 + 1, and the 6 rows (more than a batch) alone."""
     rng = np.random.default_rng(2)
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, max_batch_size=4, max_queue_delay_us=0, workers=1
     ) as (client, server):
         backend.gate("v1").clear()
@@ -260,9 +209,9 @@ async def test_a_lone_request_is_answered_once_its_queue_delay_is_over(
     server_config: ServerConfig,
 ) -> None:
     """Nothing else arrives to fill its batch of 64: the delay (50 ms) runs it alone."""
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     x = rows_of(np.random.default_rng(3), 1)
-    async with serving(server_config, backend, max_batch_size=64, max_queue_delay_us=50_000) as (
+    async with batched(server_config, backend, max_batch_size=64, max_queue_delay_us=50_000) as (
         client,
         server,
     ):
@@ -278,8 +227,8 @@ async def test_with_no_delay_requests_batch_only_while_the_threads_are_busy(
     """Delay 0 and one inference thread: a request runs at once while the thread is free;
     those that arrive while it is busy run together when it is free again."""
     rng = np.random.default_rng(4)
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, max_batch_size=16, max_queue_delay_us=0, workers=1
     ) as (client, server):
         backend.gate("v1").clear()
@@ -302,9 +251,9 @@ async def test_a_failing_request_in_a_batch_fails_alone(server_config: ServerCon
     rng = np.random.default_rng(5)
     xs = [rows_of(rng, n) for n in (2, 1, 3, 2)]
     xs[2][1, 0] = 1000.0
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     backend.fails["v1"] = lambda feeds: bool(np.any(feeds[INPUT_NAME] == 1000.0))
-    async with serving(
+    async with batched(
         server_config, backend, max_batch_size=8, max_queue_delay_us=LONG_DELAY_US
     ) as (client, server):
         answers = await asyncio.gather(*(infer(client, x) for x in xs))
@@ -335,7 +284,7 @@ async def test_a_batch_never_mixes_versions_across_swaps_under_load(
 ) -> None:
     """24 clients send 1 to 3 rows at a time while v1 and v2 swap back and forth: every
     answer is its named version's output for its own rows, and batches did form."""
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     answered: Counter[str] = Counter()
     stop = asyncio.Event()
 
@@ -347,7 +296,7 @@ async def test_a_batch_never_mixes_versions_across_swaps_under_load(
             assert status == 200, answer
             answered[which_version(repo[1], x, answer)] += 1
 
-    async with serving(server_config, backend, max_batch_size=16, max_queue_delay_us=20_000) as (
+    async with batched(server_config, backend, max_batch_size=16, max_queue_delay_us=20_000) as (
         client,
         server,
     ):
@@ -377,8 +326,8 @@ async def test_retain_1_frees_the_old_version_only_after_its_last_batch(
     v1 is dropped but stays open, v2 answers new requests meanwhile (its own batches), and
     v1 is closed once its batch has answered, with v1's outputs."""
     rng = np.random.default_rng(6)
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, retain=1, max_batch_size=4, max_queue_delay_us=LONG_DELAY_US
     ) as (client, server):
         backend.gate("v1").clear()
@@ -410,7 +359,7 @@ async def test_a_cancelled_request_keeps_its_version_open_until_its_run_ends(
     """A request cancelled (its client gone, a shutdown) while the engine runs its inputs
     keeps its pin until that run ends: a version dropped meanwhile is not closed under
     the run. (Unbatched, the pin used to go with the cancellation.)"""
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     policy = BatchPolicy(2 if batching else 0, 30.0, 4, frozenset({"mlp"}))
     manager = EngineManager(
         backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog(), retain=1
@@ -442,7 +391,7 @@ async def test_closing_fails_queued_requests_with_503(repo) -> None:
     """A request waiting for its batch when the server shuts down (its runner, then its
     engines, closed) is failed with 503 unavailable, not left waiting; so is one that
     arrives after."""
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     manager = EngineManager(backend, ModelRepository(repo[0]), ServerMetrics(), AuditLog())
     runner = Runner(
         manager.metrics, manager.row_limits, batching=BatchPolicy(64, 60.0, 4, frozenset({"mlp"}))
@@ -471,9 +420,9 @@ async def test_a_model_with_a_fixed_first_axis_runs_each_request_alone(
     repo, server_config: ServerConfig
 ) -> None:
     add_graph(repo[0], "fixed", "v1", doubling(2))
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     x = np.arange(16, dtype=np.float32).reshape(2, 8)
-    async with serving(
+    async with batched(
         server_config, backend, models=[ModelSpec("fixed", "v1")], max_batch_size=8,
         max_queue_delay_us=LONG_DELAY_US,
     ) as (client, _):  # fmt: skip
@@ -493,8 +442,8 @@ async def test_a_model_whose_outputs_do_not_follow_the_rows_runs_unbatched_from_
     add_graph(repo[0], "sums", "v1", with_column_sums())
     rng = np.random.default_rng(7)
     xs = [rows_of(rng, n) for n in (2, 3)]
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, models=[ModelSpec("sums", "v1")], max_batch_size=5,
         max_queue_delay_us=LONG_DELAY_US,
     ) as (client, _):  # fmt: skip
@@ -530,8 +479,8 @@ async def test_a_model_not_opted_in_is_never_batched(repo, server_config: Server
     add_graph(repo[0], "centring", "v1", centring())
     rng = np.random.default_rng(11)
     xs = [rows_of(rng, n) for n in (2, 3)]
-    backend = Recording()
-    async with serving(
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
+    async with batched(
         server_config, backend, models=[ModelSpec("mlp", "v1"), ModelSpec("centring", "v1")],
         max_batch_size=8, max_queue_delay_us=50_000, batch_models=("mlp",),
     ) as (client, _):  # fmt: skip
@@ -687,8 +636,8 @@ async def test_the_server_batches_what_its_command_line_asks(
     line = ["--repository", str(repo[0]), "--model", "mlp=v1", "--max-batch-size", "2",
             "--max-queue-delay-us", str(LONG_DELAY_US), "--batch-model", "mlp"]  # fmt: skip
     config = dataclasses.replace(parse_args(line), cache_dir=server_config.cache_dir)
-    backend = Recording()
+    backend = RiggedBackend(gate_timeout_s=GUARD_S)
     rng = np.random.default_rng(8)
-    async with serving(config, backend) as (client, _server):
+    async with batched(config, backend) as (client, _server):
         answers = await asyncio.gather(*(infer(client, rows_of(rng, 1)) for _ in range(2)))
         assert [status for status, _ in answers] == [200, 200] and backend.rows() == [2]
