@@ -40,7 +40,6 @@ from tests.support.control_plane_operator import (
     chart_role,
     described,
     get,
-    install_chart,
     model_deployment,
     new_namespace,
     received_at,
@@ -58,11 +57,6 @@ CHILDREN = (
     ("poddisruptionbudget", "mlp"),
     ("serviceaccount", "model-sidecar-mlp"),
 )
-
-
-@pytest.fixture(scope="module")
-def operator_identity(control_plane: ControlPlane) -> Identity:
-    return install_chart(control_plane)
 
 
 @pytest.fixture

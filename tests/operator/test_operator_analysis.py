@@ -28,7 +28,7 @@ from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.prometheus import PrometheusServer
 from model_rollout_e2e.simulated_servers import Behaviour
 from model_rollout_e2e.simulated_traffic import TrafficModelContainers
-from tests.support.control_plane_operator import Operator, install_chart
+from tests.support.control_plane_operator import Operator
 from tests.support.rollout_cluster import (
     RolloutCluster,
     condition,
@@ -58,11 +58,6 @@ class Harness:
 
     async def events_of(self, reason: str, count: int) -> list[dict[str, Any]]:
         return await self.cluster.events_of(reason, count)
-
-
-@pytest.fixture(scope="module")
-def operator_identity(control_plane: ControlPlane) -> Identity:
-    return install_chart(control_plane)
 
 
 @pytest.fixture(scope="module")

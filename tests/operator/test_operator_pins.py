@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +22,17 @@ from model_operator.spec import SpecError, parse_spec
 from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_contract.manifest import Manifest
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.identities import Identity
-from model_rollout_e2e.node_agent import NodeAgent
 from model_rollout_e2e.onnx_models import write_mlp
 from model_sidecar.config import InitConfig, WatchConfig, parse_args
 from model_sidecar.publish import publish
 from model_sidecar.store import S3Store, read_object
-from tests.support.control_plane_operator import install_chart
 from tests.support.crd_validation import ResourceSchema
-from tests.support.rollout_cluster import RolloutCluster, rollout_cluster
+from tests.support.rollout_cluster import RolloutCluster
 from tests.support.sidecar import make_keys, publish_versions
 
 FILES = ("model.onnx", "manifest.sig", "manifest.json")
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_SEQUENCES = "serving.model-rollout.io/pinned-sequences"  # the pods' annotation
-
-
-@pytest.fixture(scope="module")
-def operator_identity(control_plane: ControlPlane) -> Identity:
-    return install_chart(control_plane)
-
-
-@pytest.fixture
-async def cluster(
-    control_plane: ControlPlane,
-    operator_identity: Identity,
-    node_agents: Callable[..., NodeAgent],
-    tmp_path: Path,
-) -> AsyncIterator[RolloutCluster]:
-    async with rollout_cluster(
-        control_plane, operator_identity, node_agents, tmp_path, "pins"
-    ) as created:
-        yield created
 
 
 def sequence(store: S3Store, version: str) -> int:
@@ -75,8 +53,9 @@ async def pod_pins(cluster: RolloutCluster) -> list[tuple[str | None, dict[str, 
 
 @pytest.mark.slow  # a whole operator loop with a node
 async def test_the_sequence_of_a_rollout_is_pinned_in_status_pods_and_configmap(
-    cluster: RolloutCluster, s3_env: Any, tmp_path: Path
+    bare_cluster: RolloutCluster, s3_env: Any, tmp_path: Path
 ) -> None:
+    cluster = bare_cluster  # a namespace no operator runs for: the test starts its own
     s3_env.create_bucket("models")
     store = S3Store("models", f"pin-{uuid.uuid4().hex[:8]}", endpoint_url=s3_env.endpoint)
     keys = make_keys(tmp_path / "keys")

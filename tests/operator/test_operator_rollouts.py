@@ -36,7 +36,7 @@ from model_rollout_e2e.raw_api import json_call
 from model_rollout_e2e.simulated_sidecar import SidecarBehaviour
 from model_sidecar.store import S3Store
 from tests.support.cli import kubeconfig_through
-from tests.support.control_plane_operator import NAMESPACE, Operator, install_chart
+from tests.support.control_plane_operator import NAMESPACE, Operator
 from tests.support.rollout_cluster import (
     INTERVAL_S,
     RolloutCluster,
@@ -47,11 +47,6 @@ from tests.support.rollout_cluster import (
 from tests.support.sidecar import make_keys, publish_versions
 
 pytestmark = pytest.mark.slow  # whole operator loops with a node: not in make test-fast
-
-
-@pytest.fixture(scope="module")
-def operator_identity(control_plane: ControlPlane) -> Identity:
-    return install_chart(control_plane)
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +72,6 @@ async def cluster(
     """A namespace the module's operator runs for."""
     async with rollout_cluster(
         control_plane, operator_identity, node_agents, tmp_path, "rollouts", operator
-    ) as created:
-        yield created
-
-
-@pytest.fixture
-async def bare_cluster(
-    control_plane: ControlPlane,
-    operator_identity: Identity,
-    node_agents: Callable[..., NodeAgent],
-    tmp_path: Path,
-) -> AsyncIterator[RolloutCluster]:
-    """A namespace no operator runs for: the test starts its own (stops, kills it)."""
-    async with rollout_cluster(
-        control_plane, operator_identity, node_agents, tmp_path, "rollout"
     ) as created:
         yield created
 
