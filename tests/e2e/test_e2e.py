@@ -21,6 +21,7 @@ from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.s3_scenario import s3_scenario
 from model_rollout_e2e.scenario import available
 from model_rollout_e2e.seaweed import SeaweedFS
+from tests.support.e2e import deployed, pods_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
@@ -39,17 +40,16 @@ async def test_rollout_and_rollback_under_load_lose_nothing(
             phases.append(status["phase"])
 
     async with scenario.running():
-        await scenario.apply(
+        await deployed(
+            scenario,
             "v1",
             REPLICAS,
+            120,
             canary={"percent": 25, "pauseSeconds": 1},
             rollout={"batchSize": 1, "jitterSeconds": 0.5},
         )
-        await scenario.wait(available("v1", REPLICAS), 120)
-        urls = scenario.pod_urls()
-        assert len(urls) == REPLICAS
-        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
-        assert len(lives) == REPLICAS and all(len(c) == 2 for c in lives.values()), lives
+        urls, lives = await pods_of(scenario, REPLICAS)
+        assert all(len(c) == 2 for c in lives.values()), lives
         assert all(
             started and restarts == 0 for c in lives.values() for _, started, restarts in c.values()
         ), lives

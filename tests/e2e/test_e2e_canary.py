@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,8 @@ from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.s3_scenario import s3_scenario
 from model_rollout_e2e.scenario import available
 from model_rollout_e2e.seaweed import SeaweedFS
+from tests.support.e2e import deployed, pods_of
+from tests.support.rollout_cluster import condition
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 REPLICAS = 4
@@ -45,10 +46,6 @@ CANARY = {
 }
 
 
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in status["conditions"] if c["type"] == kind)
-
-
 async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(
     s3_env: SeaweedFS, control_plane: ControlPlane
 ) -> None:
@@ -59,14 +56,12 @@ async def test_bad_candidates_are_rolled_back_and_a_good_one_promoted(
     scenario.publish("v2", seed=1)  # the same function as v1: passes every check
 
     async with scenario.running():
-        await scenario.apply(
-            "v1", REPLICAS, canary=CANARY, rollout={"batchSize": 2, "jitterSeconds": 0.5}
-        )
-        await scenario.wait(available("v1", REPLICAS), 180)
-        urls = scenario.pod_urls()
-        assert len(urls) == REPLICAS and not any("127.0.0.1" in u for u in urls)
-        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
-        assert len(lives) == REPLICAS, lives
+        await deployed(
+            scenario, "v1", REPLICAS, 180, canary=CANARY,
+            rollout={"batchSize": 2, "jitterSeconds": 0.5},
+        )  # fmt: skip
+        urls, lives = await pods_of(scenario, REPLICAS)
+        assert not any("127.0.0.1" in u for u in urls), urls
         load = LoadGenerator(urls, "mlp", scenario.in_dim, concurrency=4, think_s=0.01)
         load.start_clock()
         traffic = asyncio.create_task(load.run())

@@ -30,6 +30,7 @@ from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.onnx_models import write_mlp
 from model_rollout_e2e.scenario import Scenario, StoreSetup, available
 from model_sidecar.publish import publish
+from tests.support.e2e import deployed, pods_of
 
 pytestmark = [pytest.mark.slow]
 REPLICAS = 2
@@ -118,9 +119,11 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
             acme_phases.append(phase)
 
     async with scenario.running():
-        await scenario.apply(
+        await deployed(
+            scenario,
             "v1",
             REPLICAS,
+            180,
             canary={"percent": 50, "pauseSeconds": 1},
             rollout={"batchSize": 1, "jitterSeconds": 0.2},
             tenants={
@@ -129,13 +132,9 @@ async def test_a_tenants_rollout_and_rollback_leave_the_other_tenant_serving(
                 "jwt": {"issuer": ISSUER, "audience": AUDIENCE, "jwksSecret": "issuer-jwks"},
             },
         )
-        await scenario.wait(available("v1", REPLICAS), 180)
         await scenario.wait(tenant_available("acme-mlp", "a1"), 60)
         await scenario.wait(tenant_available("globex-mlp", "g1"), 60)
-        urls = scenario.pod_urls()
-        assert len(urls) == REPLICAS
-        lives = await scenario.pod_lives()  # each pod's uid, containers and their starts
-        assert len(lives) == REPLICAS, lives
+        urls, lives = await pods_of(scenario, REPLICAS)
         stop = asyncio.Event()
         globex: list[tuple[int, str]] = []
         acme: list[tuple[int, str]] = []
