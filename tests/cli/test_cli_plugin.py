@@ -17,7 +17,6 @@ import asyncio
 import json
 import shlex
 import signal
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,6 @@ from tests.support.cli import (
     api_ssl,
     bound_user,
     flaky_proxy,
-    install_tools,
     intercepting_proxy,
     kubeconfig_through,
     namespace_of_its_own,
@@ -93,24 +91,6 @@ STATUS = {
         },
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def tools(control_plane: ControlPlane) -> ControlPlane:
-    install_tools(control_plane)
-    return control_plane
-
-
-@pytest.fixture
-def namespace(tools: ControlPlane) -> Iterator[str]:
-    with namespace_of_its_own(tools, "cli") as name:
-        yield name
-
-
-@pytest.fixture
-async def admin(tools: ControlPlane, namespace: str) -> AsyncIterator[Admin]:
-    async with Admin.connect(tools, namespace) as cluster_admin:
-        yield cluster_admin
 
 
 @pytest.fixture

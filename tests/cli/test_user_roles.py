@@ -20,7 +20,7 @@ import ast
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,6 @@ from tests.support.cli import (
     Admin,
     api_ssl,
     bound_user,
-    install_tools,
     intercepting_proxy,
     kubeconfig_through,
     namespace_of_its_own,
@@ -207,24 +206,6 @@ FAILED = {  # v2's rollout failed: `kubectl model retry` runs it again
         HISTORY_V1,
     ],
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tools(control_plane: ControlPlane) -> ControlPlane:
-    install_tools(control_plane)
-    return control_plane
-
-
-@pytest.fixture
-def namespace(tools: ControlPlane) -> Iterator[str]:
-    with namespace_of_its_own(tools, "roles") as name:
-        yield name
-
-
-@pytest.fixture
-async def admin(tools: ControlPlane, namespace: str) -> AsyncIterator[Admin]:
-    async with Admin.connect(tools, namespace) as cluster_admin:
-        yield cluster_admin
 
 
 async def model_deployment(admin: Admin, name: str, status: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,12 +62,6 @@ def cli_publish(store: str, keys: Keys, version: str, model: Path, *extra: str) 
         "--file", str(model), "--key", str(keys.private), *extra,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr
-
-
-@pytest.fixture
-def bucket(s3_env: SeaweedFS) -> S3Store:
-    s3_env.create_bucket("models")
-    return S3Store("models", f"team-{uuid.uuid4().hex[:10]}", endpoint_url=s3_env.endpoint)
 
 
 # --- publish ----------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -31,12 +30,6 @@ from tests.support.sidecar import (
 
 pytestmark = pytest.mark.s3
 X = np.ones((1, 8), np.float32)
-
-
-@pytest.fixture
-def bucket(s3_env: SeaweedFS) -> S3Store:
-    s3_env.create_bucket("models")  # one bucket (one SeaweedFS collection); a prefix per test
-    return S3Store("models", f"team-{uuid.uuid4().hex[:10]}", endpoint_url=s3_env.endpoint)
 
 
 def init_cli(store: S3Store, volume: Path, keys, annotations: Path) -> subprocess.CompletedProcess:

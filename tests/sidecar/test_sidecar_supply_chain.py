@@ -43,12 +43,6 @@ FILES = ("model.onnx", "manifest.sig", "manifest.json")
 BIG = 1 << 26
 
 
-@pytest.fixture
-def bucket(s3_env: SeaweedFS) -> S3Store:
-    s3_env.create_bucket("models")
-    return S3Store("models", f"team-{uuid.uuid4().hex[:10]}", endpoint_url=s3_env.endpoint)
-
-
 def copy_version(source: ModelStore, target: ModelStore, version: str, into: str = "") -> None:
     for name in FILES:
         target.write(
