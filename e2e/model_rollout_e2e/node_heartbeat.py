@@ -12,6 +12,7 @@ pods on an overloaded machine) cannot hold a renewal back past the Lease's durat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -83,7 +84,8 @@ class NodeHeartbeat:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self._thread.is_alive() and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout_s)
         if self.max_gap_s:
             log.info("node %s: longest gap between Lease renewals %.1f s", self.name,
