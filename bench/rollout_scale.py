@@ -27,13 +27,13 @@ from model_rollout_e2e.scale_run import ScaleSettings, run_scale
 def table(report: dict) -> str:  # type: ignore[type-arg]
     lines = [
         f"{'window':<26} {'wall s':>8} {'writes':>7} {'per pod':>8} {'per min':>8} "
-        f"{'md status':>9} {'op cpu s':>8} {'op cores':>8}"
+        f"{'md status':>9} {'op cpu s':>8} {'op cores':>8} {'load 1m':>7}"
     ]
     for w in report["windows"]:
         lines.append(
             f"{w['name']:<26} {w['wall_s']:>8.1f} {w['writes']:>7} {w['writes_per_pod']:>8.2f} "
             f"{w['writes_per_minute']:>8.1f} {w['md_status_writes']:>9} "
-            f"{w['operator_cpu_s']:>8.2f} {w['operator_cores']:>8.3f}"
+            f"{w['operator_cpu_s']:>8.2f} {w['operator_cores']:>8.3f} {w['load_1m']:>7.2f}"
         )
     return "\n".join(lines)
 
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work or tmp)
         report = run_scale(work, settings)
     print(table(report))
+    print(f"  the node's longest gap between Lease renewals: {report['node_lease_max_gap_s']} s")
     for w in report["windows"]:
         top = ", ".join(f"{r['user']} {r['resource']} {r['writes']}" for r in w["by_writer"][:6])
         print(f"  {w['name']}: {top}")

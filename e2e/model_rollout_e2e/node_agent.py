@@ -6,16 +6,21 @@ It acts as a node does, with a node's credentials (``system:node:<name>``, so th
 authorizer and NodeRestriction judge every call): registers its Node (capacity and
 allocatable cpu, memory, pods, ``nvidia.com/gpu``; the Ready condition; the
 ``kubernetes.io/hostname``/``os``/``arch`` labels), renews its Lease in
-``kube-node-lease`` every ``lease_renew_s`` (10 s, as a kubelet) so the node-lifecycle
-controller keeps it Ready and untainted, watches the pods the scheduler binds to it
-(``spec.nodeName``) and gives each a :class:`~.pod_worker.PodWorker`: containers,
-readiness probes, status, projected token and Downward API files refreshed every
-``volume_refresh_s`` (a real kubelet's sync period is about a minute), graceful deletion.
+``kube-node-lease`` every ``lease_renew_s`` (10 s, as a kubelet) on a thread of its own
+(:mod:`.node_heartbeat`) so the node-lifecycle controller keeps it Ready and untainted,
+and sets its Ready condition back if that controller changed it, watches the pods the
+scheduler binds to it (``spec.nodeName``) and gives each a
+:class:`~.pod_worker.PodWorker`: containers, readiness probes, status, projected token
+and Downward API files refreshed every ``volume_refresh_s`` (a real kubelet's sync
+period is about a minute), graceful deletion. Every ``status_sync_s`` (10 s, a kubelet's
+status sync) it writes a pod's status again where the API shows other conditions than
+the node wrote (the node-lifecycle controller marks every pod not Ready when the node's
+Lease ran out).
 
 Not a kubelet: no images, cgroups, resource limits or namespaces (a container's command
 runs on the host, see :mod:`.pod_sandbox`); volumes are only emptyDir, ConfigMap,
 Downward API and the projected token; no liveness or startup probes, native sidecars,
-ephemeral containers, events or node status beyond registration; an eviction only when a
+ephemeral containers, events or node status beyond its conditions; an eviction only when a
 test asks for one (:meth:`NodeAgent.evict`), as a pod's failing readiness
 (:meth:`NodeAgent.fail_readiness`).
 """
@@ -28,7 +33,6 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +41,18 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from .node_heartbeat import NodeHeartbeat, node_conditions
 from .pod_runtime import ContainerRuntime
-from .pod_worker import HOST_IP, PodWorker, WorkerSettings, now
+from .pod_worker import HOST_IP, PodWorker, WorkerSettings
 from .raw_api import check, json_call
 
 log = logging.getLogger(__name__)
-LEASE_NAMESPACE = "kube-node-lease"
-LEASE_DURATION_S = 40  # a kubelet's
 KUBELET_VERSION = "v1.37.2"
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class WatchGone(Exception):
     """The watch's resourceVersion was compacted away (410): list again."""
-
-
-def _micro_time() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class NodeAgent:
@@ -74,6 +73,7 @@ class NodeAgent:
         token_max_age_s: float | None = None,
         restart_backoff_s: float = 10.0,
         lease_renew_s: float = 10.0,
+        status_sync_s: float = 10.0,
     ) -> None:
         """``kubeconfig``: the node's (``ControlPlane.node_kubeconfig``). Downward API
         and ConfigMap files and tokens are refreshed every ``volume_refresh_s`` (a real
@@ -96,12 +96,13 @@ class NodeAgent:
         self.token_max_age_s = token_max_age_s
         self.restart_backoff_s = restart_backoff_s
         self.lease_renew_s = lease_renew_s
+        self.status_sync_s = status_sync_s
+        self.heartbeat: NodeHeartbeat | None = None
         self.workers: dict[str, PodWorker] = {}  # by pod uid
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._api: k8s.ApiClient | None = None
         self._core: Any = None
-        self._coordination: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -123,12 +124,12 @@ class NodeAgent:
         configuration.connection_pool_maxsize = 32
         self._api = k8s.ApiClient(configuration)
         self._core = k8s.CoreV1Api(self._api)
-        self._coordination = k8s.CoordinationV1Api(self._api)
         uid = await self._register()
-        await self._renew_lease(uid)
+        self.heartbeat = NodeHeartbeat(self.kubeconfig, self.name, uid, self.lease_renew_s)
+        await asyncio.to_thread(self.heartbeat.start)
         self._tasks = [
-            asyncio.create_task(self._heartbeat(uid)),
             asyncio.create_task(self._watch_pods()),
+            asyncio.create_task(self._sync_statuses()),
         ]
 
     async def stop(self) -> None:
@@ -138,6 +139,8 @@ class NodeAgent:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._runs.values(), return_exceptions=True)
         self._tasks, self._runs = [], {}
+        if self.heartbeat is not None:
+            await asyncio.to_thread(self.heartbeat.stop)
         if self._api is not None:
             await self._api.close()
             self._api = None
@@ -157,19 +160,10 @@ class NodeAgent:
                 raise
             created = await json_call(self._core.read_node(self.name, _preload_content=False))
         uid = str(created["metadata"]["uid"])
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "the model-rollout node agent is running pods",
-                 "lastHeartbeatTime": now(), "lastTransitionTime": now()}  # fmt: skip
-        pressure = [
-            {"type": kind, "status": "False", "reason": f"KubeletHasSufficient{what}",
-             "lastHeartbeatTime": now(), "lastTransitionTime": now()}
-            for kind, what in (("MemoryPressure", "Memory"), ("DiskPressure", "Disk"),
-                               ("PIDPressure", "PID"))
-        ]  # fmt: skip
         status = {
             "capacity": self.resources,
             "allocatable": self.resources,
-            "conditions": [*pressure, ready],
+            "conditions": node_conditions(),
             "addresses": [
                 {"type": "InternalIP", "address": HOST_IP},
                 {"type": "Hostname", "address": self.name},
@@ -191,48 +185,6 @@ class NodeAgent:
             )
         )
         return uid
-
-    async def _renew_lease(self, node_uid: str) -> None:
-        spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_DURATION_S,
-                "renewTime": _micro_time()}  # fmt: skip
-        try:
-            await json_call(
-                self._coordination.patch_namespaced_lease(
-                    self.name,
-                    LEASE_NAMESPACE,
-                    {"spec": spec},
-                    _content_type="application/merge-patch+json",
-                    _preload_content=False,
-                )
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            lease = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.name,
-                    "namespace": LEASE_NAMESPACE,
-                    "ownerReferences": [
-                        {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node_uid}
-                    ],
-                },
-                "spec": spec,
-            }
-            await json_call(
-                self._coordination.create_namespaced_lease(
-                    LEASE_NAMESPACE, lease, _preload_content=False
-                )
-            )
-
-    async def _heartbeat(self, node_uid: str) -> None:
-        while True:
-            await asyncio.sleep(self.lease_renew_s)
-            try:
-                await self._renew_lease(node_uid)
-            except (ApiException, *_TRANSPORT_ERRORS) as exc:
-                log.warning("node %s: lease renewal failed: %r", self.name, exc)
 
     # -- the pods bound to it ------------------------------------------------------------
 
@@ -292,6 +244,15 @@ class NodeAgent:
                 yield str(event["type"]), event["object"]
         finally:
             response.release()
+
+    async def _sync_statuses(self) -> None:
+        """A kubelet's periodic status sync: each pod whose status on the API (the
+        watch's latest) differs from what its worker wrote has it written again."""
+        while True:
+            await asyncio.sleep(self.status_sync_s)
+            for uid, worker in list(self.workers.items()):
+                if uid in self._runs and worker.drifted():
+                    worker.resync()
 
     def _dispatch(self, kind: str, pod: dict[str, Any]) -> None:
         uid = str(pod["metadata"]["uid"])

@@ -6,9 +6,11 @@ running); exits handled by ``restartPolicy`` (Always / OnFailure restart with a 
 back-off, else the pod ends Succeeded or Failed); on graceful deletion each running
 container's ``preStop`` hook, SIGTERM, SIGKILL at the end of the grace period, then the
 pod's deletion with grace period 0. Status is written (a merge patch of ``status``) only
-when it differs from what was last written. For tests, what a node does to a pod of its
-own accord: :meth:`PodWorker.evict` (node-pressure eviction) and
-:meth:`PodWorker.fail_readiness` (the containers' readiness probes failing from then on).
+when it differs from what was last written, and again when the API shows other
+conditions than were written (:meth:`PodWorker.resync`, the node's periodic status
+sync). For tests, what a node does to a pod of its own accord: :meth:`PodWorker.evict`
+(node-pressure eviction) and :meth:`PodWorker.fail_readiness` (the containers' readiness
+probes failing from then on).
 
 It waits on events, never polls: a simulated pod costs a few idle tasks.
 """
@@ -121,6 +123,7 @@ class PodWorker:
         self._ended = asyncio.Event()  # every container exited for good
         self._lock = asyncio.Lock()
         self._written: dict[str, Any] | None = None
+        self._written_version: str | None = None  # the pod's resourceVersion after the write
         self._transitions: dict[str, tuple[str, str]] = {}
         self._start_time = now()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -471,6 +474,33 @@ class PodWorker:
             status["initContainerStatuses"] = [r.status() for r in self.inits]
         return status
 
+    def drifted(self) -> bool:
+        """The watch's latest pod, no older than this worker's last status write, shows
+        another phase or status of a condition that write set (the node-lifecycle
+        controller's ``Ready=False``). Older objects are skipped: the watch not yet caught
+        up with the write is no drift."""
+        written, version = self._written, self._written_version
+        if written is None or version is None:
+            return False
+        seen = self.pod["metadata"].get("resourceVersion")
+        if seen is None or not _at_least(str(seen), version):
+            return False
+        status = self.pod.get("status") or {}
+        conditions = {c["type"]: c.get("status") for c in status.get("conditions") or []}
+        return status.get("phase") != written["phase"] or any(
+            conditions.get(c["type"]) != c["status"] for c in written["conditions"]
+        )
+
+    def resync(self) -> None:
+        """Write the status again even though it did not change here."""
+
+        async def rewrite() -> None:
+            async with self._lock:
+                self._written = None
+            await self.publish()
+
+        self._spawn(rewrite())
+
     async def publish(self, attempts: int = 5) -> None:
         """Write the status if it changed since the last write (retried a few times)."""
         async with self._lock:
@@ -479,7 +509,7 @@ class PodWorker:
                 if status == self._written:
                     return
                 try:
-                    await json_call(
+                    written = await json_call(
                         self.settings.core.patch_namespaced_pod_status(
                             self.name,
                             self.namespace,
@@ -489,9 +519,19 @@ class PodWorker:
                         )
                     )
                     self._written = status
+                    self._written_version = (written.get("metadata") or {}).get("resourceVersion")
                     return
                 except ApiException as exc:
                     if exc.status == 404:
                         return
                     log.warning("pod %s: status write failed: %s", self.name, exc.reason)
                 await asyncio.sleep(0.5 * 2**attempt)
+
+
+def _at_least(version: str, other: str) -> bool:
+    """``version`` is ``other`` or later: one etcd's resourceVersions are its revisions,
+    increasing integers (an API server backed by something else: equal only)."""
+    try:
+        return int(version) >= int(other)
+    except ValueError:
+        return version == other

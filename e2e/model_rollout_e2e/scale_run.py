@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 import urllib.request
 import uuid
@@ -66,6 +67,7 @@ class Window:
     operator_cpu_s: float
     by_writer: list[dict[str, Any]]
     pods: int
+    load_1m: float  # the machine's 1-minute load average at the window's end
 
     @property
     def writes_per_pod(self) -> float:
@@ -221,6 +223,11 @@ class ScaleRun:
         counts = self.cluster.audit_counts(since, self.cluster.audit_mark(), self.namespace)
         return _window(name, wall, cpu, counts, self.settings.pods)
 
+    def lease_max_gap_s(self) -> float:
+        """The node's longest time between two Lease renewals (40 s: NotReady)."""
+        heartbeat = self.node.agent.heartbeat if self.node is not None else None
+        return round(heartbeat.max_gap_s, 2) if heartbeat is not None else 0.0
+
     def rollout(self, version: str) -> Window:
         def roll() -> None:
             self.wait_all_on(version, self.set_version(version))
@@ -241,6 +248,7 @@ def _window(name: str, wall: float, cpu: float, counts: WriteCounts, pods: int) 
         operator_cpu_s=round(cpu, 2),
         by_writer=counts.table(),
         pods=pods,
+        load_1m=round(os.getloadavg()[0], 2),
     )
 
 
@@ -266,11 +274,13 @@ def run_scale(
             run.rollout("v1"),
             run.idle("idle after the rollback"),
         ]
+        lease_gap = run.lease_max_gap_s()
     return {
         "settings": {
             **{k: v for k, v in asdict(settings).items() if k != "sidecars"},
             "sidecars": asdict(settings.sidecars),
         },
         "windows": [w.as_json() for w in windows],
+        "node_lease_max_gap_s": lease_gap,
         "total_s": round(time.monotonic() - started, 1),
     }

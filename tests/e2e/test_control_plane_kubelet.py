@@ -338,6 +338,25 @@ def test_a_node_evicts_a_pod_or_fails_its_readiness_when_a_test_asks(
         node_agent.evict(namespace, first)
 
 
+def test_the_node_sets_a_ready_condition_flipped_by_the_node_controller_back(
+    node_agent: NodeAgent, admin: Kubectl, namespace: str
+) -> None:
+    """A kubelet re-syncs pod status: when the node-lifecycle controller marked its pods
+    not Ready (a late Lease renewal), the node writes what it believes again, so the
+    pods do not stay not Ready for good."""
+    admin.apply(web_deployment(namespace, 1))
+    (pod,) = ready_pods(admin, namespace, 1)
+    name = pod["metadata"]["name"]
+    flipped = {"type": "Ready", "status": "False", "reason": "NodeNotReady",
+               "lastTransitionTime": pod["metadata"]["creationTimestamp"]}  # fmt: skip
+    admin(
+        "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=strategic",
+        "-p", json.dumps({"status": {"conditions": [flipped]}}),
+    )  # fmt: skip
+    assert condition(admin.get("pod", name, "-n", namespace), "Ready") == "False"
+    ready_pods(admin, namespace, 1)
+
+
 def test_deleting_a_pod_runs_prestop_then_sigterm_and_the_deployment_replaces_it(
     node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
