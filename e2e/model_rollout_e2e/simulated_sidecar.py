@@ -519,7 +519,9 @@ class SimulatedSidecar:
         carries = policy is not None and policy.candidate == target
         if self.server.holds(track, target) and not carries:  # a pointer swap
             self.server.swap(track, target)
-            await self._report(target, target, SidecarState.OK, problem=problem)
+            await self._report(  # with the digest, as the real sidecar's swap reports it
+                target, target, SidecarState.OK, sha256=_digest(model, target), problem=problem
+            )
             return
         await self._report(target, serving, SidecarState.FETCHING, problem=problem)
         await asyncio.sleep(self.behaviour.fetch_s)

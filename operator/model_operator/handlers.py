@@ -360,6 +360,8 @@ async def reconcile_pass(
     new_status["verifiedVersions"] = gate.verified
     new_status[PINS_FIELD] = gate.pins
     wakes = [own.wake_in]
+    if new_status.get("currentVersion") != stable:  # children follow the new stable: now,
+        wakes.append(0.0)  # in the rollout's own time, not at the next (idle) resync
     cleared = list(own.cleared)
 
     tenants_after: dict[str, Any] = {}

@@ -398,8 +398,12 @@ class Watcher:
             log.info("%s:%s is no longer retained (%s); loading it", model, target, answer.error)
             return await self._switch(target, serving)
         await self._keep_traffic(None)
-        await self._relay(await self._swapped(target, serving))
-        await self._report(target, target, SidecarState.OK)
+        after = await self._swapped(target, serving)
+        await self._relay(after)
+        # with its digest, as every later cycle reports it: the next report is no news
+        await self._report(
+            target, target, SidecarState.OK, sha256=after.sha256 if after is not None else None
+        )
         return "ok"
 
     async def _swapped(self, target: str, serving: str | None) -> StatusReply | None:

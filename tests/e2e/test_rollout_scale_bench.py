@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow  # a whole operator and node: not in make test-fas
 def test_a_small_scale_run_is_counted_and_within_the_targets(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    settings = ScaleSettings(pods=20, deployments=2, idle_s=10.0, settle_s=3.0, timeout_s=240)
+    # idle windows longer than the resync: a pass at the resync writes nothing either
+    settings = ScaleSettings(
+        pods=20, deployments=2, idle_s=25.0, settle_s=3.0, timeout_s=240, interval_s=10.0
+    )
     report = run_scale(tmp_path, settings, control_plane)
     idle, forward, back, idle_after = report["windows"]
     for rollout in (forward, back):

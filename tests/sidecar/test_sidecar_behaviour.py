@@ -103,6 +103,31 @@ async def test_every_swap_updates_current_so_a_restarted_server_serves_it(
         await restarted.close()
 
 
+async def test_a_rollback_reports_the_versions_digest_so_the_next_cycle_is_no_news(
+    tmp_path: Path,
+) -> None:
+    """A pointer swap back to a retained version reports its sha256 at once, as every
+    later cycle does: otherwise the next cycle's report differs and each pod patches its
+    annotation once more after every rollback (1000 writes at 1000 pods)."""
+    store, keys = local_versions(tmp_path, {"v1": 1, "v2": 2})
+    volume, podinfo, status = tmp_path / "volume", tmp_path / "annotations", tmp_path / "s.json"
+    fetcher = make_fetcher(store, keys, volume)
+    assert await pre_pull(fetcher, "mlp", "v1", "v1") == 0
+    server = await start_server(volume, tmp_path / "a.sock")
+    try:
+        watcher = make_watcher(fetcher, tmp_path / "a.sock", podinfo, status)
+        for version in ("v1", "v2", "v1"):  # the last: a rollback, a pointer swap
+            set_target(podinfo, version)
+            assert await watcher.step() == "ok"
+        swapped = SidecarReport.from_json(status.read_text())
+        assert await watcher.step() == "ok"  # the next cycle, nothing changed
+        next_cycle = SidecarReport.from_json(status.read_text())
+    finally:
+        await server.close()
+    assert swapped is not None and swapped.serving == "v1" and swapped.sha256
+    assert swapped.same_as(next_cycle)
+
+
 # --- every failure is reported ------------------------------------------------------
 
 
