@@ -40,7 +40,7 @@ from model_operator.errors import ApiError
 from model_operator.kube_client import KubeClient, load_configuration
 from model_rollout_cli import kube
 from model_rollout_cli.errors import API_ERROR, OK, TIMED_OUT, CliError
-from model_rollout_cli.kube import GROUP, PLURAL, Cluster, KubeOptions
+from model_rollout_cli.kube import GROUP, PLURAL, VERSION, Cluster, KubeOptions
 from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, PROMOTE, RETRY
 from model_rollout_contract.tracks import track_keys
 from model_rollout_e2e.control_plane import ControlPlane
@@ -793,11 +793,23 @@ async def test_a_foreground_delete_completes_through_the_policy(
 ) -> None:
     """The garbage collector, which has no 'configure', removes the foregroundDeletion
     finalizer of an owner's foreground delete: the policy lets finalizers go once
-    deletion has begun, so the resource goes (a hang guard, not a time)."""
+    deletion has begun, so the resource goes (a hang guard, not a time). A dependent
+    held by a finalizer of the test's keeps the owner waiting until the test lets it go:
+    with no dependent the collector may finish before the owner is read (a race)."""
     await model_deployment(admin, "held", CANARY_HELD)
+    uid = (await admin.read("held"))["metadata"]["uid"]
+    hold = "test.model-rollout.io/hold"
+    owned_by = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelDeployment", "name": "held",
+                "uid": uid, "blockOwnerDeletion": True}  # fmt: skip
+    await admin.core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "held-child", "finalizers": [hold], "ownerReferences": [owned_by]}
+    })  # fmt: skip
     owner = bound_user(tools, namespace, "owner", OWNER).kubectl
     owner("delete", "md", "held", "--cascade=foreground", "--wait=false")
     assert (await admin.read("held"))["metadata"]["finalizers"] == ["foregroundDeletion"]
+    await admin.core.patch_namespaced_config_map(
+        "held-child", namespace, [{"op": "remove", "path": "/metadata/finalizers"}]
+    )
 
     def gone() -> bool:
         return "NotFound" in tools.kubectl.run("get", "md", "held", "-n", namespace).err
