@@ -289,8 +289,10 @@ class LeaderElection:
         try:
             await self.api.request("PATCH", self.path, patch, "application/json-patch+json")
         except ApiError as exc:
-            if exc.status in _CONFLICT:
+            if exc.status in _CONFLICT and holder != s.identity:
                 return False  # someone else wrote it first
+            # its own Lease changed since the read (a late try of its own landed, or its
+            # labels were edited): a failed try, and the next one reads it again
             raise
         return True
 

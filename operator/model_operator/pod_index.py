@@ -179,6 +179,11 @@ class PodIndex:
                 log.warning("pod watch (%s): %s; again in %gs", scope or "all", exc, RETRY_S)
                 version = None
                 await asyncio.sleep(RETRY_S)
+            except Exception:  # anything else (a connection cut mid-answer, a bug): the
+                # watch must not end for good, or every pass plans on a frozen index
+                log.exception("pod watch (%s) failed; listing again in %gs", scope, RETRY_S)
+                version = None
+                await asyncio.sleep(RETRY_S)
 
     async def _events(
         self, scope: str | None, version: str

@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from model_operator.config import OperatorConfig, parse_args
-from model_operator.errors import TransientApiError
+from model_operator.errors import ApiError, TransientApiError
 from model_operator.handlers import Follower, follow_rollouts
 from model_operator.kube_client import KubeClient, load_configuration
 from model_operator.leader import (
@@ -312,3 +312,28 @@ def test_the_watchdog_ends_a_write_that_outlives_the_fence() -> None:
         with pytest.raises(Lost, match="outlived"):
             watchdog.check()
     watchdog.check()  # nothing in flight: the renewal loop's own check says when it is lost
+
+
+class ConflictingLease(OwnLease):
+    """This replica's Lease, whose renewal PATCHes first meet ``conflicts``."""
+
+    def __init__(self, clock: Clock, conflicts: list[Exception]) -> None:
+        super().__init__(clock, [])
+        self.conflicts = conflicts
+
+    async def request(self, method: str, path: str, body: Any = None, *args: Any) -> Any:
+        if method == "PATCH" and self.conflicts:
+            self.patches.append(body)
+            raise self.conflicts.pop(0)
+        return await super().request(method, path, body, *args)
+
+
+async def test_a_conflict_renewing_its_own_lease_is_read_again_not_taken_for_a_loss() -> None:
+    """A 409/422 on the renewal while the Lease it read names this replica: its own late
+    try landed meanwhile, or someone edited the Lease's labels. The Lease is read again
+    on the next try; it is lost only if another replica holds it."""
+    clock = Clock()
+    api = ConflictingLease(clock, [ApiError(409, "conflict"), ApiError(422, "test failed")])
+    election = _holding(api, clock, LeaseSettings("ns", identity="me"))
+    await _hold_until(election, api, 4)
+    assert election.fence.remaining() > 0 and len(api.patches) >= 3

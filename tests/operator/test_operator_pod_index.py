@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 from unittest.mock import patch
 
+import aiohttp
+
 from model_operator.errors import ApiError, TransientApiError
 from model_operator.pod_index import PodIndex, namespace_matcher
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, TARGET_VERSION
@@ -112,3 +114,43 @@ async def test_a_refused_first_list_is_asked_again() -> None:
         assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]
     finally:
         await index.stop()
+
+
+async def test_a_watch_cut_in_an_unexpected_way_is_listed_and_watched_again() -> None:
+    """A watch that fails with something other than an API error (the connection cut while
+    an error answer was read: aiohttp's ClientPayloadError) must not end the index's
+    watch for good: the pods are listed and watched again, and news still wakes."""
+    api = ScriptedApi([pod("a")])
+    streams = 0
+    watch = api.stream
+
+    @contextlib.asynccontextmanager
+    async def stream(path: str, timeout_s: float) -> AsyncIterator[AsyncIterator[bytes]]:
+        nonlocal streams
+        streams += 1
+        if streams == 1:
+            raise aiohttp.ClientPayloadError("connection cut mid-answer")
+        async with watch(path, timeout_s) as lines:
+            yield lines
+
+    api.stream = stream  # type: ignore[method-assign]
+    woken: list[tuple[str, str]] = []
+    index = PodIndex(api, ["ns"], lambda ns, name: woken.append((ns, name)))  # type: ignore[arg-type]
+    with patch("model_operator.pod_index.RETRY_S", 0.01):
+        await index.start()
+        try:
+            for _ in range(200):  # the first watch fails; the second is open
+                if streams >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert streams >= 2, "the pod watch was not opened again"
+            await api.events.put({"type": "ADDED", "object": pod("b")})
+            await settle(api)
+            for _ in range(100):
+                if len(index.get(("ns", "mlp"), [])) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(v.name for v in index.get(("ns", "mlp"), [])) == ["a", "b"]
+            assert woken[-1] == ("ns", "mlp")
+        finally:
+            await index.stop()
