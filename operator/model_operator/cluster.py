@@ -156,6 +156,17 @@ async def get_secret(api: KubeClient, namespace: str, name: str) -> dict[str, An
     return dict(answer) if answer is not None else None
 
 
+async def read_status(api: KubeClient, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """A ModelDeployment's status as the API server holds it now (not the watch's copy,
+    which can lag behind the operator's own writes). Raises :class:`ResourceGone` when
+    the object ``uid`` is gone."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    answer = await api.request("GET", path)
+    if answer is None or (answer.get("metadata") or {}).get("uid") != uid:
+        raise ResourceGone(f"{namespace}/{name} (uid {uid}) is gone")
+    return dict(answer.get("status") or {})
+
+
 async def read_annotations(api: KubeClient, namespace: str, name: str) -> dict[str, str]:
     """A ModelDeployment's annotations as the API server holds them now (not the watch's
     copy, which can lag behind the operator's own writes); none if it is gone."""

@@ -59,10 +59,12 @@ from .pods import PodView
 from .signatures import Ed25519PublicKey, secret_keys
 from .spec import ModelDeploymentSpec, TenantModelSpec, parse_spec, track_spec
 from .status import (
+    PODS_UNSEEN_REASON,
     UNSIGNED_MESSAGE,
     UNSIGNED_REASON,
     build_status,
     invalid_status,
+    pods_unseen_status,
     refused_status,
     rollout_from_status,
     was_unsigned,
@@ -103,8 +105,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     def pods_changed(namespace: str, name: str) -> None:
         _waker(memo, namespace, name).set()
 
+    def pods_seen_again(scope: str | None) -> None:
+        wakers: dict[tuple[str, str], asyncio.Event] = memo.wakers
+        for (namespace, _), wake in wakers.items():
+            if scope in (None, namespace):
+                wake.set()
+
     # listed before kopf starts the resources' watch: no pass runs on an empty index
-    memo.pods = PodIndex(memo.api, config.namespaces, pods_changed)
+    memo.pods = PodIndex(memo.api, config.namespaces, pods_changed, pods_seen_again)
     await memo.pods.start()
 
 
@@ -181,6 +189,12 @@ class Follower:
         self.task: asyncio.Task[None] | None = None
         self.failures = 0
         self.written: dict[str, Any] | None = None  # the status its last write stored
+        self.runs = 0  # starts of its passes: a start after the first follows a failure
+        # the annotations its passes removed (acted on), as they were: while the watch's
+        # copy still shows one, the API server is asked whether it is still gone, or one
+        # would be acted on twice (kept across a restart of the passes, which a transient
+        # failure right after the removal causes)
+        self.cleared: dict[str, str] = {}
 
     def echo(self, body: kopf.Body) -> bool:
         """Is ``body`` the watch's copy of this task's own status write, with nothing
@@ -683,6 +697,30 @@ async def _report_refusal(
         return status
 
 
+async def _hold_unseen(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    follower: Follower,
+    status: dict[str, Any],
+    why: str,
+    logger: kopf.Logger,
+) -> dict[str, Any]:
+    """The resource's pods cannot be seen (the pod watch keeps failing): nothing is
+    planned; ``Ready`` is False saying why, and a Warning event once. Returns the status
+    now stored (a refused or failed write is left to the next pass)."""
+    new = without_nulls(pods_unseen_status(status, why, time.time()))
+    if not _changed(status, new):
+        return status
+    logger.error("rollout held: %s", why)
+    await _post(memo, body, Event(PODS_UNSEEN_REASON, why, warning=True), logger)
+    meta = body.get("metadata") or {}
+    written = await cluster.replace_status(
+        memo.api, str(meta.get("namespace")), str(meta.get("name")), follower.uid, new
+    )
+    follower.written = written or new
+    return follower.written
+
+
 async def follow(
     follower: Follower,
     name: str,
@@ -727,12 +765,13 @@ async def follow_rollouts(
     refusal becomes a condition. With leader election each pass first asks the fence."""
     wake = _waker(memo, namespace, name)
     interval = _config(memo).interval_s
-    status = dict(follower.body.get("status") or {})
+    follower.runs += 1
+    if follower.runs == 1:
+        status = dict(follower.body.get("status") or {})
+    else:  # again after a failure: the watch's copy can lag behind the last write
+        status = await cluster.read_status(memo.api, namespace, name, follower.uid)
     children_checked = 0.0
-    # the annotations this task removed (acted on), as they were: while the watch's copy
-    # still shows one, the API server is asked whether it is still gone, or a retry that
-    # failed again at once would be acted on twice
-    cleared: dict[str, str] = {}
+    cleared = follower.cleared
     while True:
         wake.clear()
         _fence(memo)
@@ -740,8 +779,14 @@ async def follow_rollouts(
         pods: Iterable[PodView] = pods_by_deployment.get((namespace, name), [])
         check = time.monotonic() - children_checked >= min(interval, CHILDREN_CHECK_S)
         started = time.monotonic()
+        unseen = pods_by_deployment.unseen(namespace)
+        if unseen is not None:  # planned on a frozen view, a pass could do harm: held
+            status = await _hold_unseen(body, memo, follower, status, unseen, logger)
+            await _sleep(wake, interval)  # woken when the pods are listed again
+            continue
         shown = dict((body.get("metadata") or {}).get("annotations") or {})
-        cleared = {k: v for k, v in cleared.items() if shown.get(k) == v}
+        for key in [k for k, v in cleared.items() if shown.get(k) != v]:
+            del cleared[key]  # the watch's copy shows it gone (or changed): forgotten
         try:
             removed: frozenset[str] = frozenset()
             if cleared:
@@ -760,10 +805,12 @@ async def follow_rollouts(
                 ) or status  # fmt: skip
                 follower.written = status
             if result.cleared:  # acted on, and the status that says so is written
+                # noted first: a removal that fails midway (it may have landed) is then
+                # checked with the API server before the annotation could act again
+                cleared.update({k: shown[k] for k in result.cleared if k in shown})
                 await cluster.clear_annotations(
                     memo.api, namespace, name, follower.uid, result.cleared
                 )
-                cleared.update({k: shown[k] for k in result.cleared if k in shown})
             for event in result.events:
                 await _post(memo, body, event, logger)
             follower.failures = 0  # a pass went through: the backoff starts again

@@ -1,6 +1,7 @@
 """The live pods of each ModelDeployment, kept by the operator's own pod watch.
 
-One LIST, then a WATCH from it (again from a LIST after 410 Gone or a failure), of the
+One LIST, then a WATCH from it (again from a LIST after 410 Gone or a failure, with
+backoff), of the
 pods this operator labels (``DEPLOYMENT_LABEL``), per namespace or, for namespace
 patterns, cluster-wide and filtered here. Each event is reduced to the pod's
 :class:`~.pods.PodView` at once; the resource's task is woken only when a pod's view
@@ -12,6 +13,11 @@ event of every pod (a Body, the handlers' selection, logging), which at a thousa
 in a rollout was most of the operator's CPU time; this watch decodes the line and
 compares a view. Pods being deleted, Failed or Succeeded serve nothing and are dropped
 (:func:`is_live`).
+
+While a scope's LIST keeps failing the index holds the views of its last LIST: after
+``UNSEEN_AFTER_S`` :meth:`PodIndex.unseen` says why, and the rollouts hold (a pass that
+planned on a frozen view could start loads the pods already finished, or miss new pods)
+until the pods are listed again, which wakes them.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import asyncio
 import fnmatch
 import json
 import logging
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL
+from model_rollout_contract.backoff import Backoff
 
 from .errors import ApiError, TransientApiError
 from .kube_client import KubeClient
@@ -32,7 +40,10 @@ from .pods import PodView, pod_view
 
 log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300  # the server ends each watch this late; it is resumed at once
-RETRY_S = 2.0  # after a failed LIST or WATCH
+# after a failed LIST or WATCH: from 1 s, doubling to 30 s, each at least half its cap
+# (the API server that failed is shared: a thousand operators' retries must not storm it)
+RELIST_BACKOFF = Backoff(base_s=1.0, max_s=30.0, floor=0.5)
+UNSEEN_AFTER_S = 10.0  # failing this long, a scope's pods count as unseen
 Key = tuple[str, str]  # (namespace, ModelDeployment)
 
 
@@ -40,6 +51,10 @@ class PodLookup(Protocol):
     """What a rollout's task reads of the index."""
 
     def get(self, key: Key, default: list[PodView], /) -> Iterable[PodView]: ...
+
+    def unseen(self, namespace: str, /) -> str | None:
+        """Why the namespace's pods are not seen now (``None``: they are)."""
+        ...
 
 
 def is_live(pod: Mapping[str, Any]) -> bool:
@@ -76,9 +91,13 @@ class PodIndex:
         api: KubeClient,
         namespaces: Iterable[str],
         on_change: Callable[[str, str], None],
+        on_seen_again: Callable[[str | None], None] = lambda scope: None,
     ) -> None:
+        """``on_change(namespace, name)``: a ModelDeployment's pods changed;
+        ``on_seen_again(namespace)`` (``None``: every namespace): listed again after
+        failures, whatever changed."""
         patterns = list(namespaces)
-        self.api, self.on_change = api, on_change
+        self.api, self.on_change, self.on_seen_again = api, on_change, on_seen_again
         self.matches = namespace_matcher(patterns)
         # plain names: a watch each (a namespaced Role suffices); patterns: one cluster-wide
         self.scopes: list[str | None] = (
@@ -87,10 +106,20 @@ class PodIndex:
         self._pods: dict[tuple[str, str], tuple[str, PodView]] = {}  # pod -> (owner, view)
         self._owned: dict[Key, dict[str, PodView]] = {}  # owner -> its pods' views
         self._tasks: list[asyncio.Task[None]] = []
+        self._failing: dict[str | None, tuple[float, str]] = {}  # scope -> (since, why)
+        self._failures: dict[str | None, int] = {}  # scope -> failed tries in a row
 
     def get(self, key: Key, default: list[PodView] | None = None) -> list[PodView]:
         views = self._owned.get(key)
         return list(views.values()) if views else (default if default is not None else [])
+
+    def unseen(self, namespace: str) -> str | None:
+        """Why ``namespace``'s pods are not seen now: its scope's LIST or WATCH has failed
+        for ``UNSEEN_AFTER_S`` or more (``None``: they are seen)."""
+        for scope, (since, why) in self._failing.items():
+            if scope in (None, namespace) and time.monotonic() - since >= UNSEEN_AFTER_S:
+                return why
+        return None
 
     async def start(self) -> None:
         """The first LIST of each scope (asked again until the API answers it: a refusal,
@@ -152,15 +181,30 @@ class PodIndex:
                 self._set(namespace, name, None)
         for pod in items:
             self._put(pod)
+        failing = self._failing.pop(scope, None)
+        if failing is not None and time.monotonic() - failing[0] >= UNSEEN_AFTER_S:
+            self.on_seen_again(scope)  # its rollouts were holding
         return str((answer.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _failed(self, scope: str | None, why: str) -> float:
+        """Note the scope's failure (from its first in a row); the pause before the next
+        try, growing with the failures in a row."""
+        since, _ = self._failing.get(scope, (time.monotonic(), ""))
+        failures = self._failures.get(scope, 0)
+        self._failing[scope] = (since, f"the operator cannot list or watch the pods: {why}")
+        self._failures[scope] = failures + 1
+        return RELIST_BACKOFF.delay(failures)
 
     async def _first_list(self, scope: str | None) -> str:
         while True:
             try:
-                return await self._list(scope)
+                version = await self._list(scope)
+                self._failures.pop(scope, None)
+                return version
             except ApiError as exc:
-                log.warning("listing pods (%s): %s; again in %gs", scope or "all", exc, RETRY_S)
-                await asyncio.sleep(RETRY_S)
+                pause = self._failed(scope, str(exc))
+                log.warning("listing pods (%s): %s; again in %.1fs", scope or "all", exc, pause)
+                await asyncio.sleep(pause)
 
     async def _follow(self, scope: str | None, version: str | None) -> None:
         while True:
@@ -168,6 +212,7 @@ class PodIndex:
                 if version is None:
                     version = await self._list(scope)
                 async for kind, pod in self._events(scope, version):
+                    self._failures.pop(scope, None)  # a watch that delivers is healthy
                     version = str((pod.get("metadata") or {}).get("resourceVersion") or version)
                     if kind == "DELETED":
                         self._drop(pod)
@@ -176,14 +221,16 @@ class PodIndex:
             except _Gone:
                 version = None
             except (ApiError, TransientApiError, ValueError) as exc:
-                log.warning("pod watch (%s): %s; again in %gs", scope or "all", exc, RETRY_S)
+                pause = self._failed(scope, str(exc))
+                log.warning("pod watch (%s): %s; again in %.1fs", scope or "all", exc, pause)
                 version = None
-                await asyncio.sleep(RETRY_S)
-            except Exception:  # anything else (a connection cut mid-answer, a bug): the
-                # watch must not end for good, or every pass plans on a frozen index
-                log.exception("pod watch (%s) failed; listing again in %gs", scope, RETRY_S)
+                await asyncio.sleep(pause)
+            except Exception as exc:  # anything else (a connection cut mid-answer, a bug):
+                # the watch must not end for good, or every pass plans on a frozen index
+                pause = self._failed(scope, f"{type(exc).__name__}: {exc}")
+                log.exception("pod watch (%s) failed; listing again in %.1fs", scope, pause)
                 version = None
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(pause)
 
     async def _events(
         self, scope: str | None, version: str

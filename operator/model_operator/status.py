@@ -297,6 +297,19 @@ def refused_status(
     return {**status, "conditions": [*kept, ready]}
 
 
+PODS_UNSEEN_REASON = "PodsUnseen"
+
+
+def pods_unseen_status(status: dict[str, Any], why: str, now: float) -> dict[str, Any]:
+    """The operator cannot see the pods (its pod watch keeps failing): ``Ready`` is False
+    saying why, and the rollout holds; the rest of the status stays as it was."""
+    existing = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    message = f"{why}; the rollout holds until the pods are seen again"
+    ready = condition(ConditionType.READY, False, PODS_UNSEEN_REASON, message, now, existing)
+    kept = [c for c in existing if c.get("type") != ConditionType.READY]
+    return {**status, "conditions": [*kept, ready]}
+
+
 def without_nulls(status: dict[str, Any]) -> dict[str, Any]:
     """``status`` as the API server stores it: a null in a merge patch deletes its key, so
     a status that carries nulls (``rollout.batchStartedAt``, ``previousVersion``, …) would

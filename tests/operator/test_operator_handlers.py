@@ -20,9 +20,11 @@ from model_operator.errors import TransientApiError
 from model_operator.handlers import Follower, follow_rollouts
 from model_operator.kube_client import KubeClient, load_configuration
 from model_operator.planner import Event
+from model_operator.pod_index import PodLookup
 from model_operator.spec import parse_spec
 from model_operator.store_check import VersionCheck, check_version
 from model_rollout_e2e.processes import free_port
+from tests.support.pod_lookup import NoPods
 
 BODY = {
     "apiVersion": "serving.model-rollout.io/v1alpha1",
@@ -38,7 +40,9 @@ BODY = {
 }
 
 
-async def run_reconcile(api_url: str, interval_s: float = 30.0) -> None:
+async def run_reconcile(
+    api_url: str, interval_s: float = 30.0, pods: PodLookup | None = None
+) -> None:
     body = kopf.Body(BODY)
     api = KubeClient(await load_configuration(api_url, None))
     try:
@@ -53,7 +57,7 @@ async def run_reconcile(api_url: str, interval_s: float = 30.0) -> None:
                     wakers={},
                 ),
                 logging.getLogger("test"),
-                {},  # type: ignore[arg-type]
+                pods or NoPods(),
             ),
             30,
         )
@@ -132,6 +136,55 @@ async def test_a_refusal_is_a_condition_not_a_restart(monkeypatch: pytest.Monkey
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "Forbidden")
     assert ready["message"] == message
     assert events == [f"Warning ApiRefused: {message}"]
+
+
+class UnseenPods(NoPods):
+    def unseen(self, namespace: str, /) -> str | None:
+        return "the operator cannot list or watch the pods: pods is forbidden"
+
+
+async def test_a_rollout_holds_while_its_pods_are_unseen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod watch keeps failing (RBAC revoked): a pass planned on the last views could
+    start loads already done or miss new pods, so none runs. Ready is False saying why,
+    written once with one Warning event; nothing else is asked of the API server."""
+    requests: list[str] = []
+    patches: list[list[dict[str, Any]]] = []
+    events: list[str] = []
+    written = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        requests.append(f"{request.method} {request.path}")
+        if request.method == "PATCH" and request.path.endswith("/status"):
+            patches.append(await request.json())
+            written.set()
+            [status] = [op["value"] for op in patches[-1] if op["path"] == "/status"]
+            return web.json_response({**BODY, "status": status})
+        return web.json_response({"kind": "Status", "message": "unexpected"}, status=500)
+
+    async def post(memo: object, body: object, event: Event, logger: object) -> None:
+        events.append(f"{'Warning' if event.warning else 'Normal'} {event.reason}")
+
+    monkeypatch.setattr(handlers, "_post", post)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = f"http://127.0.0.1:{server.port}"
+    reconciling = asyncio.ensure_future(run_reconcile(url, 0.05, UnseenPods()))
+    try:
+        await asyncio.wait_for(written.wait(), 30)
+        await asyncio.sleep(0.3)  # several resyncs: the same hold is not written again
+        assert not reconciling.done(), reconciling.exception()
+    finally:
+        reconciling.cancel()
+        await server.close()
+    assert requests == [
+        "PATCH /apis/serving.model-rollout.io/v1alpha1/namespaces/ns/modeldeployments/m/status"
+    ]
+    [ready] = next(op["value"] for op in patches[0] if op["path"] == "/status")["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "PodsUnseen")
+    assert "pods is forbidden" in ready["message"] and "holds" in ready["message"]
+    assert events == ["Warning PodsUnseen"]
 
 
 # --- the store check's messages (issue 13 follow-up) --------------------------------

@@ -28,6 +28,7 @@ from model_operator.leader import (
     LeaseSettings,
     boottime,
 )
+from tests.support.pod_lookup import NoPods
 
 
 class Lost(Exception):
@@ -120,7 +121,7 @@ async def test_a_pass_does_not_start_once_out_of_time(api_server: tuple[str, lis
                 "ns",
                 memo,
                 logging.getLogger("test"),
-                {},  # type: ignore[arg-type]
+                NoPods(),
             )
     finally:
         await api.close()

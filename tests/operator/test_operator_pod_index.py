@@ -12,10 +12,15 @@ from typing import Any
 from unittest.mock import patch
 
 import aiohttp
+import pytest
 
+from model_operator import pod_index
 from model_operator.errors import ApiError, TransientApiError
 from model_operator.pod_index import PodIndex, namespace_matcher
 from model_rollout_contract.annotations import DEPLOYMENT_LABEL, TARGET_VERSION
+from model_rollout_contract.backoff import Backoff
+
+FAST = Backoff(base_s=0.01, max_s=0.01)
 
 
 def pod(name: str, owner: str = "mlp", version: str = "1", **annotations: str) -> dict[str, Any]:
@@ -108,7 +113,7 @@ async def test_a_refused_first_list_is_asked_again() -> None:
 
     api.request = request  # type: ignore[method-assign]
     index = PodIndex(api, ["ns"], lambda ns, name: None)  # type: ignore[arg-type]
-    with patch("model_operator.pod_index.RETRY_S", 0.01):
+    with patch("model_operator.pod_index.RELIST_BACKOFF", FAST):
         await index.start()
     try:
         assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]
@@ -136,7 +141,7 @@ async def test_a_watch_cut_in_an_unexpected_way_is_listed_and_watched_again() ->
     api.stream = stream  # type: ignore[method-assign]
     woken: list[tuple[str, str]] = []
     index = PodIndex(api, ["ns"], lambda ns, name: woken.append((ns, name)))  # type: ignore[arg-type]
-    with patch("model_operator.pod_index.RETRY_S", 0.01):
+    with patch("model_operator.pod_index.RELIST_BACKOFF", FAST):
         await index.start()
         try:
             for _ in range(200):  # the first watch fails; the second is open
@@ -154,3 +159,68 @@ async def test_a_watch_cut_in_an_unexpected_way_is_listed_and_watched_again() ->
             assert woken[-1] == ("ns", "mlp")
         finally:
             await index.stop()
+
+
+async def test_pods_that_cannot_be_listed_are_unseen_and_retried_with_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A LIST that keeps failing after the first (RBAC revoked, an API server that
+    answers 500): the index says why the namespace's pods are unseen once that has
+    lasted UNSEEN_AFTER_S, spaces its tries by the growing backoff, and, listed again,
+    says they are seen and wakes the namespace's rollouts."""
+    api = ScriptedApi([pod("a")])
+    failing = {"on": False}
+    listed = api.request
+
+    async def request(method: str, path: str) -> dict[str, Any]:
+        if failing["on"]:
+            raise ApiError(403, 'pods is forbidden: User "op" cannot list resource "pods"')
+        return await listed(method, path)
+
+    watch = api.stream
+
+    @contextlib.asynccontextmanager
+    async def stream(path: str, timeout_s: float) -> AsyncIterator[AsyncIterator[bytes]]:
+        if failing["on"]:
+            raise TransientApiError(500, "etcdserver: leader changed")
+        async with watch(path, timeout_s) as lines:
+            yield lines
+
+    api.request = request  # type: ignore[method-assign]
+    api.stream = stream  # type: ignore[method-assign]
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        await real_sleep(0.001)
+
+    seen_again: list[str | None] = []
+    monkeypatch.setattr(pod_index, "UNSEEN_AFTER_S", 0.05)
+    monkeypatch.setattr(pod_index.asyncio, "sleep", sleep)
+    index = PodIndex(api, ["ns"], lambda ns, name: None, seen_again.append)  # type: ignore[arg-type]
+    await index.start()
+    try:
+        assert index.unseen("ns") is None
+        failing["on"] = True
+        api.events.put_nowait({"type": "ERROR", "object": {"code": 500, "message": "gone"}})
+        for _ in range(500):
+            if index.unseen("ns") is not None and len(pauses) >= 6:
+                break
+            await real_sleep(0.005)
+        why = index.unseen("ns")
+        assert why is not None and "forbidden" in why, why
+        assert index.unseen("other") is None  # another scope's pods are not this one's
+        assert [v.name for v in index.get(("ns", "mlp"), [])] == ["a"]  # the last LIST's
+        policy = pod_index.RELIST_BACKOFF
+        for attempt, pause in enumerate(pauses[:6]):
+            assert policy.least(attempt) <= pause <= policy.cap(attempt), pauses
+        assert pauses[5] > pauses[0]  # it grows: no storm on the API server that failed
+        failing["on"] = False
+        for _ in range(500):
+            if seen_again:
+                break
+            await real_sleep(0.005)
+        assert seen_again == ["ns"] and index.unseen("ns") is None
+    finally:
+        await index.stop()

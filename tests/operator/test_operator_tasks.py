@@ -15,8 +15,11 @@ import pytest
 from model_operator import handlers
 from model_operator.config import OperatorConfig
 from model_operator.errors import TransientApiError
+from model_operator.planner import Event
+from model_rollout_contract.annotations import RETRY
 from model_rollout_contract.backoff import Backoff
 from model_sidecar import retry
+from tests.support.pod_lookup import NoPods
 
 
 def _body(uid: str, **status: Any) -> kopf.Body:
@@ -95,6 +98,74 @@ async def test_a_task_backs_off_exponentially_and_honours_retry_after(
         assert policy.least(attempt) <= wait <= policy.cap(attempt), (attempt, waits)
     assert policy.least(5) > policy.cap(0)  # it grows, and not in step (jitter: a range)
     assert waits[6] >= 90.0  # the API server's Retry-After
+
+
+async def test_passes_started_again_neither_act_twice_nor_start_from_a_stale_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass acts on the retry annotation, writes its status, removes the annotation,
+    then its Event post fails transiently: the passes start again. The watch's copy still
+    shows the annotation and the status from before (it lags behind the writes). The
+    restarted passes must start from the status the API server holds, and must ask the
+    API server about the annotation instead of acting on it a second time."""
+    stale = {"phase": "Degraded", "rollout": {"toVersion": "v2", "stage": "failed"}}
+    written = {"phase": "Progressing", "rollout": {"toVersion": "v2", "stage": "canary"}}
+    body = kopf.Body(
+        {
+            "metadata": {
+                "name": "m", "namespace": "ns", "uid": "u",
+                "annotations": {RETRY: "v2"},
+            },
+            "spec": {},
+            "status": stale,
+        }
+    )  # fmt: skip
+    passes: list[tuple[dict[str, Any], frozenset[str]]] = []
+    posts: list[str] = []
+
+    async def reconcile_pass(
+        body: kopf.Body, status: dict[str, Any], *args: Any, removed: frozenset[str], **kw: Any
+    ) -> handlers.Pass:
+        passes.append((dict(status), removed))
+        if len(passes) == 2:
+            raise asyncio.CancelledError  # seen what the restarted pass starts from
+        acted = () if RETRY in removed else (RETRY,)
+        return handlers.Pass(written, None, (Event("RolloutRetried", "again"),), acted)
+
+    async def post(*args: Any) -> None:
+        posts.append("event")
+        raise TransientApiError(503, "the API server is restarting")
+
+    async def replace_status(*args: Any) -> dict[str, Any]:
+        return written
+
+    async def read_status(*args: Any) -> dict[str, Any]:
+        return written
+
+    async def clear_annotations(*args: Any) -> None:
+        return None
+
+    async def read_annotations(*args: Any) -> dict[str, str]:
+        return {}  # the API server has it removed
+
+    async def no_wait(seconds: float) -> None:
+        return None
+
+    monkeypatch.setattr(handlers, "reconcile_pass", reconcile_pass)
+    monkeypatch.setattr(handlers, "_post", post)
+    monkeypatch.setattr(handlers.cluster, "replace_status", replace_status)
+    monkeypatch.setattr(handlers.cluster, "read_status", read_status, raising=False)
+    monkeypatch.setattr(handlers.cluster, "clear_annotations", clear_annotations)
+    monkeypatch.setattr(handlers.cluster, "read_annotations", read_annotations)
+    monkeypatch.setattr(handlers.asyncio, "sleep", no_wait)
+    memo = kopf.Memo(config=OperatorConfig(), wakers={}, api=object())
+    follower = handlers.Follower(body)
+    with pytest.raises(asyncio.CancelledError):
+        await handlers.follow(follower, "m", "ns", memo, logging.getLogger("test"), NoPods())
+    assert posts == ["event"] and len(passes) == 2
+    status, removed = passes[1]
+    assert status == written, "the restarted passes started from the watch's stale status"
+    assert RETRY in removed, "the restarted passes would act on the removed retry again"
 
 
 def test_no_handler_needs_a_finalizer() -> None:
