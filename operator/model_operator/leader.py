@@ -14,7 +14,11 @@ monotonic clock stops then, and would keep a stale fence valid on wake-up).
 :class:`LeaseFence` is checked before every pass and every write, and bounds every
 write's time-out by what is left of it; :class:`FenceWatchdog`, a thread, ends the
 process if a write is still in flight when the fence runs out (a blocked event loop
-cannot time the write out). Once the time is out, or the Lease is seen taken, the process
+cannot time the write out). What the fence cannot do is recall a write already sent: one
+held in a proxy or a slow API server can still be applied after the fence ran out, so
+only the margin (3 s) covers such delays; beyond it a late write can land after the new
+leader's (the planner's next pass, which reads the live pods, then sets it right). Once
+the time is out, or the Lease is seen taken, the process
 exits at once (status :data:`LEASE_LOST_EXIT`, to come back as a candidate): a graceful
 stop would run what was in flight, from a memory that may be long stale.
 
