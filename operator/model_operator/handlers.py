@@ -172,6 +172,13 @@ async def _post(memo: kopf.Memo, body: kopf.Body, event: Event, logger: kopf.Log
         logger.warning("event %s not posted: %s", event.reason, exc)
 
 
+def _forget_metrics(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """A ModelDeployment that is gone leaves no series behind."""
+    metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
+    if metrics is not None:
+        metrics.forget(namespace, name)
+
+
 def _waker(memo: kopf.Memo, namespace: str, name: str) -> asyncio.Event:
     wakers: dict[tuple[str, str], asyncio.Event] = memo.wakers
     return wakers.setdefault((namespace, name), asyncio.Event())
@@ -245,6 +252,8 @@ async def resource_changed(
         if follower is not None and follower.task is not None:
             follower.task.cancel()
         followers.pop(key, None)
+        if deleted:
+            _forget_metrics(memo, namespace, name)
         return
     if follower is not None and follower.echo(body):
         follower.body = body
@@ -738,6 +747,11 @@ async def follow(
             await follow_rollouts(follower, name, namespace, memo, logger, pods_by_deployment)
         except ResourceGone as exc:
             logger.info("%s: its task ends", exc)
+            if getattr(memo, "followers", {}).get((namespace, name)) in (
+                None,
+                follower,
+            ):  # not a new one's
+                _forget_metrics(memo, namespace, name)
             return
         except TransientApiError as exc:
             delay = TASK_BACKOFF.delay(follower.failures, _rng, exc.retry_after_s)

@@ -111,6 +111,23 @@ class OperatorMetrics:
             self.analysis_result.labels(namespace, name, result.value).set(verdict)
         self._observe_degraded(namespace, name, status.get("conditions") or [])
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Remove every series of a ModelDeployment that is gone: left behind, its last
+        phase (Degraded, say) would keep the chart's alerts firing for nothing."""
+        key = (namespace, name)
+        per_deployment = (self.pass_seconds, self.batch, self.analysis_checks)
+        for metric in (*per_deployment, self.analysis_failures):
+            metric.remove(namespace, name)
+        for phase in Phase:
+            self.phase.remove(namespace, name, phase.value)
+        for result in Result:
+            self.analysis_result.remove(namespace, name, result.value)
+        for version in self._versions.pop(key, set()):
+            self.pods.remove(namespace, name, version)
+        reason = self._reasons.pop(key, None)
+        if reason is not None:
+            self.degraded.remove(namespace, name, reason)
+
     def _observe_degraded(self, namespace: str, name: str, conditions: list[Any]) -> None:
         reason = next(
             (

@@ -58,3 +58,20 @@ def test_degraded_says_why_and_only_the_latest_reason() -> None:
     recovered = exposition(degraded("AnalysisFailed"), {"phase": "Available", "versions": {}})
     assert "model_operator_deployment_degraded{" not in recovered
     assert f"model_operator_rollout_batch{{{LABELS}}} 0.0" in recovered
+
+
+def test_a_deleted_deployment_leaves_no_series() -> None:
+    """A ModelDeployment deleted while Degraded: its series go with it, or the chart's
+    alert on the Degraded gauge would fire for a resource that no longer exists."""
+    metrics = OperatorMetrics()
+    metrics.observe("ml", "resnet", degraded("AnalysisFailed"))
+    metrics.observe("ml", "other", degraded("Aborted"))
+    metrics.pass_seconds.labels("ml", "resnet").observe(0.01)
+    metrics.forget("ml", "resnet")
+    metrics.forget("ml", "never-seen")  # nothing to remove: no error
+    text = generate_latest(metrics.registry).decode()
+    assert 'name="resnet"' not in text
+    assert (
+        'model_operator_deployment_degraded{name="other",namespace="ml",reason="Aborted"} 1.0'
+        in text
+    )

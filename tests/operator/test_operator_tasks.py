@@ -11,10 +11,12 @@ from typing import Any
 
 import kopf
 import pytest
+from prometheus_client import generate_latest
 
 from model_operator import handlers
 from model_operator.config import OperatorConfig
 from model_operator.errors import TransientApiError
+from model_operator.metrics import OperatorMetrics
 from model_operator.planner import Event
 from model_rollout_contract.annotations import RETRY
 from model_rollout_contract.backoff import Backoff
@@ -166,6 +168,28 @@ async def test_passes_started_again_neither_act_twice_nor_start_from_a_stale_sta
     status, removed = passes[1]
     assert status == written, "the restarted passes started from the watch's stale status"
     assert RETRY in removed, "the restarted passes would act on the removed retry again"
+
+
+async def test_a_deleted_resource_leaves_no_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its DELETED event ends its task and removes its series (a Degraded gauge left
+    behind would keep an alert firing for a resource that no longer exists)."""
+
+    async def follow(follower: handlers.Follower, *args: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(handlers, "follow", follow)
+    metrics = OperatorMetrics()
+    memo = kopf.Memo(config=OperatorConfig(), followers={}, wakers={}, pods=None, metrics=metrics)
+    body = _body("u", phase="Degraded")
+    for kind in ("ADDED", "DELETED"):
+        await handlers.resource_changed(
+            event={"type": kind}, body=body, namespace="ns", name="m", memo=memo,
+            logger=logging.getLogger("test"),
+        )  # fmt: skip
+        if kind == "ADDED":
+            metrics.observe("ns", "m", {"phase": "Degraded", "versions": {"v1": 1}})
+    assert memo.followers == {}
+    assert 'name="m"' not in generate_latest(metrics.registry).decode()
 
 
 def test_no_handler_needs_a_finalizer() -> None:
