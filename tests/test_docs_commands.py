@@ -52,6 +52,10 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "kubectl plugin list": [
         ("test_cli_plugin.py", "test_kubectl_finds_the_plugin_and_runs_it"),
     ],
+    # docs/logging.md: the test's repository holds one model (the docs' holds any)
+    "model-server --repository models --log-format json --log-level warning": [
+        ("test_server_logs.py", "test_the_level_asked_for_is_the_least_severe_written"),
+    ],
 }
 
 

@@ -64,6 +64,21 @@ def jwt_argv(a: JwtArgs) -> list[str]:
 
 
 @dataclass(frozen=True)
+class LogArgs:
+    """``--log-format`` and ``--log-level`` of every program in the pod (spec.logging)."""
+
+    format: str = defaults.LOG_FORMAT
+    level: str = defaults.LOG_LEVEL
+
+
+def log_argv(a: LogArgs) -> list[str]:
+    """Only what differs from the programs' defaults: a pod template written before these
+    flags existed stays the same (an operator upgrade restarts no pod)."""
+    argv = [] if a.format == defaults.LOG_FORMAT else ["--log-format", a.format]
+    return argv + ([] if a.level == defaults.LOG_LEVEL else ["--log-level", a.level])
+
+
+@dataclass(frozen=True)
 class ServerArgs:
     model: str
     backend: str = defaults.BACKEND
@@ -82,6 +97,7 @@ class ServerArgs:
     max_rows: tuple[tuple[str, int], ...] = ()
     jwt: JwtArgs | None = None  # with tenants only
     processes: int = defaults.SERVER_PROCESSES  # behind the one port (model_server.pool.supervisor)
+    log: LogArgs = LogArgs()
 
 
 def server_argv(a: ServerArgs) -> list[str]:
@@ -112,7 +128,7 @@ def server_argv(a: ServerArgs) -> list[str]:
         argv += ["--tenants-file", TENANTS_FILE]
     if a.jwt is not None:
         argv += jwt_argv(a.jwt)
-    return argv
+    return argv + log_argv(a.log)
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,7 @@ class SidecarArgs:
     own_keys: bool = False  # the track's own signing keys (keys_dir), not the deployment's
     metrics_port: int = defaults.SIDECAR_METRICS_PORT  # each sidecar of a pod has its own
     store_id: str | None = None  # a directory store's identity (layout.StoreUrl.bound_scope)
+    log: LogArgs = LogArgs()
 
 
 def keys_dir(track: str | None = None, own_keys: bool = False) -> str:
@@ -174,7 +191,7 @@ def sidecar_argv(mode: str, a: SidecarArgs) -> list[str]:
             "--keep-versions", str(a.retain + 1),
             "--metrics-port", str(a.metrics_port),
         ]  # fmt: skip
-    return argv
+    return argv + log_argv(a.log)
 
 
 @dataclass(frozen=True)

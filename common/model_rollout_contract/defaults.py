@@ -49,6 +49,12 @@ MAX_SIGNAL_DELAY_SECONDS = 90.0
 RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
 HISTORY_LIMIT = 10  # rollouts kept in status.history, most recent first
 ALLOW_UNSIGNED = False  # sidecars verify Ed25519 signatures unless spec.allowUnsigned
+# the programs' log lines (--log-format, --log-level; spec.logging for a pod's server and
+# sidecars): text for people, json (one object per line) for a cluster's log pipeline
+LOG_FORMAT = "text"
+LOG_FORMATS = ("text", "json")
+LOG_LEVEL = "info"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # --- pod layout (the operator writes it; server and sidecar are told by argv) -----------
 SERVER_PORT = 8000  # KServe v2 HTTP inside the pod

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 import threading
 from typing import Any
 
 import kopf
+
+from model_rollout_flags.logs import fatal, setup_logging
 
 from .config import OperatorConfig, parse_args
 from .handlers import register
@@ -78,15 +79,22 @@ async def _lead(config: OperatorConfig) -> tuple[asyncio.Future[None], LeaseFenc
     return asyncio.ensure_future(hold()), election.fence
 
 
+# kopf's per-object records (the logger its handlers are given) carry the object as
+# k8s_ref, written as kopf's own JSON writes it ("object"); its settings and posting
+# switch are kopf's business. kopf.configure() is not called: it would put a second
+# handler, in kopf's format, on the root logger. Its K8sPoster, the handler of the
+# kopf.objects logger that posts those records as Events when posting is on, stays.
+KOPF_RENAME = {"k8s_ref": "object"}
+KOPF_HIDE = ("settings", "k8s_skip")
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     config = parse_args(argv)
+    setup_logging(config.log, "model-operator", rename=KOPF_RENAME, hide=KOPF_HIDE)
     try:
         asyncio.run(run(config, config.liveness))
     except NoApiServer as exc:
-        print(f"model-operator: {exc}", file=sys.stderr)
+        fatal(str(exc))
         return 2
     return 0
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from model_rollout_contract.cli import OPERATOR_ENV_PREFIX
 from model_rollout_flags import FlagParser
+from model_rollout_flags.logs import LogSettings, add_log_flags, log_settings
 
 from .constants import MIN_LEASE_S
 
@@ -28,6 +29,7 @@ class OperatorConfig:
     identity: str = ""  # this replica in the Lease (its pod name; default: the host name)
     lease_seconds: float = 15.0  # a silent leader is replaced this long after its renewal
     kubeconfig: str | None = None  # default: KUBECONFIG, in-cluster, then ~/.kube/config
+    log: LogSettings = field(default_factory=LogSettings)  # --log-format, --log-level
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-namespace", default=OperatorConfig.lease_namespace)
     p.add_argument("--identity", help="this replica's name in the Lease (default: host name)")
     p.add_argument("--lease-seconds", type=float, default=OperatorConfig.lease_seconds)
+    add_log_flags(p)
     return p
 
 
@@ -91,4 +94,5 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         lease_namespace=a.lease_namespace,
         identity=a.identity or socket.gethostname(),
         lease_seconds=a.lease_seconds,
+        log=log_settings(a),
     )

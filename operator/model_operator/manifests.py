@@ -78,6 +78,7 @@ def _sidecar_args(
         track=tenant.track if tenant else None,
         own_keys=bool(tenant and tenant.signing_public_key_secret),
         metrics_port=SIDECAR_METRICS_PORT + (index + 1 if tenant else 0),
+        log=spec.logging,
     )
 
 
@@ -328,6 +329,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             max_rows=_max_rows(spec),
             jwt=_jwt_args(spec),
             processes=spec.server.processes,
+            log=spec.logging,
         )
     )
     sidecar_args = _sidecar_args(spec)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from model_rollout_contract import defaults
-from model_rollout_contract.argv import STORE_DIR
+from model_rollout_contract.argv import STORE_DIR, LogArgs
 from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
 from model_rollout_contract.layout import STORE_ID_PATTERN, STORE_ID_RULE
 from model_rollout_contract.names import NAME_RULE, ModelKey, is_valid_name
@@ -252,6 +252,7 @@ class ModelDeploymentSpec:
     tenant_models: tuple[TenantModelSpec, ...] = ()  # with tenants_secret only
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    logging: LogArgs = field(default_factory=LogArgs)  # spec.logging: the pod's server and sidecars
 
     def canary_pods(self) -> int:
         if self.canary.percent <= 0 or self.replicas == 0:
@@ -493,6 +494,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
                 "above 0 (the sizes every batched model runs under)"
             )
     _range(problems, "spec.server.processes", server.processes, 1, MAX_SERVER_PROCESSES)
+    log_args = _logging(_get(raw, "logging", dict, problems, "spec.", {}), problems)
 
     if problems:
         raise SpecError(problems)
@@ -519,6 +521,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         tenant_models=tenant_models,
         sidecar=sidecar,
         server=server,
+        logging=log_args,
     )
 
 
@@ -633,6 +636,22 @@ def _batching(raw: dict[str, Any], problems: list[str]) -> BatchingSettings:
         problems, f"{where}maxQueueDelayMicroseconds", settings.max_queue_delay_us, 0,
         MAX_QUEUE_DELAY_MICROSECONDS,
     )  # fmt: skip
+    return settings
+
+
+def _logging(raw: dict[str, Any], problems: list[str]) -> LogArgs:
+    """``spec.logging``: the format and level of the pod's programs' log lines."""
+    where = "spec.logging."
+    settings = LogArgs(
+        _get(raw, "format", str, problems, where, defaults.LOG_FORMAT),
+        _get(raw, "level", str, problems, where, defaults.LOG_LEVEL),
+    )
+    for key, value, allowed in (
+        ("format", settings.format, defaults.LOG_FORMATS),
+        ("level", settings.level, defaults.LOG_LEVELS),
+    ):
+        if value not in allowed:
+            problems.append(f"{where}{key} must be one of {allowed} (got {value!r})")
     return settings
 
 

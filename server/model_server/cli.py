@@ -3,9 +3,9 @@ N (:mod:`.pool`)."""
 
 from __future__ import annotations
 
-import logging
 import sys
 
+from model_rollout_flags.logs import fatal, setup_logging
 from model_server.backends import BackendUnavailable
 from model_server.config import ConfigError, parse_args
 from model_server.pool.worker import end_with_supervisor
@@ -15,11 +15,15 @@ from model_server.serving import run
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     # one log stream for a pool: each line says which process wrote it
-    who = "" if config.worker_index is None else f"[worker {config.worker_index}] "
+    process = None if config.worker_index is None else f"worker {config.worker_index}"
     if config.processes > 1:
-        who = "[pool] "
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
+        process = "pool"
+    who = f"[{process}] " if process else ""
+    setup_logging(
+        config.log,
+        "model-server",
+        text_format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s",
+        fields={"process": process} if process else None,
     )
     if config.in_pool:
         end_with_supervisor()
@@ -30,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(config)
     except (BackendUnavailable, ConfigError) as exc:
-        print(f"model-server: {exc}", file=sys.stderr)
+        fatal(str(exc))
         return 2
     return 0
 

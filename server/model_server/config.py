@@ -12,6 +12,7 @@ from model_rollout_contract import defaults
 from model_rollout_contract.cli import SERVER_ENV_PREFIX, optional_path
 from model_rollout_contract.names import InvalidName, check_model_key, check_name
 from model_rollout_flags import FlagParser
+from model_rollout_flags.logs import LogSettings, add_log_flags, log_settings
 from model_server.backends import BACKEND_NAMES
 from model_server.dataplane.data_plane import SHADOW_MAX_IN_FLIGHT
 from model_server.security.jwt_auth import (
@@ -160,6 +161,7 @@ class ServerConfig:
     worker_index: int | None = None
     pool_size: int = 1
     pool_dir: Path | None = None
+    log: LogSettings = field(default_factory=LogSettings)  # --log-format, --log-level
 
     @property
     def in_pool(self) -> bool:
@@ -380,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     pool.add_argument("--pool-size", type=int, default=1, help=argparse.SUPPRESS)
     pool.add_argument("--pool-dir", help=argparse.SUPPRESS)
+    add_log_flags(p)
     trt = p.add_argument_group("TensorRT backend")
     trt.add_argument(
         "--precision",
@@ -528,6 +531,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         worker_index=a.worker_index,
         pool_size=a.pool_size,
         pool_dir=optional_path(a.pool_dir),
+        log=log_settings(a),
         tensorrt=TensorRTConfig(
             precision=a.precision,
             contexts=a.trt_contexts,

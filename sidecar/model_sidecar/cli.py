@@ -14,8 +14,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from model_rollout_contract.canary import InvalidPolicy
 from model_rollout_contract.redact import redact
 from model_rollout_contract.tracks import TrackKeys, track_keys
+from model_rollout_flags.logs import fatal, setup_logging
 
-from .config import FetchConfig, InitConfig, KeygenConfig, PublishConfig, WatchConfig, parse_args
+from .config import (
+    Config,
+    FetchConfig,
+    InitConfig,
+    KeygenConfig,
+    PublishConfig,
+    WatchConfig,
+    parse_args,
+)
 from .control_client import ServerControl
 from .errors import KubeError, PodWatchEnded, SidecarError
 from .fetcher import Fetcher
@@ -204,12 +213,19 @@ async def _watch(config: WatchConfig) -> int:
     return code
 
 
+def _log_fields(config: Config) -> dict[str, str]:
+    """What every JSON line of init and watch carries: the model followed, its track, and
+    the pod."""
+    if not isinstance(config, InitConfig | WatchConfig):
+        return {}
+    fetch = config.fetch
+    fields = {"model": fetch.model, "track": fetch.track, "pod": fetch.pod_name}
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    install_log_redaction()
     config = parse_args(argv)
+    install_log_redaction([setup_logging(config.log, "model-sidecar", fields=_log_fields(config))])
     if isinstance(config, KeygenConfig):
         generate_keypair(config.private, config.public)
         print(f"wrote {config.private} (keep secret) and {config.public}")
@@ -235,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             f"sequence={manifest.sequence}{golden}"
         )
         return 0
-    if isinstance(config, InitConfig):
-        return asyncio.run(_init(config))
-    return asyncio.run(_watch(config))
+    try:
+        return asyncio.run(_init(config) if isinstance(config, InitConfig) else _watch(config))
+    except SystemExit as exc:  # a refusal at start: said as every other line
+        if not isinstance(exc.code, str):
+            raise
+        fatal(exc.code.removeprefix("model-sidecar: "))
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ flag also read from ``MODEL_SIDECAR_<FLAG>`` (the contract's configuration schem
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_rollout_contract import defaults
@@ -13,6 +13,7 @@ from model_rollout_contract.layout import InvalidStoreId, StoreUrl, check_store_
 from model_rollout_contract.names import InvalidName, check_model_key
 from model_rollout_contract.tracks import InvalidTrack, check_track
 from model_rollout_flags import FlagParser
+from model_rollout_flags.logs import LogSettings, add_log_flags, log_settings
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class StoreConfig:
 class KeygenConfig:
     private: Path
     public: Path
+    # --log-format, --log-level (every command takes them)
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class PublishConfig:
     precision: str = "fp32"
     force: bool = False  # replace a version already published (a new publish sequence)
     golden: Path | None = None  # golden set (canary.py's format), named by the manifest
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class InitConfig:
     fetch: FetchConfig
     version: str | None = None  # default: from the annotations or ConfigMap file
     previous: str | None = None  # default: annotation, else the version before in order
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class WatchConfig:
     keep_versions: int = defaults.KEEP_VERSIONS_ON_DISK
     metrics_port: int | None = None
     load_timeout_seconds: float = 300.0  # a load the server has not answered by then fails
+    log: LogSettings = field(default_factory=LogSettings)
 
 
 Config = KeygenConfig | PublishConfig | InitConfig | WatchConfig
@@ -211,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
     keygen.add_argument("--private", required=True)
     keygen.add_argument("--public", required=True)
+    add_log_flags(keygen)
 
     pub = sub.add_parser("publish", help="upload a signed version to the store")
     _store_args(pub)
@@ -230,11 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="golden set (.npz: input/<name>, output/<name>, optional atol and rtol) that "
         "servers run before swapping to the version; checked here, signed with the manifest",
     )
+    add_log_flags(pub)
 
     init = sub.add_parser("init", help="pre-pull the target and previous versions, then exit")
     _fetch_args(init)
     init.add_argument("--version", help="target version (default: from the annotations file)")
     init.add_argument("--previous", help="previous version (default: annotation or store order)")
+    add_log_flags(init)
 
     watch = sub.add_parser("watch", help="keep the server on the pod's target version")
     _fetch_args(watch)
@@ -250,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=WatchConfig.load_timeout_seconds,
         help="how long the server may take to answer a load before it is reported failed",
     )
+    add_log_flags(watch)
     return parser
 
 
@@ -287,14 +297,14 @@ def _fetch_config(a: argparse.Namespace) -> FetchConfig:
 def parse_args(argv: list[str] | None = None) -> Config:
     a = build_parser().parse_args(argv)
     if a.command == "keygen":
-        return KeygenConfig(Path(a.private), Path(a.public))
+        return KeygenConfig(Path(a.private), Path(a.public), log_settings(a))
     if a.command == "publish":
         return PublishConfig(
             _store_config(a), a.model, a.version, Path(a.file), Path(a.key),
-            a.precision, a.force, optional_path(a.golden),
+            a.precision, a.force, optional_path(a.golden), log_settings(a),
         )  # fmt: skip
     if a.command == "init":
-        return InitConfig(_fetch_config(a), a.version, a.previous)
+        return InitConfig(_fetch_config(a), a.version, a.previous, log_settings(a))
     return WatchConfig(
         fetch=_fetch_config(a),
         control_socket=Path(a.control_socket),
@@ -304,4 +314,5 @@ def parse_args(argv: list[str] | None = None) -> Config:
         keep_versions=a.keep_versions,
         metrics_port=a.metrics_port,
         load_timeout_seconds=a.load_timeout_seconds,
+        log=log_settings(a),
     )

@@ -69,8 +69,9 @@ class StatusReporter:
         status = replace(status, updated_at=time.time())
         changed = not status.same_as(self.last)
         self.last = status
-        if changed:
-            log.info("status: %s", status.to_json())
+        if changed:  # the JSON line (--log-format json) carries the state as fields too
+            fields = {"version": status.target, "serving": status.serving, "state": status.state}
+            log.info("status: %s", status.to_json(), extra=fields)
         written = self._write_file(status)
         annotated = await self._annotate(status)
         self._dirty = not (written and annotated)  # tried again on the next heartbeat

@@ -311,6 +311,9 @@ CRD_DEFAULTS = {
     "rollout.progressDeadlineSeconds": defaults.PROGRESS_DEADLINE_SECONDS,
     "retainVersions": defaults.RETAIN_VERSIONS,
     "allowUnsigned": defaults.ALLOW_UNSIGNED,
+    "logging": {},
+    "logging.format": defaults.LOG_FORMAT,
+    "logging.level": defaults.LOG_LEVEL,
     "sidecar": {},
     "sidecar.startJitterSeconds": defaults.START_JITTER_SECONDS,
     "sidecar.backoffBaseSeconds": defaults.BACKOFF_BASE_SECONDS,
@@ -464,6 +467,29 @@ def test_the_operator_writes_the_contract_command_lines() -> None:
     }
     mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
     assert {argv.MODELS_DIR, argv.CONTROL_DIR, argv.PODINFO_DIR, argv.CONFIG_DIR} <= mounts
+
+
+def test_the_log_flags_reach_the_pods_programs_only_when_asked() -> None:
+    """spec.logging: every program of the pod parses the flags; at the defaults none is
+    written, so a template from before spec.logging stays the same (no restart)."""
+    from model_operator.manifests import deployment
+    from model_operator.spec import parse_spec
+    from model_rollout_flags.logs import LogSettings
+    from model_server.config import parse_args as server_args
+    from model_sidecar.config import parse_args as sidecar_args
+
+    raw = {"model": "m", "version": "v1", "image": "i", "store": {"url": "s3://bucket/p"},
+           "allowUnsigned": True}  # fmt: skip
+    quiet = parse_spec({**raw, "logging": {"format": "text", "level": "info"}})
+    assert deployment("m", "ns", quiet) == deployment("m", "ns", parse_spec(raw))
+    spec = parse_spec({**raw, "logging": {"format": "json", "level": "warning"}})
+    pod = deployment("m", "ns", spec)["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        args = container["args"]
+        parse = server_args if args[0] == "model-server" else sidecar_args
+        assert parse(args[1:]).log == LogSettings("json", "warning"), container["name"]
+    assert argv.log_argv(argv.LogArgs()) == []
+    assert argv.log_argv(argv.LogArgs(level="debug")) == ["--log-level", "debug"]
 
 
 def test_every_flag_is_also_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,9 @@ import tomllib
 import yaml
 
 from model_operator import admission_policy, editor_policy
+from model_operator.config import OperatorConfig, parse_args
 from model_rollout_e2e.control_plane import ControlPlane
+from model_rollout_flags.logs import LogSettings
 from tests.support.helm_chart import NAMESPACE, RELEASE, lint_chart, render_chart, render_notes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,7 @@ EVERYTHING = {  # every optional part on
     "prometheusRule": {"enabled": True},
     "dashboard": {"enabled": True},
     "userRoles": {"create": True},
+    "logging": {"format": "json", "level": "debug"},
 }  # fmt: skip
 CLUSTER_SCOPED = (
     "ClusterRole",
@@ -64,6 +67,8 @@ MISTAKES = [
     ({"dashboard": {"lables": {}}}, "at '/dashboard': additional properties 'lables'"),
     ({"userRoles": {"create": 1}}, "at '/userRoles/create': got number, want boolean"),
     ({"imagePullSecrets": ["regcred"]}, "at '/imagePullSecrets/0': got string, want object"),
+    ({"logging": {"format": "logfmt"}}, "at '/logging/format'"),
+    ({"logging": {"levl": "debug"}}, "at '/logging': additional properties 'levl' not allowed"),
 ]
 
 
@@ -215,7 +220,23 @@ def test_values_of_an_older_release_render_the_defaults() -> None:
     """`helm upgrade --reuse-values` from a release before these values existed gives no
     metrics, prometheusRule, dashboard or userRoles at all (null removes a key as that
     does): the templates fall back to the defaults rather than fail on a nil map."""
-    older = {"metrics": None, "prometheusRule": None, "dashboard": None, "userRoles": None}
-    kinds = [d["kind"] for d in render_chart(CHART, older)]
+    older = {"metrics": None, "prometheusRule": None, "dashboard": None, "userRoles": None,
+             "logging": None}  # fmt: skip
+    rendered = render_chart(CHART, older)
+    kinds = [d["kind"] for d in rendered]
     assert "Service" in kinds and not {*MONITORING, "ConfigMap"} & set(kinds)
     assert "port-forward service/" in render_notes(CHART, older)
+    assert _operator_config(rendered).log == LogSettings()
+
+
+def _operator_config(rendered: list[dict[str, Any]]) -> OperatorConfig:
+    """What the operator makes of the args the chart gives it."""
+    [deployment] = [d for d in rendered if d["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "model-operator"
+    return parse_args(container["args"][1:])
+
+
+def test_the_operator_logs_as_the_values_say() -> None:
+    assert _operator_config(render_chart(CHART)).log == LogSettings("text", "info")
+    assert _operator_config(render_chart(CHART, EVERYTHING)).log == LogSettings("json", "debug")

@@ -192,6 +192,10 @@ BAD_SPECS = {
     "a fractional batch size": {"server": {"batching": {"maxBatchSize": 2.5}}},
     "batching not an object": {"server": {"batching": 8}},
     "sidecar settings not an object": {"sidecar": "fast"},
+    # issue 32: log lines
+    "a log format no pipeline reads": {"logging": {"format": "logfmt"}},
+    "a log level Python has but the programs do not take": {"logging": {"level": "critical"}},
+    "logging not an object": {"logging": "json"},
     # issue 13 follow-up: credentials in the endpoint would be in the Deployment's env
     "credentials in the endpoint": {
         "store": {"url": "s3://models-prod/vision", "endpoint": "http://ops:hunter2@minio:9000"}
@@ -310,6 +314,12 @@ def test_the_crd_patterns_are_the_operators() -> None:
     for text in ("issuer", "audience", "tenantClaim", "jwksUrl"):
         assert jwt[text]["maxLength"] == spec_module.JWT_TEXT_MAX
     assert jwt["leewaySeconds"]["maximum"] == spec_module.MAX_JWT_LEEWAY_SECONDS
+
+
+def test_the_crd_log_settings_are_the_programs() -> None:
+    logging = spec_schema()["properties"]["logging"]["properties"]
+    assert tuple(logging["format"]["enum"]) == defaults.LOG_FORMATS
+    assert tuple(logging["level"]["enum"]) == defaults.LOG_LEVELS
 
 
 def test_the_crd_limits_and_query_names_are_the_operators() -> None:
@@ -566,6 +576,10 @@ SPEC_FIELDS: dict[str, Any] = {
         "backoffBaseSeconds": _number(0.1, 3600),
         "backoffMaxSeconds": _number(1, 3600),
         "maxConcurrentDownloads": _integer(1, 16),
+    },
+    "logging": {
+        "format": _field(st.sampled_from(defaults.LOG_FORMATS), "JSON", "logfmt", "", 1),
+        "level": _field(st.sampled_from(defaults.LOG_LEVELS), "INFO", "trace", "", 10),
     },
     "server": {
         "drainSeconds": _number(0, 300),

@@ -50,6 +50,8 @@ class Reporter:
                 error=event.error.message if event.error else None,
             )
         )
+        # the fields a JSON line carries beside the message (--log-format json)
+        fields = {"model": model, "version": event.version, "action": event.action}
         if event.result == "success":
             log.info(
                 "%s now serves %s (was %s) after %.1f ms",
@@ -57,6 +59,7 @@ class Reporter:
                 event.version,
                 event.from_version,
                 event.duration_s * 1000,
+                extra=fields,
             )
         elif event.result == "failure" and event.error is not None:
             log.warning(
@@ -65,6 +68,7 @@ class Reporter:
                 event.version,
                 event.from_version,
                 event.error.message,
+                extra={**fields, "code": event.error.code},
             )
 
     def _count(self, event: LifecycleEvent) -> None:

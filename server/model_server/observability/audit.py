@@ -49,7 +49,7 @@ class AuditLog:
             del self.events[: -self.max_kept]
             if self.path is not None:
                 self._append(self.path, line)
-        log.info(line)
+        log.info(line, extra={"audit": entry})  # a JSON line's field (--log-format json)
         return entry
 
     @staticmethod
