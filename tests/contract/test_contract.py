@@ -311,6 +311,7 @@ CRD_DEFAULTS = {
     "rollout.progressDeadlineSeconds": defaults.PROGRESS_DEADLINE_SECONDS,
     "retainVersions": defaults.RETAIN_VERSIONS,
     "allowUnsigned": defaults.ALLOW_UNSIGNED,
+    "paused": defaults.PAUSED,
     "sidecar": {},
     "sidecar.startJitterSeconds": defaults.START_JITTER_SECONDS,
     "sidecar.backoffBaseSeconds": defaults.BACKOFF_BASE_SECONDS,
