@@ -52,6 +52,9 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "kubectl plugin list": [
         ("test_cli_plugin.py", "test_kubectl_finds_the_plugin_and_runs_it"),
     ],
+    "kubectl __complete model pa": [
+        ("test_cli_parity.py", "test_kubectl_completes_the_plugins_words"),
+    ],
 }
 
 

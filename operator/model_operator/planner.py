@@ -811,7 +811,7 @@ class _Tick:
             f"paused (spec.paused) at the {self.state.stage} stage: {serving}/"
             f"{len(self.pods)} pods serve {self.version}"
             + (f", {loading} loading (loads in flight finish)" if loading else "")
-            + "; kubectl model resume continues",
+            + "; it goes on once spec.paused is false",
         )
 
     def promote_fully(self) -> Plan:
