@@ -5,6 +5,10 @@ the full promotion (``promote --full``), as pure functions on the simulated clus
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_operator.planner import (
     BATCHES,
@@ -252,3 +256,51 @@ def test_the_paused_condition_says_what_spec_paused_holds() -> None:
     idle = Cluster(4).step(spec(version="v1", paused=True))  # nothing runs: nothing held
     nothing = paused_condition(True, idle)
     assert nothing["status"] == "True" and "no rollout is held now" in nothing["message"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    replicas=st.integers(1, 16),
+    canary=st.sampled_from([0, 25, 50]),
+    max_loads=st.one_of(st.none(), st.integers(1, 3)),
+    delay=st.integers(0, 3),
+    pauses=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 30)), max_size=4),
+    full_at=st.one_of(st.none(), st.integers(0, 60)),
+    seed=st.integers(0, 1000),
+)
+def test_pauses_and_a_full_promotion_anywhere_keep_the_cap_and_finish(
+    replicas: int,
+    canary: int,
+    max_loads: int | None,
+    delay: int,
+    pauses: list[tuple[int, int]],
+    full_at: int | None,
+    seed: int,
+) -> None:
+    """While paused no pod is pointed at the new version; whenever it is paused and fully
+    promoted, the rollout keeps maxConcurrentLoads and ends on the new version."""
+    rollout: dict[str, object] = {"batchSize": 1, "jitterSeconds": 3}
+    if max_loads:
+        rollout["maxConcurrentLoads"] = max_loads
+    canary_spec = {"percent": canary, "pauseSeconds": 5}
+    running = spec(version="v2", replicas=replicas, canary=canary_spec, rollout=rollout)
+    paused = replace(running, paused=True)
+    paused_ticks = {t for start, length in pauses for t in range(start, start + length)}
+    cluster = Cluster(replicas)
+    cluster.rng = random.Random(seed)
+    for tick in range(3000):
+        sp = paused if tick in paused_ticks else running
+        state = cluster.state
+        promoted = None
+        if tick == full_at and state is not None:
+            promoted = full_promotion_id("v2", state.started_at)
+        plan = cluster.step(sp, promoted=promoted, delay=delay)
+        if sp.paused and plan.state.stage in (CANARY, BATCHES):
+            assert not [a for a in plan.actions if a.version == "v2" and a.previous is not None]
+        if max_loads:
+            assert cluster.max_loads <= max_loads, tick
+        if plan.phase == "Available" and tick > max(paused_ticks, default=0):
+            break
+    else:
+        raise AssertionError("rollout did not finish")
+    assert cluster.serving() == {"v2": replicas} and cluster.stable == "v2"
