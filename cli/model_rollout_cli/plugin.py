@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         waits(p)
 
-    p = command("promote", "promote the canary held for promotion (canary.manualPromote)")
+    p = command(
+        "promote", "promote the canary held for promotion (canary.manualPromote); --full: "
+        "the whole rollout",
+    )  # fmt: skip
     p.add_argument(
         "--full", action="store_true",
         help="skip what remains: the canary hold and its analysis, the remaining batches and "
