@@ -56,6 +56,9 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "model-server --repository models --log-format json --log-level warning": [
         ("test_server_logs.py", "test_the_level_asked_for_is_the_least_severe_written"),
     ],
+    "kubectl __complete model pa": [
+        ("test_cli_parity.py", "test_kubectl_completes_the_plugins_words"),
+    ],
 }
 
 

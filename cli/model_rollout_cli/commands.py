@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from model_rollout_contract.annotations import CHANGE_CAUSE, promotion_id
+from model_rollout_contract.annotations import CHANGE_CAUSE, full_promotion_id, promotion_id
 from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
 from model_rollout_contract.tracks import TrackKeys
 
@@ -20,6 +20,7 @@ from .errors import NOTHING_TO_DO, OK, ROLLOUT_FAILED, TIMED_OUT, USAGE, CliErro
 from .follow import Outcome, follow, rollout_on
 from .history import history_table, key, keys, known_versions, previous_success
 from .kube import Cluster
+from .pausing import unpause_patch
 from .track import checked_keys, described, subject, track_view
 from .view import Progress, event_objects, pod_objects, render, wants_colour
 
@@ -159,27 +160,45 @@ def _read(cluster: Cluster, name: str, track: str | None) -> tuple[dict[str, Any
     return track_view(resource, track), keys
 
 
-def promote(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
+def _promotable_fully(md: dict[str, Any], what: str) -> None:
+    """A full promotion needs a running rollout (at its canary or its batches)."""
+    if not _running(md):
+        phase = (md.get("status") or {}).get("phase")
+        raise CliError(f"nothing to promote: {what} is {phase}, no rollout runs", NOTHING_TO_DO)
+
+
+def promote(
+    cluster: Cluster, name: str, how: Follow, track: str | None = None, full: bool = False
+) -> int:
+    """``full``: skip what remains of the rollout (the canary hold and its analysis, the
+    remaining batches and their jitter). A paused resource is resumed, as by Argo's."""
     md, own = _read(cluster, name, track)
     rollout = _rollout(md)
     spec = md.get("spec") or {}
     phase = (md.get("status") or {}).get("phase")
     what = subject(name, track)
-    if phase != Phase.CANARY or rollout.get("stage") != RolloutStage.CANARY:
+    if full:
+        _promotable_fully(md, what)
+    elif phase != Phase.CANARY or rollout.get("stage") != RolloutStage.CANARY:
         raise CliError(
             f"nothing to promote: {what} is {phase}, not held at a canary", NOTHING_TO_DO
         )
-    if not (spec.get("canary") or {}).get("manualPromote"):
+    elif not (spec.get("canary") or {}).get("manualPromote"):
         raise CliError(
             f"{name}'s canary promotes itself after canary.pauseSeconds (and a passed "
             "analysis); the promote annotation is read with canary.manualPromote: true",
             NOTHING_TO_DO,
         )
     version = str(rollout.get("toVersion"))
-    value = promotion_id(version, float(rollout.get("startedAt") or 0))
-    cluster.patch(name, {"metadata": {"annotations": {own.promote: value}}})
+    value = (full_promotion_id if full else promotion_id)(
+        version, float(rollout.get("startedAt") or 0)
+    )
+    resume = unpause_patch(md)
+    cluster.patch(name, {"metadata": {"annotations": {own.promote: value}}, **resume})
+    what_of = f"rollout of {version} fully promoted" if full else f"canary of {version} promoted"
     print(
-        f"{described(name, track)}: canary of {version} promoted ({own.promote}={value})",
+        f"{described(name, track)}: {what_of} ({own.promote}={value})"
+        + (f"; {name} resumed (spec.paused: false)" if resume else ""),
         file=how.out,
     )
     if not how.wait:

@@ -10,8 +10,9 @@ Exit codes (the same for ``kubectl model`` and ``model-rollout release``):
 * 3: ``--timeout`` passed before the rollout ended;
 * 4: the Kubernetes API refused or could not be reached (RBAC, not found, no kubeconfig);
 * 5: publishing the version failed;
-* 6: nothing to do: no canary to promote, no running rollout to abort, no failed one to
-  retry, no earlier success to roll back to.
+* 6: nothing to do: no canary to promote, no running rollout to abort or promote fully,
+  no failed one to retry, no earlier success to roll back to, a resource paused (or not)
+  already.
 """
 
 from __future__ import annotations

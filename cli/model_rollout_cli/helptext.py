@@ -20,7 +20,10 @@ EXAMPLES: dict[str, list[str]] = {
     "promote": [
         "kubectl model promote mlp --wait --timeout 900",
         "kubectl model promote mlp --track acme-mlp",
+        "kubectl model promote mlp --full   # skip the canary hold, analysis and batches",
     ],
+    "pause": ["kubectl model pause mlp"],
+    "resume": ["kubectl model resume mlp"],
     "abort": ["kubectl model abort mlp --wait"],
     "retry": ["kubectl model retry mlp --wait"],
     "rollback": [

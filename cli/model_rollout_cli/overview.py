@@ -29,12 +29,18 @@ def list_row(md: dict[str, Any], now: datetime, namespaces: bool) -> list[str]:
         str(status.get("currentVersion") or "-"),
         str(spec.get("version") or "-"),
         f"{status.get('readyReplicas', 0)}/{spec.get('replicas', '-')}",
-        phase + (f" ({reason})" if reason else ""),
+        phase + (f" ({reason})" if reason else "") + _paused(md, reason),
         str((status.get("analysis") or {}).get("lastResult") or "-"),
         str(last.get("result") or "-"),
         since(meta.get("creationTimestamp"), now),
     ]
     return [str(meta.get("namespace") or "-"), *row] if namespaces else row
+
+
+def _paused(md: dict[str, Any], reason: str) -> str:
+    """A paused resource says so in its PHASE, also when no rollout is held (yet)."""
+    paused = (md.get("spec") or {}).get("paused") is True
+    return " paused" if paused and reason != "Paused" else ""
 
 
 def list_table(items: list[dict[str, Any]], now: datetime, namespaces: bool) -> str:

@@ -76,5 +76,7 @@ def autocomplete(parser: argparse.ArgumentParser) -> None:
     if "_ARGCOMPLETE" in os.environ:
         import argcomplete
 
-        argcomplete.autocomplete(parser)
+        from .kubectl_complete import with_name_completer
+
+        argcomplete.autocomplete(with_name_completer(parser))
         sys.exit(0)

@@ -1,15 +1,15 @@
 """``kubectl-model``: the kubectl plugin (``kubectl model ...``; kubectl finds any
 ``kubectl-<name>`` executable on PATH). ``status``, ``tree``, ``list``, ``promote``,
 ``abort``, ``retry``, ``rollback``, ``history`` (``promote``, ``abort`` and ``retry`` on a
-tenant model's track with ``--track``), ``completion``, ``version``; exit codes in
-:mod:`.errors`, shown with an example by every command's ``--help``."""
+tenant model's track with ``--track``), ``pause``, ``resume``, ``completion``,
+``version``; exit codes in :mod:`.errors`, shown with an example by every command's ``--help``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import commands, overview_commands
+from . import commands, overview_commands, pausing
 from .errors import USAGE, CliError
 from .helptext import Formatter, epilog
 from .kube import connect
@@ -58,7 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         waits(p)
 
-    on_track(command("promote", "promote the canary held for promotion (canary.manualPromote)"))
+    p = command(
+        "promote", "promote the canary held for promotion (canary.manualPromote); --full: "
+        "the whole rollout",
+    )  # fmt: skip
+    p.add_argument(
+        "--full", action="store_true",
+        help="skip what remains: the canary hold and its analysis, the remaining batches and "
+        "their jitter (every pod moves now, under maxConcurrentLoads)",
+    )  # fmt: skip
+    on_track(p)
     on_track(command("abort", "stop the running rollout: every pod back to the stable version now"))
     on_track(command("retry", "run the failed rollout of spec.version again"))
     p = command("rollback", "set spec.version to the previous Succeeded version (or --to)")
@@ -77,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=at_least_one, default=10, help="rollouts shown (>= 1)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     overview_commands.add_parsers(command)
+    pausing.add_parsers(command)
     return parser
 
 
@@ -95,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
             return commands.history(cluster, args.name, args.limit, args.output)
         if args.command in overview_commands.REMOTE:
             return overview_commands.run(cluster, args)
+        if args.command in pausing.COMMANDS:
+            return pausing.run(cluster, args, sys.stdout)
         how = commands.Follow(args.wait, args.timeout)
         if args.command == "promote":
-            return commands.promote(cluster, args.name, how, args.track)
+            return commands.promote(cluster, args.name, how, args.track, args.full)
         if args.command == "abort":
             return commands.abort(cluster, args.name, how, args.track)
         if args.command == "retry":

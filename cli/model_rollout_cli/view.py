@@ -77,6 +77,17 @@ def phase_reason(status: dict[str, Any]) -> str:
     return ""
 
 
+def paused_text(md: dict[str, Any]) -> str | None:
+    """What ``spec.paused`` holds, for the views (``None``: not paused): the operator's
+    ``Paused`` condition, once it has seen the spec."""
+    if (md.get("spec") or {}).get("paused") is not True:
+        return None
+    name = (md.get("metadata") or {}).get("name")
+    held = condition(md.get("status") or {}, "Paused")
+    said = str(held.get("message") or "") if held.get("status") == "True" else ""
+    return f"yes (kubectl model resume {name}): {said or 'spec.paused is true'}"
+
+
 def analysis_text(analysis: dict[str, Any], colour: bool) -> str:
     """The last canary analysis of a rollout: its result, checks and why."""
     result = str(analysis.get("lastResult") or "no check yet")
@@ -181,6 +192,9 @@ def render(
         f"Replicas:    {spec.get('replicas', '-')} desired | {status.get('readyReplicas', 0)} "
         f"ready | {status.get('updatedReplicas', 0)} updated",
     ]
+    paused = paused_text(md)
+    if paused is not None:
+        lines.append(f"Paused:      {cut(paused, 200)}")
     versions = status.get("versions") or {}
     if versions:
         lines.append(

@@ -17,7 +17,9 @@ SIDECAR_STATUS = f"{DOMAIN}/sidecar-status"  # sidecar -> operator: a SidecarRep
 # older builds of those versions are refused
 PINNED_SEQUENCES = f"{DOMAIN}/pinned-sequences"
 
-# ModelDeployment annotation: `kubectl annotate md NAME ...=<promotion id>` promotes its canary
+# ModelDeployment annotation: `kubectl annotate md NAME ...=<promotion id>` promotes its
+# canary; `...=<promotion id>+full` (kubectl model promote --full) promotes fully: the canary
+# hold, its analysis and the remaining batches are skipped (see full_promotion_id)
 PROMOTE = f"{DOMAIN}/promote"
 # ModelDeployment annotations of day-2 operations (the kubectl plugin writes them; the
 # operator clears each once it has acted on it or ignored it with an Event):
@@ -42,6 +44,27 @@ def promotion_id(version: str, started_at: float) -> str:
     ``started_at`` (``status.rollout.startedAt``): a promotion never carries over to
     another rollout of the same version."""
     return f"{version}@{int(started_at)}"
+
+
+# what marks a promote value as a full promotion: neither a version name nor a rollout id
+# holds a "+", so the value splits in one way only
+FULL_PROMOTION_SUFFIX = "+full"
+
+
+def full_promotion_id(version: str, started_at: float) -> str:
+    """The promote annotation's value that fully promotes the rollout to ``version`` that
+    started at ``started_at``: every remaining pod moves now (under maxConcurrentLoads)."""
+    return promotion_id(version, started_at) + FULL_PROMOTION_SUFFIX
+
+
+def parse_promotion(value: str | None) -> tuple[str | None, bool]:
+    """A promote annotation's value as (the promotion id it names, whether it is a full
+    promotion): the one place that reads the value's form."""
+    if value is None:
+        return None, False
+    if value.endswith(FULL_PROMOTION_SUFFIX):
+        return value.removesuffix(FULL_PROMOTION_SUFFIX), True
+    return value, False
 
 
 def change_cause_value(version: str, why: str) -> str:

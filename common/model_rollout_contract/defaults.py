@@ -48,6 +48,8 @@ PROGRESS_DEADLINE_SECONDS = 600.0  # a batch (or the canary) must serve within t
 MAX_SIGNAL_DELAY_SECONDS = 90.0
 RETAIN_VERSIONS = 2  # versions each server keeps loaded, the serving one included
 HISTORY_LIMIT = 10  # rollouts kept in status.history, most recent first
+# spec.paused (kubectl model pause / resume): no rollout step starts while it is true
+PAUSED = False
 ALLOW_UNSIGNED = False  # sidecars verify Ed25519 signatures unless spec.allowUnsigned
 # the programs' log lines (--log-format, --log-level; spec.logging for a pod's server and
 # sidecars): text for people, json (one object per line) for a cluster's log pipeline

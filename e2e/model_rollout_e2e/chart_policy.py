@@ -65,8 +65,8 @@ EDITOR = ChartPolicy(
     "editorAdmissionPolicy",
     f"""\
 # Whoever may update a ModelDeployment but not '{VERB}' it (the rollout-editor role,
-# and through it the built-in edit role) may change only spec.version and the rollout
-# annotations (promote, abort, retry, change-cause): RBAC grants patch on the whole
+# and through it the built-in edit role) may change only spec.version, spec.paused and
+# the rollout annotations (promote, abort, retry, change-cause): RBAC grants patch on the whole
 # resource. The owner role and the operator are granted '{VERB}'. Needs Kubernetes
 # >= 1.30; editorAdmissionPolicy: false turns it off (and gives every editor full edit).
 """,

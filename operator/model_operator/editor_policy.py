@@ -12,9 +12,10 @@ Who it applies to: every update of a ModelDeployment by a user whom the API serv
 authorizer does not allow the custom verb :data:`CONFIGURE_VERB` on that resource (an
 RBAC rule may name any verb; the chart grants this one to its owner role and to the
 operator, and ``*`` grants it too, so cluster admins and GitOps controllers bound to
-``*`` keep full edit). What such a user may change: ``spec.version`` and the rollout
-annotations the tools write (:data:`EDITOR_ANNOTATIONS`), nothing else of the spec, the
-labels, the other annotations, the owner references or the finalizers. The status is a
+``*`` keep full edit). What such a user may change: ``spec.version``, ``spec.paused``
+(``kubectl model pause`` and ``resume``: whoever may promote or abort may hold a rollout)
+and the rollout annotations the tools write (:data:`EDITOR_ANNOTATIONS`), nothing else of
+the spec, the labels, the other annotations, the owner references or the finalizers. The status is a
 subresource the policy does not match (RBAC keeps it the operator's); create and delete
 are RBAC's alone (the editor role has neither), so the namespace controller's deletes
 are never judged here.
@@ -38,15 +39,16 @@ from .constants import GROUP, PLURAL, VERSION
 POLICY_NAME = "model-rollout-rollout-editors"
 # the RBAC verb that allows changing any field (the chart's owner role and the operator)
 CONFIGURE_VERB = "configure"
-# the one spec field a rollout editor may change (release, rollback)
-EDITOR_SPEC_FIELD = "version"
+# the spec fields a rollout editor may change: version (release, rollback) and paused
+# (pause, resume)
+EDITOR_SPEC_FIELDS = ("version", "paused")
 # every other field of the CRD's spec (a test checks this is the CRD's list): each must
 # stay as it was. The spec keeps no unknown fields (no x-kubernetes-preserve-unknown-fields),
 # so these are all there can be.
 SPEC_FIELDS = (
     "model", "image", "sidecarImage", "replicas", "backend", "precision", "store",
     "resources", "canary", "rollout", "retainVersions", "signingPublicKeySecret",
-    "allowUnsigned", "tenants", "sidecar", "server",
+    "allowUnsigned", "tenants", "sidecar", "server", "logging",
 )  # fmt: skip
 # the annotations the tools write: promote, abort and retry (the default track's and each
 # tenant track's ``.<track>``) and the one change-cause
@@ -117,7 +119,9 @@ VARIABLES = {
 }
 
 _ALLOWED = (
-    f"a rollout editor may change only spec.{EDITOR_SPEC_FIELD} of a ModelDeployment and its"
+    "a rollout editor may change only "
+    + " and ".join(f"spec.{field}" for field in EDITOR_SPEC_FIELDS)
+    + " of a ModelDeployment and its"
     f" rollout annotations {PROMOTE}, /{ABORT.partition('/')[2]}, /{RETRY.partition('/')[2]}"
     f" (each also as .<track>) and /{CHANGE_CAUSE.partition('/')[2]}"
 )

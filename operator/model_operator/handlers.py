@@ -560,6 +560,7 @@ async def _track_pass(
         foreign=foreign,
         store_problem=store_problem,
         store_checked=store_checked,
+        paused=spec.paused,
     )
     new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
     deadline = next_deadline(spec, plan.state, plan.analysis)

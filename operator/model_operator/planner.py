@@ -38,6 +38,24 @@ to that version back to the stable version at once, the path a failed analysis t
 the failure of the failed rollout to ``spec.version`` (the ``failed`` stage is the only
 memory of it) and starts that rollout again, canary first.
 
+``spec.paused`` (``kubectl model pause``, as Argo Rollouts' ``spec.paused``) holds a
+running rollout where it is: no canary pick, no batch, no promotion out of the canary
+hold (the promote annotation waits), no progress of the canary's pause or of a jitter
+pause. Loads in flight finish; a pod's refusal still fails the rollout, but no deadline
+does: on resume each timer goes on from where the pause found it and the
+``progressDeadlineSeconds`` of the pods loading restarts. What takes pods back to the
+stable version still acts: an abort, a failed (or inconclusive) analysis of a held canary
+(it goes on checking), pods of an abandoned target, and the *fast* rollouts, which pause
+never holds (a fast rollback: pointer swaps back to a version the pods hold; a first
+deployment, which has nothing to stay on). A rollback that needs loads is a rollout like
+any other: it waits for the resume.
+
+``promote=<version>@<rollout id>+full`` (``kubectl model promote --full``) skips what
+remains of a running rollout: the canary hold and its analysis, the remaining batches
+and their jitter. Every pod not yet on the version moves at once, as
+``maxConcurrentLoads`` allows (a cap on resources, not a step: a pod moves as soon as a
+load ends, not batch by batch); the state records ``full``.
+
 A rollback is *fast* — no canary, no jitter, every pod at once — only when it is safe:
 back to the version a rollout in progress started from, or to the previous stable
 version, and only when every pod that must move reports holding that version already
@@ -58,7 +76,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from model_rollout_contract.annotations import ABORT, PROMOTE, RETRY, promotion_id
+from model_rollout_contract.annotations import (
+    ABORT,
+    PROMOTE,
+    RETRY,
+    parse_promotion,
+    promotion_id,
+)
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.defaults import MAX_SIGNAL_DELAY_SECONDS
 from model_rollout_contract.states import Phase, RolloutStage
@@ -91,6 +115,8 @@ class RolloutState:
     rolled_back: bool = False  # failed by the canary analysis: canary pods went back
     aborted: bool = False  # ended by the abort annotation: every pod went back
     inconclusive: bool = False  # rolled back: its analysis could not conclude
+    full: bool = False  # fully promoted (promote --full): no canary hold, batches or jitter
+    paused_at: float | None = None  # held by spec.paused since (its timers resume later)
 
     @property
     def promotion(self) -> str:
@@ -130,6 +156,11 @@ class Plan:
     analysis: AnalysisState | None = None  # for .status.analysis
     cleared: tuple[str, ...] = ()  # the abort/retry annotations read: the operator clears them
 
+
+# the reason (phase as the stage's) of a rollout that spec.paused holds
+PAUSED_REASON = "Paused"
+# the reason of a rollout fully promoted, while its pods move
+FULL_PROMOTION_REASON = "FullPromotion"
 
 # the events of a rollout's start: each begins one entry of the rollout history
 START_EVENTS = ("RolloutStarted", "RollbackStarted")
@@ -192,6 +223,40 @@ def _start(
     )
 
 
+def pause_holds(spec: ModelDeploymentSpec, state: RolloutState) -> bool:
+    """Does ``spec.paused`` hold this rollout? Every running one but the fast ones (a fast
+    rollback, a first deployment)."""
+    return spec.paused and state.stage in (CANARY, BATCHES) and not state.fast
+
+
+def _resume(
+    spec: ModelDeploymentSpec, state: RolloutState, now: float, events: list[Event]
+) -> RolloutState:
+    """A rollout that ``spec.paused`` held, once it no longer does: the canary's pause and
+    a jitter pause go on from where they were (the time paused does not count), and the
+    deadline of the pods loading, and of a wait for unavailable pods, starts again."""
+    if state.paused_at is None or pause_holds(spec, state):
+        return state
+    shift = max(0.0, now - state.paused_at)
+    healthy = state.canary_healthy_at
+    if state.stage in (CANARY, BATCHES):
+        events.append(Event("RolloutResumed", f"rollout of {state.to_version} resumed"))
+    return replace(
+        state,
+        paused_at=None,
+        canary_healthy_at=None if healthy is None else healthy + shift,
+        next_batch_at=state.next_batch_at + shift,
+        batch_started_at=None if state.batch_started_at is None else now,
+        blocked_since=None,
+    )
+
+
+def _full_promotion(state: RolloutState, promoted: str | None) -> bool:
+    """Does the promote annotation fully promote this running rollout?"""
+    promotion, full = parse_promotion(promoted)
+    return full and promotion == state.promotion and state.stage in (CANARY, BATCHES)
+
+
 def analysing(
     spec: ModelDeploymentSpec, state: RolloutState | None, analysis: AnalysisState | None
 ) -> AnalysisState | None:
@@ -209,6 +274,9 @@ def next_deadline(
     """The next moment at which time alone changes a plan (the end of a canary's pause,
     its next analysis check, the end of a jitter pause, or a deadline): the operator wakes
     up then, and otherwise only when the resource or one of its pods changes."""
+    if pause_holds(spec, state):  # only a held canary's analysis checks (resume wakes it)
+        checking = analysing(spec, state, analysis)
+        return None if checking is None else checking.next_check_at
     deadline = spec.rollout.progress_deadline_seconds
     moments: list[float] = []
     paused = state.stage == CANARY and state.canary_healthy_at is not None
@@ -219,7 +287,7 @@ def next_deadline(
         moments.append(held.next_check_at)
     if state.stage in (CANARY, BATCHES) and state.batch_started_at is not None:
         moments.append(state.batch_started_at + deadline)  # the earliest a pod can fail
-    if state.stage == BATCHES and not state.batch_in_flight:
+    if state.stage == BATCHES and not state.batch_in_flight and not state.full:
         moments.append(state.next_batch_at)
     if state.blocked_since is not None:
         moments.append(state.blocked_since + deadline)
@@ -259,9 +327,16 @@ def plan_rollout(
     if aborted_version is not None:
         cleared.append(ABORT)
         abort = _abortable(stable, state, aborted_version, events)
+    state = _resume(spec, state, now, events)
     planner = _Tick(spec, state, pods, now, rng, stable, previous, events, analysis, cleared)
     if abort:
         return planner.abort()
+    if pause_holds(spec, state):
+        return planner.paused(sample)
+    if _full_promotion(state, promoted_version):
+        return planner.promote_fully()
+    if state.stage == BATCHES and state.full:
+        return planner.full()
     if state.stage == CANARY:
         return planner.canary(promoted_version, sample)
     if state.stage == BATCHES:
@@ -714,6 +789,86 @@ class _Tick:
                 reason = INCONCLUSIVE_REASON
             return self.plan(Phase.DEGRADED, reason, why)
         return self.plan(Phase.DEGRADED, "RolloutFailed", why)
+
+    def paused(self, sample: Sample | None = None) -> Plan:
+        """``spec.paused``: nothing new starts; loads in flight finish; a refusal still
+        fails the rollout (no deadline does) and a held canary's analysis goes on."""
+        if self.state.paused_at is None:
+            self.state = replace(self.state, paused_at=self.now)
+            self.events.append(Event("RolloutPaused", f"rollout of {self.version} paused"))
+        if failed := self._check_failure([]):  # a refusal: no deadline while paused
+            return failed
+        spec = self.spec.canary.analysis
+        healthy = self.state.canary_healthy_at is not None and not self.state.batch_in_flight
+        checking = self.state.stage == CANARY and spec is not None and healthy
+        if checking and spec is not None and (failed := self._analyse(spec, sample)):
+            return failed
+        serving = sum(p.serves(self.version) for p in self.pods)
+        loading = sum(p.loading(self.version) for p in self.pods)
+        return self.plan(
+            Phase.CANARY if self.state.stage == CANARY else self._progress_phase(),
+            PAUSED_REASON,
+            f"paused (spec.paused) at the {self.state.stage} stage: {serving}/"
+            f"{len(self.pods)} pods serve {self.version}"
+            + (f", {loading} loading (loads in flight finish)" if loading else "")
+            + "; it goes on once spec.paused is false",
+        )
+
+    def promote_fully(self) -> Plan:
+        """The full promotion annotation: what remains is skipped (used once, cleared)."""
+        self.promotion_used = True
+        if not self.state.full:
+            skipped = "the canary hold and its analysis, " if self.state.stage == CANARY else ""
+            self.state = replace(self.state, stage=BATCHES, full=True, next_batch_at=self.now)
+            self.events.append(
+                Event(
+                    "FullyPromoted",
+                    f"rollout of {self.version} fully promoted: {skipped}the remaining "
+                    "batches and their jitter skipped",
+                )
+            )
+        return self.full()
+
+    def full(self) -> Plan:
+        """A fully promoted rollout: every pod not yet on the version moves now, as
+        ``maxConcurrentLoads`` allows, each as soon as a load ends (no batches)."""
+        loading = [p for p in self.pods if p.loading(self.version)]
+        if failed := self._check_failure(loading):
+            return failed
+        if not self.pods and self.spec.replicas > 0:  # nothing serves it yet: not complete
+            return self.plan(
+                self._progress_phase(),
+                "PodsStarting",
+                f"0/{self.spec.replicas} pods exist to serve {self.version}",
+            )
+        remaining = [p for p in self.pods if p.target != self.version]
+        if not remaining and not loading:
+            return self._complete()
+        waiting = sorted((p for p in remaining if p.name not in self.moved), key=_readiness_order)
+        moving = self._admit(waiting, self.version)
+        if moving:
+            self.retarget(moving)
+            self.state = replace(
+                self.state,
+                batch=self.state.batch + 1,
+                batch_in_flight=True,
+                batch_started_at=self.now,
+                blocked_since=None,
+            )
+            self.events.append(
+                Event(
+                    "BatchStarted",
+                    f"full promotion: {[p.name for p in moving]} -> {self.version}",
+                )
+            )
+        serving = sum(p.serves(self.version) for p in self.pods)
+        left = len(waiting) - len(moving)
+        return self.plan(
+            self._progress_phase(),
+            FULL_PROMOTION_REASON,
+            f"full promotion: {serving}/{len(self.pods)} pods serve {self.version}"
+            + (f"; {left} wait: {self._waiting_for_loads()}" if left else ""),
+        )
 
     def batches(self) -> Plan:
         loading = [p for p in self.pods if p.loading(self.version)]

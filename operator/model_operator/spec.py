@@ -247,6 +247,7 @@ class ModelDeploymentSpec:
     # opt-out of signature checks (development only)
     signing_public_key_secret: str | None = None
     allow_unsigned: bool = defaults.ALLOW_UNSIGNED
+    paused: bool = defaults.PAUSED  # kubectl model pause: no rollout step starts (planner.py)
     tenants_secret: str | None = None  # Secret with tenants.yaml (see model-server)
     jwt: JwtSpec | None = None  # with tenants_secret only
     tenant_models: tuple[TenantModelSpec, ...] = ()  # with tenants_secret only
@@ -474,6 +475,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         )
     sidecar_image = _get(raw, "sidecarImage", str, problems, "spec.")
     signing_key, allow_unsigned = _signing(raw, problems)
+    paused = _get(raw, "paused", bool, problems, "spec.", defaults.PAUSED)
     sidecar = _sidecar_settings(_get(raw, "sidecar", dict, problems, "spec.", {}), problems)
     server_raw = _get(raw, "server", dict, problems, "spec.", {})
     server = ServerSettings(
@@ -516,6 +518,7 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         retain_versions=retain,
         signing_public_key_secret=signing_key,
         allow_unsigned=allow_unsigned,
+        paused=bool(paused),
         tenants_secret=tenants_secret,
         jwt=jwt,
         tenant_models=tenant_models,

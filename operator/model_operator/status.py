@@ -11,7 +11,7 @@ from typing import Any
 
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage, SidecarState
 
-from .planner import Plan, RolloutState
+from .planner import PAUSED_REASON, Plan, RolloutState
 from .pods import PodView
 
 
@@ -152,6 +152,25 @@ def store_condition(
     )
 
 
+PAUSED_IDLE_MESSAGE = (
+    "spec.paused: no rollout is held now (none runs, or a fast one, which pause never holds);"
+    " one that starts waits for kubectl model resume"
+)
+
+
+def paused_condition(
+    paused: bool, plan: Plan, now: float, existing: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``Paused``: True while ``spec.paused`` is set (``kubectl model pause``), saying what
+    it holds; False, reason ``NotPaused``, otherwise (as Argo Rollouts' condition)."""
+    if not paused:
+        return condition(
+            ConditionType.PAUSED, False, "NotPaused", "spec.paused is false", now, existing
+        )
+    message = plan.message if plan.reason == PAUSED_REASON else PAUSED_IDLE_MESSAGE
+    return condition(ConditionType.PAUSED, True, "RolloutPaused", message, now, existing)
+
+
 def build_status(
     plan: Plan,
     pods: list[PodView],
@@ -164,8 +183,10 @@ def build_status(
     foreign: list[str] | None = None,
     store_problem: str | None = None,
     store_checked: bool = True,
+    paused: bool = False,
 ) -> dict[str, Any]:
-    """``signing_key``: the sidecars' public key Secret, ``None`` with allowUnsigned;
+    """``paused``: ``spec.paused``; ``signing_key``: the sidecars' public key Secret,
+    ``None`` with allowUnsigned;
     ``foreign``: children that exist under another owner (never adopted);
     ``store_problem``: why ``spec.version`` could not be checked in the model store;
     ``store_checked``: the operator found it there (False: it did not look)."""
@@ -216,6 +237,7 @@ def build_status(
         store_condition(target, pods, store_problem, store_checked, now, existing_conditions)
     )
     conditions.append(signatures_condition(signing_key, now, existing_conditions))
+    conditions.append(paused_condition(paused, plan, now, existing_conditions))
     healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
     conditions.append(
         condition(

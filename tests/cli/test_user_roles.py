@@ -10,9 +10,9 @@ in front of the server, which forwards everything), succeed where the README say
 get the API server's 403 otherwise; the server's own authorizer
 (SelfSubjectAccessReview) allows each role exactly the README's verbs, and every rule of
 the tools' roles is one the tools use. The chart's editor admission policy
-(``model_operator.editor_policy``, issue 29) keeps the editor to ``spec.version`` and
-the rollout annotations on the same server, while the owner, the operator and the
-garbage collector keep their writes."""
+(``model_operator.editor_policy``, issue 29) keeps the editor to ``spec.version``,
+``spec.paused`` and the rollout annotations on the same server, while the owner, the
+operator and the garbage collector keep their writes."""
 
 from __future__ import annotations
 
@@ -457,6 +457,9 @@ async def test_the_editor_role_runs_every_command_and_release(
         ]
         runs = [
             (await plugin("promote", "held"), OK),
+            (await plugin("pause", "held"), OK),
+            (await plugin("resume", "held"), OK),
+            (await plugin("promote", "held", "--full"), OK),
             (await plugin("abort", "held"), OK),
             (await plugin("retry", "failed"), OK),
             (await plugin("rollback", "held"), OK),
@@ -648,6 +651,11 @@ EDITOR_WRITES = {  # what the tools write (a merge patch each), and kubectl's eq
     "retry": {"metadata": {"annotations": {RETRY: "v4", CHANGE_CAUSE: "v4: retry by ann"}}},
     "a tenant track's promote, abort and retry": {"metadata": {"annotations": {
         TENANT.promote: "a3@1000000000", TENANT.abort: "a3", TENANT.retry: "a3"}}},
+    "pause": {"spec": {"paused": True}},
+    "promote --full of a paused resource (it resumes it)": {
+        "metadata": {"annotations": {PROMOTE: "v4@1000000000+full"}}, "spec": {"paused": False}},
+    "pause, resume": {"spec": {"paused": True}},
+    "resume": {"spec": {"paused": False}},
     "a promote taken back": {"metadata": {"annotations": {PROMOTE: None}}},
 }  # fmt: skip
 # what the editor may not change: (merge patch, what the refusal names as changed)
@@ -668,6 +676,7 @@ EDITOR_REFUSED = {
     "unsigned versions": ({"spec": {"allowUnsigned": True, "signingPublicKeySecret": None}},
                           "spec.signingPublicKeySecret, spec.allowUnsigned"),
     "the replicas": ({"spec": {"replicas": 50}}, "spec.replicas"),
+    "the replicas with a pause": ({"spec": {"paused": True, "replicas": 50}}, "spec.replicas"),
     "the canary": ({"spec": {"canary": {"manualPromote": False}}}, "spec.canary"),
     "a label": ({"metadata": {"labels": {"team": "attackers"}}}, "metadata.labels"),
     "another annotation": ({"metadata": {"annotations": {"example.com/x": "1"}}},

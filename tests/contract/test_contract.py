@@ -314,6 +314,7 @@ CRD_DEFAULTS = {
     "logging": {},
     "logging.format": defaults.LOG_FORMAT,
     "logging.level": defaults.LOG_LEVEL,
+    "paused": defaults.PAUSED,
     "sidecar": {},
     "sidecar.startJitterSeconds": defaults.START_JITTER_SECONDS,
     "sidecar.backoffBaseSeconds": defaults.BACKOFF_BASE_SECONDS,

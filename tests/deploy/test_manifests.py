@@ -558,6 +558,7 @@ SPEC_FIELDS: dict[str, Any] = {
     "retainVersions": _integer(1, 8),
     "signingPublicKeySecret": OBJECT_NAMES,
     "allowUnsigned": BOOLEANS,
+    "paused": BOOLEANS,
     "tenants": {
         "secretName": OBJECT_NAMES,
         "models": TENANT_MODELS,

@@ -94,6 +94,13 @@ ALLOWED = {  # what the tools write, and their removal
         "spec": {"version": "v3"},
     },
     "spec.version alone (kubectl patch)": {"spec": {"version": "v3"}},
+    "pause": {"spec": {"paused": True}},
+    "resume": {"spec": {"paused": False}},
+    "resume by removing spec.paused": {"spec": {"paused": None}},
+    "promote --full, resuming": {
+        "metadata": {"annotations": {PROMOTE: "v3@1700000000+full"}},
+        "spec": {"paused": False},
+    },
     "promote": annotate({PROMOTE: "v3@1700000000"}),
     "abort": annotate({ABORT: "v3"}),
     "retry with its cause": annotate({RETRY: "v3", CHANGE_CAUSE: "v3: retry by bob"}),
@@ -135,17 +142,18 @@ SPEC_CHANGES: dict[str, Any] = {
     "tenants": {"models": []},
     "sidecar": {"maxConcurrentDownloads": 16},
     "server": {"processes": 16},
+    "logging": {"level": "debug"},
 }
 
 
-def test_every_spec_field_but_version_is_guarded() -> None:
+def test_every_spec_field_but_version_and_paused_is_guarded() -> None:
     """The policy's list is the CRD's: a field added to the CRD fails here until the
     policy guards it (the spec keeps no unknown fields)."""
     spec = load_crd_schema(CRD)["properties"]["spec"]
     assert "x-kubernetes-preserve-unknown-fields" not in spec
     properties = set(spec["properties"])
-    assert editor_policy.EDITOR_SPEC_FIELD in properties
-    assert set(editor_policy.SPEC_FIELDS) == properties - {editor_policy.EDITOR_SPEC_FIELD}
+    assert set(editor_policy.EDITOR_SPEC_FIELDS) == {"version", "paused"} <= properties
+    assert set(editor_policy.SPEC_FIELDS) == properties - set(editor_policy.EDITOR_SPEC_FIELDS)
     assert len(editor_policy.SPEC_FIELDS) == len(set(editor_policy.SPEC_FIELDS))
     assert set(SPEC_CHANGES) == set(editor_policy.SPEC_FIELDS)
 
@@ -154,7 +162,7 @@ def _deny(verdict: Verdict, *named: str) -> None:
     """Refused with the policy's words, naming what else the request changed."""
     assert verdict.matched and not verdict.allowed, verdict
     [denial] = verdict.denials
-    assert denial.startswith("a rollout editor may change only spec.version"), denial
+    assert denial.startswith("a rollout editor may change only spec.version and spec.paused")
     assert "this request also changes " + ", ".join(named) + ";" in denial, denial
     assert f"needs the verb '{editor_policy.CONFIGURE_VERB}'" in denial
 
