@@ -589,7 +589,7 @@ class _Tick:
                 Phase.CANARY,
                 "ShadowAnalysis",
                 f"{self.version} answers only mirrored requests ({shadow.percent}% of the "
-                f"canary pods' stable answers), no user; live after a passed check{verdict}"
+                f"canary pods' stable answers), no user{verdict}; live after a passed check"
                 f"{approved}",
             )
         return self._go_live(spec)
@@ -694,7 +694,7 @@ class _Tick:
             self.events.append(
                 Event(
                     "AnalysisCheckFailed",
-                    f"{self._step_prefix()}check {self.analysis.checks} failed ({failures} of "
+                    f"check {self.analysis.checks} failed{self._in_step()} ({failures} of "
                     "failureLimit "
                     f"{spec.failure_limit}): {check.message}",
                     warning=True,

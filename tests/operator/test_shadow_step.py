@@ -135,7 +135,10 @@ def test_a_failed_shadow_check_rolls_back_before_the_candidate_had_any_live_shar
         cluster.step(sp)
     assert cluster.serving() == {"v1": 4} and all(p.policy is None for p in cluster.pods)
     failed = [e for p in cluster.plans for e in p.events if e.reason == "AnalysisCheckFailed"]
-    assert [e.message.startswith("shadow step: check") for e in failed] == [True, True]
+    assert [e.message.split(" (")[0] for e in failed] == [
+        "check 1 failed in the shadow step",
+        "check 2 failed in the shadow step",
+    ]
     assert "ShadowPassed" not in reasons(cluster) and "CanaryPromoted" not in reasons(cluster)
 
 
