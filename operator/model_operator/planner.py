@@ -24,6 +24,13 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   :class:`~.analysis.Sample`): the pause ends in a promotion only after a passed check,
   and ``failureLimit`` failed checks send every canary pod back to the stable version
   (a pointer swap: they hold it) and stop the rollout;
+  with ``canary.shadow`` (on by default with analysis) the canary has two steps
+  (``RolloutState.canary_step``): ``shadow``, whose policy gives the candidate no live
+  share and mirrors ``shadow.percent`` of the stable answers to it, ends on its first
+  passed check (or rolls back as above), before any user got an answer of the candidate;
+  then ``live``, the canary just described, with its own pause and passed check. A
+  promote annotation read in the shadow step is kept, not used: it approves the canary,
+  and skips neither step's check;
 * ``batches``: retarget the rest in batches (``batchSize``/``batchPercent``), one batch
   at a time, with a random jitter pause between batches and ``maxUnavailable`` respected;
 * ``complete``: every pod serves the version; it becomes the stable version;
