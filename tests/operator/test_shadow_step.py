@@ -16,7 +16,7 @@ from model_operator.planner import BATCHES, CANARY, FAILED, Plan
 from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_operator.status import build_status, rollout_from_status, rollout_to_status
 from model_rollout_contract.canary import TrafficPolicy
-from model_rollout_contract.states import CanaryStep, Phase
+from model_rollout_contract.states import CanaryStep, Phase, SidecarState
 from model_rollout_e2e.simulation import SimCluster
 
 BASE = {
@@ -276,3 +276,18 @@ def test_no_shadow_step_leaves_the_canary_as_it_was() -> None:
     assert plan.phase is Phase.AVAILABLE  # the live figures are all it saw
     assert set(policies(cluster)) == {TrafficPolicy("v1", "v2", 20, 0)}
     assert not any("step" in p.message for p in cluster.plans), cluster.plans[-1].message
+
+
+def test_a_whole_pod_canary_in_its_shadow_step_is_read_from_its_own_pods_only() -> None:
+    """In the shadow step a canary pod holds its own reference (the stable version answers
+    beside the candidate): the stable pods are read only once a whole-pod canary is live."""
+    from model_operator.analysis_sources import pods_to_read
+    from model_operator.pods import PodView
+
+    sp = spec(trafficPercent=0)
+    ok = SidecarState.OK
+    canary = PodView("pod-0", "v2", "v2", "v2", ok, ready=True)
+    stable = [PodView(f"pod-{i}", "v1", "v1", "v1", ok, ready=True) for i in (1, 2, 3)]
+    pods = [canary, *stable]
+    assert pods_to_read(sp, "v1", "v2", pods, CanaryStep.SHADOW) == [canary]
+    assert pods_to_read(sp, "v1", "v2", pods, CanaryStep.LIVE) == [canary, *stable]
