@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_operator.analysis import AnalysisState, Sample
 from model_operator.canary_metrics import Figures
@@ -291,3 +293,61 @@ def test_a_whole_pod_canary_in_its_shadow_step_is_read_from_its_own_pods_only() 
     pods = [canary, *stable]
     assert pods_to_read(sp, "v1", "v2", pods, CanaryStep.SHADOW) == [canary]
     assert pods_to_read(sp, "v1", "v2", pods, CanaryStep.LIVE) == [canary, *stable]
+
+
+FIGURES = {
+    "good": (SHADOW_GOOD, LIVE_GOOD),
+    "bad": (SHADOW_NAN, LIVE_ERRORS),
+    "few": (Figures(3, 0, 3, 30, 0.01, 0.01, None, None, 0),) * 2,
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    checks=st.lists(st.sampled_from(sorted(FIGURES)), min_size=1, max_size=12),
+    manual=st.booleans(),
+    whole_pods=st.booleans(),
+    restart_at=st.integers(0, 40),
+)
+def test_no_live_share_before_a_passed_shadow_check_whatever_the_checks_say(
+    checks: list[str], manual: bool, whole_pods: bool, restart_at: int
+) -> None:
+    """Any sequence of check results, operator restarts and approvals: the candidate gets
+    a live share (a policy with trafficPercent above 0, or a canary pod without a policy)
+    only after the shadow step passed, and every rollout ends."""
+    sp = parse_spec({**BASE, "rollout": {"batchSize": 2, "jitterSeconds": 0,
+                                         "progressDeadlineSeconds": 30},
+                     "canary": {"percent": 25, "pauseSeconds": 2, "manualPromote": manual,
+                                "trafficPercent": 0 if whole_pods else 20,
+                                "analysis": ANALYSIS}})  # fmt: skip
+    cluster = SimCluster(4, "v1")
+    seen: list[str] = []
+
+    def read(pods: object, analysis: AnalysisState, now: float) -> Sample:
+        seen.append(checks[min(len(seen), len(checks) - 1)])
+        state = cluster.state
+        shadow = state is not None and state.canary_step is CanaryStep.SHADOW
+        return Sample(now, figures=FIGURES[seen[-1]][0 if shadow else 1])
+
+    went_live = False
+    for tick in range(400):
+        if tick == restart_at and cluster.state is not None:
+            cluster.state = rollout_from_status(json.loads(json.dumps(
+                rollout_to_status(cluster.state))))  # fmt: skip
+        promoted = cluster.state.promotion if manual and cluster.state else None
+        plan = cluster.step(sp, promoted=promoted, read=read)
+        went_live |= "ShadowPassed" in [e.reason for e in plan.events]
+        for action in plan.actions:
+            if action.version != "v2" or plan.state.stage != CANARY:
+                continue
+            live = (
+                action.policy is None
+                or TrafficPolicy.from_annotation(action.policy).traffic_percent
+            )
+            assert went_live or not live, (tick, action)
+        if plan.state.stage == FAILED or plan.phase is Phase.AVAILABLE:
+            break
+    else:
+        raise AssertionError(f"no end: {cluster.plans[-1]}")
+    if plan.state.stage == FAILED and not went_live:
+        assert plan.state.canary_step is CanaryStep.SHADOW
