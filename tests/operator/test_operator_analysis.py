@@ -222,8 +222,10 @@ async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
     await roll_out_v2(harness, trafficPercent=25)
     # held in its shadow step (the default with analysis), which says so from the start
     status = await harness.wait(
-        lambda s: s.get("message", "").endswith("after a passed check")
-        and (s.get("analysis") or {}).get("lastResult") == "Inconclusive"
+        lambda s: (
+            s.get("message", "").endswith("after a passed check")
+            and (s.get("analysis") or {}).get("lastResult") == "Inconclusive"
+        )
     )
     assert status["phase"] == "Canary" and status["rollout"]["canaryStep"] == "shadow"
     assert "fewer than minRequests 20" in status["analysis"]["message"]
