@@ -172,7 +172,9 @@ async def run_demo(replicas: int, hold_s: float, console: Console) -> int:
                 "trafficPercent": 20,
                 "shadowPercent": 50,
                 "pauseSeconds": 4,
-                "analysis": {"intervalSeconds": 2, "minRequests": 20, "maxLatencyRatio": 3},
+                # latency within 10x: on a few shared cores the shadow step's mirrored
+                # runs (every request twice on the canary pod) time as noise
+                "analysis": {"intervalSeconds": 2, "minRequests": 20, "maxLatencyRatio": 10},
             },
             rollout={"batchSize": 1, "jitterSeconds": 1.5},
         )
