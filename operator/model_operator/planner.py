@@ -605,10 +605,11 @@ class _Tick:
         """The shadow step passed (or is no longer asked for): the canary pods get their
         live share, held and judged afresh as a canary without a shadow step is."""
         a = self.analysis
-        if spec is not None and a is not None and self._passed():
+        passed = spec is not None and a is not None and self._passed()
+        if passed and a is not None:
             result = f"passed at check {a.checks} ({a.failures} failed): {a.message}"
         else:
-            result = "skipped: spec.canary.shadow no longer asks for it"
+            result = "skipped: spec.canary no longer asks for it"
         self.state = replace(
             self.state, canary_step=LIVE, shadow_result=result, canary_healthy_at=self.now
         )
@@ -621,7 +622,10 @@ class _Tick:
             else "every request of the canary pods"
         )
         self.events.append(
-            Event("ShadowPassed", f"shadow step of {self.version} {result}; it now answers {share}")
+            Event(
+                "ShadowPassed" if passed else "ShadowSkipped",
+                f"shadow step of {self.version} {result}; it now answers {share}",
+            )
         )
         return self.plan(
             Phase.CANARY, "CanaryLive", f"shadow step {result}; {self.version} answers {share}"

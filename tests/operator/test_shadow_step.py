@@ -351,3 +351,16 @@ def test_no_live_share_before_a_passed_shadow_check_whatever_the_checks_say(
         raise AssertionError(f"no end: {cluster.plans[-1]}")
     if plan.state.stage == FAILED and not went_live:
         assert plan.state.canary_step is CanaryStep.SHADOW
+
+
+def test_a_shadow_step_turned_off_mid_step_goes_live_and_says_it_was_skipped() -> None:
+    cluster = SimCluster(4, "v1")
+    few = Figures(3, 0, 3, 30, 0.01, 0.01, None, None, 0)
+    read = Reader(cluster, few, LIVE_GOOD)
+    for _ in range(6):
+        plan = cluster.step(spec(), read=read)
+    assert plan.reason == "ShadowAnalysis"
+    plan = cluster.step(spec(shadow={"enabled": False}), read=read)
+    assert plan.reason == "CanaryLive" and plan.state.canary_step is CanaryStep.LIVE
+    assert [e.reason for e in plan.events] == ["ShadowSkipped"]
+    assert plan.state.shadow_result == "skipped: spec.canary no longer asks for it"
