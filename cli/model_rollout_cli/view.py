@@ -18,7 +18,7 @@ from model_rollout_contract.annotations import (
     promotion_id,
 )
 from model_rollout_contract.report import SidecarReport
-from model_rollout_contract.states import Phase
+from model_rollout_contract.states import CanaryStep, Phase, RolloutStage
 from model_rollout_contract.versions import sorted_versions
 
 from .history import entries, history_order
@@ -96,6 +96,25 @@ def analysis_text(analysis: dict[str, Any], colour: bool) -> str:
         f" ({analysis.get('checks', 0)} checks, {analysis.get('failures', 0)} failed)"
         + (f": {cut(str(analysis['message']), 140)}" if analysis.get("message") else "")
     )
+
+
+def canary_step_text(rollout: dict[str, Any]) -> str | None:
+    """The canary's step (``status.rollout.canaryStep``) and how its shadow step went,
+    for a rollout whose canary has a shadow step (``None``: none, or no canary now)."""
+    step, shadow = rollout.get("canaryStep"), rollout.get("shadowResult")
+    stage = rollout.get("stage")
+    if stage not in (RolloutStage.CANARY, RolloutStage.FAILED) or step not in tuple(CanaryStep):
+        return None
+    if step == CanaryStep.LIVE and not shadow:
+        return None  # a canary live from the start: no steps to tell apart
+    if stage == RolloutStage.FAILED:
+        if not rollout.get("rolledBack"):
+            return None
+        ended = f"{step} (rolled back in this step"
+        return ended + ("; no user got an answer of the candidate)" if step == "shadow" else ")")
+    if step == CanaryStep.SHADOW:
+        return "shadow (the candidate answers only mirrored requests; live after a passed check)"
+    return f"live (shadow step {shadow})"
 
 
 def lag(md: dict[str, Any]) -> str | None:
@@ -204,6 +223,9 @@ def render(
     if reason == "AwaitingPromotion" and rollout.get("toVersion"):
         value = promotion_id(str(rollout["toVersion"]), float(rollout.get("startedAt") or 0))
         lines.append(f"Promote:     kubectl model promote {name}   ({PROMOTE}={value})")
+    step = canary_step_text(rollout)
+    if step is not None:
+        lines.append(f"Canary step: {cut(step, 160)}")
     analysis = status.get("analysis") or {}
     if analysis:
         lines.append(f"Analysis:    {analysis_text(analysis, colour)}")

@@ -18,6 +18,11 @@ CANARY_PAUSE_SECONDS = 30.0  # hold a healthy canary this long before promoting
 MANUAL_PROMOTE = False  # hold the canary until the promote annotation names the version
 CANARY_TRAFFIC_PERCENT = 0  # share of a canary pod's requests its candidate answers
 CANARY_SHADOW_PERCENT = 0  # share of its stable answers also run on the candidate
+# spec.canary.shadow.percent: in the canary's shadow step (before any live share), the
+# share of the canary pods' stable answers also run on the candidate. 100: every request
+# runs twice on a canary pod (its compute doubles for the step), and the step gets
+# minRequests soonest
+CANARY_SHADOW_STEP_PERCENT = 100
 # spec.canary.analysis (when present): a check of the canary's figures every interval,
 # judged only on at least ANALYSIS_MIN_REQUESTS requests (else inconclusive); this many
 # failed checks roll the canary back

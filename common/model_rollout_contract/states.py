@@ -38,6 +38,15 @@ class RolloutStage(_StrEnum):
     FAILED = "failed"
 
 
+class CanaryStep(_StrEnum):
+    """``status.rollout.canaryStep``: the step of the canary stage. In ``shadow`` the
+    candidate answers only mirrored requests (every user gets the stable version's
+    answer); in ``live`` it has its live share (trafficPercent, or whole canary pods)."""
+
+    SHADOW = "shadow"
+    LIVE = "live"
+
+
 class RolloutResult(_StrEnum):
     """``status.history[].result``: how one rollout of a version ended (or that it runs)."""
 

@@ -6,10 +6,11 @@ version answers as its :class:`Behaviour` says, split between the two versions a
 pod's traffic policy says, the way a real server splits it.
 
 They count as the model server does: a shadow run is one of the candidate's requests
-(code 200, or 500 when it failed) with a shadow latency of its own, and its outputs are
-compared with the stable ones (drift +Inf when either side is not finite) rather than
-counted. Which requests go where is decided by counting, not by chance (every n-th
-request), so that what the operator measures is known exactly."""
+(code 200, or 500 when it failed) with a shadow latency of its own, its outputs are
+counted in the candidate's output series (NaN included, as a live answer's) and compared
+with the stable ones (drift +Inf when either side is not finite). Which requests go
+where is decided by counting, not by chance (every n-th request), so that what the
+operator measures is known exactly."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class SimulatedServer:
     answered: int = 0  # requests so far (the split counts them)
     stable_answers: int = 0
     per_version: dict[str, int] = field(default_factory=dict)  # answers (errors count them)
+    live: dict[str, int] = field(default_factory=dict)  # answers a client got, per version
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -101,8 +103,13 @@ class SimulatedServer:
         self.per_version[version] = n + 1
         return how.error_every > 0 and n % how.error_every == how.error_every - 1
 
+    def live_answers(self, version: str) -> int:
+        """How many clients got an answer of ``version`` (shadow runs are not answers)."""
+        return self.live.get(version, 0)
+
     def _answer(self, version: str, how: Behaviour) -> None:
         m = self.metrics
+        self.live[version] = self.live.get(version, 0) + 1
         failed = self._fails(version, how)
         m.requests.labels(self.model, version, "500" if failed else "200").inc()
         m.latency.labels(self.model, version).observe(how.latency_s + how.overhead_s)
@@ -120,6 +127,8 @@ class SimulatedServer:
         m.shadow_latency.labels(self.model, candidate).observe(how.latency_s)
         m.engine_latency.labels(self.model, candidate).observe(how.latency_s)
         m.requests.labels(self.model, candidate, "200").inc()
+        m.values.labels(self.model, candidate).inc(10)  # as the server's candidate.infer
+        m.nonfinite.labels(self.model, candidate).inc(how.non_finite)
         finite = not (how.non_finite or stable.non_finite)
         drift = abs(how.drift - stable.drift) if finite else float("inf")
         m.drift.labels(self.model, candidate).observe(drift)

@@ -14,6 +14,7 @@ import aiohttp
 
 from model_rollout_contract import canary
 from model_rollout_contract.defaults import SERVER_PORT
+from model_rollout_contract.states import CanaryStep
 
 from .analysis import Sample
 from .canary_metrics import (
@@ -33,13 +34,18 @@ MAX_PODS_READ = 16
 
 
 def pods_to_read(
-    spec: ModelDeploymentSpec, stable: str, candidate: str, pods: list[PodView]
+    spec: ModelDeploymentSpec,
+    stable: str,
+    candidate: str,
+    pods: list[PodView],
+    step: CanaryStep = CanaryStep.LIVE,
 ) -> list[PodView]:
     """The canary pods; for a canary of whole pods also stable pods, as the reference
-    (an in-pod canary holds its own: the stable version answers beside the candidate)."""
+    (an in-pod canary, or any in its shadow step, holds its own: the stable version
+    answers beside the candidate)."""
     by_name = sorted(pods, key=lambda p: p.name)
     chosen = [p for p in by_name if p.target == candidate and p.serves(candidate)][:MAX_PODS_READ]
-    if not spec.canary.in_pod:
+    if not spec.canary.holds_both(step):
         reference = [p for p in by_name if p.target != candidate and p.serves(stable)]
         chosen += reference[:MAX_PODS_READ]
     return chosen
@@ -251,9 +257,10 @@ async def read_canary(
     pods: list[PodView],
     window_start: float,
     at: float,
+    step: CanaryStep = CanaryStep.LIVE,
 ) -> Sample:
     """What the analysis reads at ``at`` of the canary of ``spec.version`` of the
-    ModelDeployment ``name`` (its Deployment's name)."""
+    ModelDeployment ``name`` (its Deployment's name), in the canary's ``step``."""
     versions = (stable, spec.version)
     assert spec.canary.analysis is not None
     prometheus = spec.canary.analysis.prometheus
@@ -261,7 +268,7 @@ async def read_canary(
         return await query_prometheus(
             prometheus, namespace, name, spec.model, versions, at - window_start, at
         )
-    chosen = pods_to_read(spec, stable, spec.version, pods)
+    chosen = pods_to_read(spec, stable, spec.version, pods, step)
     if not chosen:
         return Sample(at, problem="no canary pod serves the candidate")
     return await scrape(chosen, spec.model, versions, at)

@@ -618,9 +618,11 @@ async def _read_canary(
 ) -> Sample | None:
     """The canary's figures, when its analysis has a check due (else ``None``)."""
     held = analysing(spec, rollout, analysis)
-    if held is None or stable is None or not held.due(now):
+    if held is None or rollout is None or stable is None or not held.due(now):
         return None
-    return await read_canary(spec, namespace, name, stable, pods, held.window_start, now)
+    return await read_canary(
+        spec, namespace, name, stable, pods, held.window_start, now, rollout.canary_step
+    )
 
 
 async def _check_store(api: KubeClient, namespace: str, spec: ModelDeploymentSpec) -> StoreAnswer:

@@ -24,6 +24,13 @@ Stages of a rollout from ``from_version`` to ``to_version``:
   :class:`~.analysis.Sample`): the pause ends in a promotion only after a passed check,
   and ``failureLimit`` failed checks send every canary pod back to the stable version
   (a pointer swap: they hold it) and stop the rollout;
+  with ``canary.shadow`` (on by default with analysis) the canary has two steps
+  (``RolloutState.canary_step``): ``shadow``, whose policy gives the candidate no live
+  share and mirrors ``shadow.percent`` of the stable answers to it, ends on its first
+  passed check (or rolls back as above), before any user got an answer of the candidate;
+  then ``live``, the canary just described, with its own pause and passed check. A
+  promote annotation read in the shadow step is kept, not used: it approves the canary,
+  and skips neither step's check;
 * ``batches``: retarget the rest in batches (``batchSize``/``batchPercent``), one batch
   at a time, with a random jitter pause between batches and ``maxUnavailable`` respected;
 * ``complete``: every pod serves the version; it becomes the stable version;
@@ -85,7 +92,7 @@ from model_rollout_contract.annotations import (
 )
 from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.defaults import MAX_SIGNAL_DELAY_SECONDS
-from model_rollout_contract.states import Phase, RolloutStage
+from model_rollout_contract.states import CanaryStep, Phase, RolloutStage
 
 from .analysis import AnalysisState, Result, Sample
 from .pods import PodView
@@ -93,6 +100,7 @@ from .spec import AnalysisSpec, ModelDeploymentSpec
 
 CANARY, BATCHES = RolloutStage.CANARY, RolloutStage.BATCHES
 COMPLETE, FAILED = RolloutStage.COMPLETE, RolloutStage.FAILED
+SHADOW, LIVE = CanaryStep.SHADOW, CanaryStep.LIVE
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,10 @@ class RolloutState:
     inconclusive: bool = False  # rolled back: its analysis could not conclude
     full: bool = False  # fully promoted (promote --full): no canary hold, batches or jitter
     paused_at: float | None = None  # held by spec.paused since (its timers resume later)
+    # the canary's step (a state stored before there were steps was live); and how its
+    # shadow step ended (None: it had none, or it runs)
+    canary_step: CanaryStep = LIVE
+    shadow_result: str | None = None
 
     @property
     def promotion(self) -> str:
@@ -216,10 +228,12 @@ def _start(
             f"{sum(not p.holds(target) for p in moving)} pods no longer hold it",
         )
     stage = CANARY if spec.canary_pods() > 0 else BATCHES
-    return RolloutState(target, stable, stage, started_at=now), Event(
+    step = spec.canary.first_step()
+    return RolloutState(target, stable, stage, started_at=now, canary_step=step), Event(
         "RolloutStarted",
         f"rolling out {spec.model} {stable} -> {target}"
-        + (f" with a {spec.canary.percent}% canary" if stage == CANARY else ""),
+        + (f" with a {spec.canary.percent}% canary" if stage == CANARY else "")
+        + (", shadow step first" if stage == CANARY and step is SHADOW else ""),
     )
 
 
@@ -429,6 +443,8 @@ class _Tick:
 
     def plan(self, phase: Phase, reason: str, message: str) -> Plan:
         self._set_policies()
+        if self.state.stage == CANARY and self._stepped():
+            message = f"canary step {self.state.canary_step}: {message}"
         analysis = self.analysis
         if analysis is not None and analysis.baseline is not None and self.state.stage != CANARY:
             analysis = replace(analysis, baseline=None)  # that canary is over
@@ -447,15 +463,20 @@ class _Tick:
         )
 
     def _policy(self) -> str | None:
-        """The traffic policy of this rollout's canary pods, while they are a canary."""
+        """The traffic policy of this rollout's canary pods, while they are a canary: in
+        the shadow step no live share, only mirrored requests."""
         canary = self.spec.canary
-        if self.state.stage != CANARY or not canary.in_pod:
+        step = self.state.canary_step
+        if self.state.stage != CANARY or not canary.holds_both(step):
             return None
         if self.stable is None or self.stable == self.version:
             return None
-        policy = TrafficPolicy(
-            self.stable, self.version, canary.traffic_percent, canary.shadow_percent
-        )
+        if step is SHADOW:
+            policy = TrafficPolicy(self.stable, self.version, 0, canary.shadow.percent)
+        else:
+            policy = TrafficPolicy(
+                self.stable, self.version, canary.traffic_percent, canary.shadow_percent
+            )
         return policy.to_annotation()
 
     def _set_policies(self) -> None:
@@ -588,6 +609,8 @@ class _Tick:
                     f"canary of {self.version} held (onInconclusive: hold): {why}; a "
                     "conclusive check ends it, or abort",
                 )
+        if self.state.canary_step is SHADOW:
+            return self._shadow_step(spec, verdict, promoted_version)
         if self.spec.canary.manual_promote:
             if promoted_version != self.state.promotion:
                 return self.plan(
@@ -620,6 +643,68 @@ class _Tick:
         self.state = replace(self.state, stage=BATCHES, next_batch_at=self.now)
         self.events.append(Event("CanaryPromoted", f"canary of {self.version} promoted"))
         return self.batches()
+
+    def _stepped(self) -> bool:
+        """Whether this rollout's canary has steps to name (a shadow step, now or past)."""
+        return self.state.canary_step is SHADOW or self.state.shadow_result is not None
+
+    def _in_step(self) -> str:
+        return f" in the {self.state.canary_step} step" if self._stepped() else ""
+
+    def _step_prefix(self) -> str:
+        return f"{self.state.canary_step} step: " if self._stepped() else ""
+
+    def _shadow_step(
+        self, spec: AnalysisSpec | None, verdict: str, promoted_version: str | None
+    ) -> Plan:
+        """The canary's first step: the candidate answers only mirrored requests, and
+        goes live on the step's first passed check. A promote annotation read now is
+        kept: it approves the canary, it never skips the shadow or the live step's check."""
+        shadow = self.spec.canary.shadow
+        if spec is not None and shadow.enabled and not self._passed():
+            approved = (
+                "; approved: promoted once the live step passes a check too"
+                if self.spec.canary.manual_promote and promoted_version == self.state.promotion
+                else ""
+            )
+            return self.plan(
+                Phase.CANARY,
+                "ShadowAnalysis",
+                f"{self.version} answers only mirrored requests ({shadow.percent}% of the "
+                f"canary pods' stable answers), no user{verdict}; live after a passed check"
+                f"{approved}",
+            )
+        return self._go_live(spec)
+
+    def _go_live(self, spec: AnalysisSpec | None) -> Plan:
+        """The shadow step passed (or is no longer asked for): the canary pods get their
+        live share, held and judged afresh as a canary without a shadow step is."""
+        a = self.analysis
+        passed = spec is not None and a is not None and self._passed()
+        if passed and a is not None:
+            result = f"passed at check {a.checks} ({a.failures} failed): {a.message}"
+        else:
+            result = "skipped: spec.canary no longer asks for it"
+        self.state = replace(
+            self.state, canary_step=LIVE, shadow_result=result, canary_healthy_at=self.now
+        )
+        if spec is not None and a is not None and a.rollout == self.state.promotion:
+            self.analysis = a.restart_window(self.now, spec)  # the live step's own checks
+        canary = self.spec.canary
+        share = (
+            f"{canary.traffic_percent}% of the canary pods' requests"
+            if canary.in_pod
+            else "every request of the canary pods"
+        )
+        self.events.append(
+            Event(
+                "ShadowPassed" if passed else "ShadowSkipped",
+                f"shadow step of {self.version} {result}; it now answers {share}",
+            )
+        )
+        return self.plan(
+            Phase.CANARY, "CanaryLive", f"shadow step {result}; {self.version} answers {share}"
+        )
 
     def _pick_canary(
         self, picked: list[PodView], targeted: list[PodView], wanted: int, held_back: int
@@ -695,7 +780,8 @@ class _Tick:
             self.events.append(
                 Event(
                     "AnalysisCheckFailed",
-                    f"check {self.analysis.checks} failed ({failures} of failureLimit "
+                    f"check {self.analysis.checks} failed{self._in_step()} ({failures} of "
+                    "failureLimit "
                     f"{spec.failure_limit}): {check.message}",
                     warning=True,
                 )
@@ -703,7 +789,9 @@ class _Tick:
             if failures >= spec.failure_limit:
                 return self._analysis_failed(spec)
         elif check.result != before:
-            self.events.append(Event(f"Analysis{check.result}", check.message))
+            self.events.append(
+                Event(f"Analysis{check.result}", f"{self._step_prefix()}{check.message}")
+            )
         return None
 
     def _undecided(self, spec: AnalysisSpec) -> str | None:
@@ -714,7 +802,10 @@ class _Tick:
 
     def _analysis_inconclusive(self, why: str) -> Plan:
         """``onInconclusive: rollback``: an unproven candidate goes, as a failed one does."""
-        why = f"canary analysis of {self.version} inconclusive: {why}: {self._verdict()}"
+        why = (
+            f"canary analysis of {self.version} inconclusive{self._in_step()}: {why}: "
+            f"{self._verdict()}"
+        )
         self.state = replace(
             self.state,
             stage=FAILED,
@@ -736,9 +827,9 @@ class _Tick:
     def _analysis_failed(self, spec: AnalysisSpec) -> Plan:
         assert self.analysis is not None
         why = (
-            f"canary analysis of {self.version} failed {self.analysis.failures} of "
-            f"{self.analysis.checks} checks (failureLimit {spec.failure_limit}): "
-            f"{self.analysis.message}"
+            f"canary analysis of {self.version} failed{self._in_step()} "
+            f"{self.analysis.failures} of {self.analysis.checks} checks (failureLimit "
+            f"{spec.failure_limit}): {self.analysis.message}"
         )
         self.state = replace(
             self.state, stage=FAILED, failure=why, rolled_back=True, batch_in_flight=False

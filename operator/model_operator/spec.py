@@ -15,6 +15,7 @@ from model_rollout_contract.canary import MAX_DRIFT_THRESHOLD
 from model_rollout_contract.layout import STORE_ID_PATTERN, STORE_ID_RULE
 from model_rollout_contract.names import NAME_RULE, ModelKey, is_valid_name
 from model_rollout_contract.redact import redact
+from model_rollout_contract.states import CanaryStep
 from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
 
 from .errors import SpecError
@@ -123,6 +124,19 @@ class AnalysisSpec:
 
 
 @dataclass(frozen=True)
+class ShadowStepSpec:
+    """``spec.canary.shadow``: the canary's first step, in which the candidate answers
+    only mirrored requests (``percent`` % of the canary pods' stable answers); its
+    analysis must pass before the candidate gets any live share. ``enabled`` is resolved
+    when parsed: absent, it is on wherever it can be (analysis, canary pods, two versions
+    retained); ``explicit`` says whether the spec said so itself."""
+
+    enabled: bool = False
+    percent: int = defaults.CANARY_SHADOW_STEP_PERCENT
+    explicit: bool = False
+
+
+@dataclass(frozen=True)
 class CanarySpec:
     percent: int = defaults.CANARY_PERCENT  # share of the pods
     pause_seconds: float = defaults.CANARY_PAUSE_SECONDS
@@ -130,11 +144,21 @@ class CanarySpec:
     traffic_percent: int = defaults.CANARY_TRAFFIC_PERCENT  # share of a canary pod's requests
     shadow_percent: int = defaults.CANARY_SHADOW_PERCENT
     analysis: AnalysisSpec | None = None  # None: a healthy canary is promoted after the pause
+    shadow: ShadowStepSpec = field(default_factory=ShadowStepSpec)
 
     @property
     def in_pod(self) -> bool:
         """The canary pods hold both versions and split (or mirror) requests themselves."""
         return self.traffic_percent > 0 or self.shadow_percent > 0
+
+    def holds_both(self, step: CanaryStep) -> bool:
+        """Whether the canary pods hold both versions in ``step`` (in the shadow step they
+        always do: the stable version answers, the candidate runs the mirrored requests)."""
+        return step is CanaryStep.SHADOW or self.in_pod
+
+    def first_step(self) -> CanaryStep:
+        """The step a new canary starts in."""
+        return CanaryStep.SHADOW if self.shadow.enabled else CanaryStep.LIVE
 
 
 @dataclass(frozen=True)
@@ -733,7 +757,45 @@ def _canary(raw: dict[str, Any], spec: dict[str, Any], problems: list[str]) -> C
     )
     if shadow_only and canary.shadow_percent <= 0:
         problems.append(SHADOW_THRESHOLDS_NEED_SHADOW)
-    return canary
+    return replace(canary, shadow=_shadow_step(raw, canary, spec, problems))
+
+
+def _shadow_step(
+    canary_raw: dict[str, Any], canary: CanarySpec, spec: dict[str, Any], problems: list[str]
+) -> ShadowStepSpec:
+    """``spec.canary.shadow``: explicitly enabled where it cannot run is refused; absent,
+    it is on wherever it can run (analysis to end it, canary pods to hold both versions,
+    servers that keep two versions)."""
+    where = "spec.canary.shadow."
+    raw = _get(canary_raw, "shadow", dict, problems, "spec.canary.", {})
+    enabled = _get(raw, "enabled", bool, problems, where)
+    percent = _get(raw, "percent", int, problems, where, defaults.CANARY_SHADOW_STEP_PERCENT)
+    _range(problems, f"{where}percent", percent, 1, 100)
+    retain = spec.get("retainVersions", defaults.RETAIN_VERSIONS)
+    two_versions = not isinstance(retain, int) or isinstance(retain, bool) or retain >= 2
+    possible = canary.analysis is not None and canary.percent > 0 and two_versions
+    if enabled:
+        if canary.percent <= 0:
+            problems.append(SHADOW_STEP_NEEDS_PODS)
+        if not two_versions:
+            problems.append(SHADOW_STEP_NEEDS_TWO_VERSIONS)
+        if canary.analysis is None:
+            problems.append(SHADOW_STEP_NEEDS_ANALYSIS)
+    on = possible if enabled is None else bool(enabled)
+    return ShadowStepSpec(on, percent, explicit=enabled is not None)
+
+
+SHADOW_STEP_NEEDS_PODS = (
+    "spec.canary.shadow.enabled needs spec.canary.percent above 0: the canary pods run the"
+    " mirrored requests"
+)
+SHADOW_STEP_NEEDS_TWO_VERSIONS = (
+    "spec.canary.shadow.enabled needs spec.retainVersions of at least 2: the canary pods"
+    " keep the stable version answering beside the candidate"
+)
+SHADOW_STEP_NEEDS_ANALYSIS = (
+    "spec.canary.shadow.enabled needs spec.canary.analysis: the shadow step ends on a passed check"
+)
 
 
 IN_POD_NEEDS_PODS = (

@@ -9,7 +9,13 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_contract.states import ConditionType, Phase, RolloutStage, SidecarState
+from model_rollout_contract.states import (
+    CanaryStep,
+    ConditionType,
+    Phase,
+    RolloutStage,
+    SidecarState,
+)
 
 from .planner import PAUSED_REASON, Plan, RolloutState
 from .pods import PodView
@@ -26,7 +32,8 @@ _ROLLOUT_KEYS = {_camel(k): k for k in RolloutState.__dataclass_fields__}
 def rollout_to_status(state: RolloutState) -> dict[str, Any]:
     """``status.rollout``: the state's fields in camelCase, enums as their values."""
     return {
-        _camel(k): (str(v) if isinstance(v, RolloutStage) else v) for k, v in asdict(state).items()
+        _camel(k): (str(v) if isinstance(v, (RolloutStage, CanaryStep)) else v)
+        for k, v in asdict(state).items()
     }
 
 
@@ -37,6 +44,8 @@ def rollout_from_status(raw: Any) -> RolloutState | None:
     fields = {_ROLLOUT_KEYS[k]: v for k, v in raw.items() if k in _ROLLOUT_KEYS}
     try:
         fields["stage"] = RolloutStage(fields.get("stage", RolloutStage.BATCHES))
+        # stored before the canary had steps: its canary was live from the start
+        fields["canary_step"] = CanaryStep(fields.get("canary_step", CanaryStep.LIVE))
         return RolloutState(**fields)
     except (TypeError, ValueError):
         return None

@@ -298,6 +298,7 @@ CRD_DEFAULTS = {
     "canary.manualPromote": defaults.MANUAL_PROMOTE,
     "canary.trafficPercent": defaults.CANARY_TRAFFIC_PERCENT,
     "canary.shadowPercent": defaults.CANARY_SHADOW_PERCENT,
+    "canary.shadow.percent": defaults.CANARY_SHADOW_STEP_PERCENT,
     "canary.analysis.intervalSeconds": defaults.ANALYSIS_INTERVAL_SECONDS,
     "canary.analysis.minRequests": defaults.ANALYSIS_MIN_REQUESTS,
     "canary.analysis.failureLimit": defaults.ANALYSIS_FAILURE_LIMIT,

@@ -83,6 +83,18 @@ REFUSED = {
         {"store": {}},
         '"spec.store" must validate one and only one schema (oneOf)',
     ),
+    # issue 31: a shadow step asked for where it cannot run, refused naming the field
+    "a shadow step with one version retained": (
+        {
+            "canary": {"percent": 25, "shadow": {"enabled": True}, "analysis": {}},
+            "retainVersions": 1,
+        },
+        "spec.canary.shadow.enabled needs spec.retainVersions of at least 2",
+    ),
+    "a shadow step without analysis": (
+        {"canary": {"percent": 25, "shadow": {"enabled": True}}},
+        "spec.canary.shadow.enabled needs spec.canary.analysis",
+    ),
 }
 
 

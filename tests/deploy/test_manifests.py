@@ -220,6 +220,18 @@ BAD_SPECS = {
     "no failure allowed": {"canary": {"percent": 10, "analysis": {"failureLimit": 0}}},
     "drift without shadow": {"canary": {"percent": 10, "analysis": {"maxOutputDrift": 0.1}}},
     "prometheus without url": {"canary": {"percent": 10, "analysis": {"prometheus": {}}}},
+    # issue 31: the shadow step, asked for where it cannot run
+    "a shadow step without canary pods": {
+        "canary": {"shadow": {"enabled": True}, "analysis": {"minRequests": 10}}
+    },
+    "a shadow step with one version retained": {
+        "canary": {"percent": 10, "shadow": {"enabled": True}, "analysis": {}},
+        "retainVersions": 1,
+    },
+    "a shadow step without analysis": {"canary": {"percent": 10, "shadow": {"enabled": True}}},
+    "a shadow step mirroring nothing": {
+        "canary": {"percent": 10, "shadow": {"percent": 0}, "analysis": {}}
+    },
     "prometheus url with credentials": {
         "canary": {"percent": 10, "analysis": {"prometheus": {"url": "http://u:p@prom:9090"}}}
     },
@@ -527,6 +539,7 @@ SPEC_FIELDS: dict[str, Any] = {
         "manualPromote": BOOLEANS,
         "trafficPercent": _integer(0, 100),
         "shadowPercent": _integer(0, 100),
+        "shadow": {"enabled": BOOLEANS, "percent": _integer(1, 100)},
         "analysis": {
             "intervalSeconds": _number(1, 3600),
             "minRequests": _integer(1, 100_000),

@@ -112,7 +112,9 @@ def test_figures_are_the_difference_of_two_scrapes_of_real_prometheus_text() -> 
     # (a shadow run is one of v2's requests, and fails as often as its live answers)
     assert (f.live_requests, f.errors, f.shadow_requests, f.stable_requests) == (100, 138, 450, 900)
     assert f.requests == 550 and f.error_rate == pytest.approx(138 / 550)
-    assert f.non_finite == 2 * 75  # the live answers that were not 500s (shadows: compared)
+    # every run that was not a 500, live (75) or shadow (450 - 113): the server counts a
+    # shadow run's outputs as a live answer's
+    assert f.non_finite == 2 * (75 + 337)
     # NaN on one side is not comparable (+Inf): the quantile is the highest finite bound
     assert f.drift_p99 == canary.DRIFT_BUCKETS[-1]
     assert f.candidate_p99 is not None and 0.25 < f.candidate_p99 <= 0.5
@@ -209,20 +211,25 @@ def test_shadow_engine_time_without_a_stable_reference_is_inconclusive() -> None
 
 # --- the planner ------------------------------------------------------------------------
 def test_an_in_pod_canary_carries_the_policy_passes_and_is_promoted() -> None:
+    """The shadow step's policy (no live share, every stable answer mirrored) until its
+    check passes, then the live step's."""
     cluster = SimCluster(4, "v1")
     sp = spec({"trafficPercent": 10, "shadowPercent": 50})
     traffic = Traffic({"v1": GOOD, "v2": GOOD})
-    seen_policies: set[str | None] = set()
+    seen_policies: list[str | None] = []
     for _ in range(200):
         plan = cluster.step(sp, read=traffic.read(sp))
         traffic.serve(cluster)
         if plan.state.stage == CANARY:
-            seen_policies |= {p.policy for p in cluster.pods if p.target == "v2"}
+            for policy in {p.policy for p in cluster.pods if p.target == "v2"} - {None}:
+                if policy not in seen_policies:
+                    seen_policies.append(policy)
             assert all(p.policy is None for p in cluster.pods if p.target == "v1")
         if plan.phase is Phase.AVAILABLE:
             break
+    shadow = TrafficPolicy("v1", "v2", 0, 100).to_annotation()
     expected = TrafficPolicy("v1", "v2", 10, 50).to_annotation()
-    assert seen_policies == {expected}
+    assert seen_policies == [shadow, expected]
     assert all(p.policy is None for p in cluster.pods)  # removed at the promotion
     assert cluster.serving() == {"v2": 4}
     assert plan.analysis is not None and plan.analysis.last_result is Result.PASSED
@@ -245,34 +252,46 @@ MODES = {
     "shadow": {"shadowPercent": 50},
     "pods": {},
 }
-# drift and argmax are measured on shadowed requests only; a shadow's outputs are
-# compared, not counted, so NaN shows as a drift of +Inf there
+# drift and argmax are measured on shadowed requests only; a shadow run's outputs are
+# counted as a live answer's (the server's candidate.infer), and compared too, so NaN
+# shows both as non-finite outputs and as a drift of +Inf there
 CASES = [
     pytest.param(BAD[bad], MODES[mode], id=f"{mode}-{bad}")
     for bad in BAD
     for mode in MODES
     if not (mode == "pods" and bad in ("wrong outputs", "other classes"))
-    and not (mode == "shadow" and bad == "NaN")
 ] + [
     pytest.param(
         (Behaviour(non_finite=1), {"maxOutputDrift": 1.0}, "drift p99 10 > 1"),
         MODES["shadow"],
-        id="shadow-NaN",
+        id="shadow-NaN-drift",
     )
 ]
 
 
+@pytest.mark.parametrize("shadow_step", [True, False], ids=["shadow-step", "live-only"])
 @pytest.mark.parametrize(("bad", "canary"), CASES)
 def test_a_bad_candidate_is_rolled_back_after_failure_limit_checks(
-    bad: tuple[Behaviour, dict, str], canary: dict
+    bad: tuple[Behaviour, dict, str], canary: dict, shadow_step: bool
 ) -> None:
+    """Caught whether the canary starts with its shadow step (the default with analysis:
+    then before the candidate ever answered a user) or is live from the start."""
     behaviour, thresholds, words = bad
-    sp = spec(canary, **thresholds)
+    sp = spec({**canary, "shadow": {"enabled": shadow_step}}, **thresholds)
     cluster = SimCluster(4, "v1")
-    plan = run(cluster, sp, Traffic({"v1": GOOD, "v2": behaviour}))
+    traffic = Traffic({"v1": GOOD, "v2": behaviour})
+    plan = run(cluster, sp, traffic)
     assert plan.state.stage == FAILED and plan.state.rolled_back
     assert (plan.phase, plan.reason) == (Phase.DEGRADED, "AnalysisFailed")
     assert words in plan.message and "failureLimit 2" in plan.message, plan.message
+    live = sum(server.live_answers("v2") for server in traffic.servers.values())
+    if shadow_step:
+        assert "failed in the shadow step" in plan.message and plan.state.canary_step == "shadow"
+        assert live == 0  # no user ever got an answer of the bad version
+    else:
+        assert "step" not in plan.message
+        mirrored_only = canary.get("shadowPercent") and not canary.get("trafficPercent")
+        assert live > 0 or mirrored_only
     for _ in range(5):  # the canary pods went back, and stay there
         cluster.step(sp)
     assert cluster.serving() == {"v1": 4}
@@ -339,7 +358,7 @@ def test_a_restarted_operator_continues_from_the_status() -> None:
 
 
 def test_status_analysis_keeps_the_last_scrape_while_the_canary_is_held() -> None:
-    sp = spec({"trafficPercent": 20}, minRequests=5)
+    sp = spec({"trafficPercent": 20, "shadow": {"enabled": False}}, minRequests=5)
     cluster = SimCluster(4, "v1")
     traffic = Traffic({"v1": GOOD, "v2": GOOD})
     for _ in range(30):
@@ -373,7 +392,7 @@ def test_a_new_target_drops_the_policy_of_an_abandoned_canary() -> None:
 
 
 def test_a_failing_analysis_rolls_back_even_while_awaiting_promotion() -> None:
-    sp = spec({"trafficPercent": 20, "manualPromote": True})
+    sp = spec({"trafficPercent": 20, "manualPromote": True, "shadow": {"enabled": False}})
     cluster = SimCluster(4, "v1")
     plan = run(cluster, sp, Traffic({"v1": GOOD, "v2": Behaviour(non_finite=3)}))
     assert plan.reason == "AnalysisFailed" and cluster.serving() == {"v1": 4}

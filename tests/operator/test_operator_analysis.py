@@ -204,10 +204,11 @@ async def test_a_good_candidate_passes_its_checks_and_is_promoted(harness: Harne
 
 
 async def test_a_canary_of_whole_pods_is_compared_with_the_stable_pods(harness: Harness) -> None:
-    """No traffic policy: the canary pod serves the candidate only, and the reference
-    latency is the stable pods' (read from their own /metrics)."""
+    """No traffic policy (and no shadow step, whose policy mirrors requests): the canary
+    pod serves the candidate only, and the reference latency is the stable pods' (read
+    from their own /metrics)."""
     harness.pods.behaviours = {"v1": GOOD, "v2": Behaviour(latency_s=0.5)}
-    await roll_out_v2(harness)
+    await roll_out_v2(harness, shadow={"enabled": False})
     status = await harness.wait(lambda s: s.get("phase") == "Degraded")
     message = condition(status, "Degraded")["message"]
     assert "p99 latency x" in message and "vs stable 10.0ms" in message, message
@@ -219,8 +220,14 @@ async def test_no_traffic_holds_the_canary_inconclusive_and_never_promotes(
 ) -> None:
     harness.pods.requests_per_tick = 0  # nobody sends a request
     await roll_out_v2(harness, trafficPercent=25)
-    status = await harness.wait(lambda s: s.get("message", "").endswith("after a passed check"))
-    assert status["phase"] == "Canary" and status["analysis"]["lastResult"] == "Inconclusive"
+    # held in its shadow step (the default with analysis), which says so from the start
+    status = await harness.wait(
+        lambda s: (
+            s.get("message", "").endswith("after a passed check")
+            and (s.get("analysis") or {}).get("lastResult") == "Inconclusive"
+        )
+    )
+    assert status["phase"] == "Canary" and status["rollout"]["canaryStep"] == "shadow"
     assert "fewer than minRequests 20" in status["analysis"]["message"]
     # past the pause (three more checks, each a second after the last): still held,
     # nothing promoted or rolled back

@@ -144,8 +144,9 @@ def analysed_manual_spec():  # type: ignore[no-untyped-def]
     analysis = {"intervalSeconds": 2, "minRequests": 10, "failureLimit": 2}
     return spec(
         version="v2",
-        canary={"percent": 25, "trafficPercent": 20, "manualPromote": True, "analysis": analysis},
-    )
+        canary={"percent": 25, "trafficPercent": 20, "manualPromote": True, "analysis": analysis,
+                "shadow": {"enabled": False}},
+    )  # fmt: skip
 
 
 def test_with_analysis_the_promote_annotation_approves_and_a_passed_check_promotes() -> None:

@@ -1,0 +1,85 @@
+"""``kubectl model status`` shows the canary's step (issue 31): shadow, where the candidate
+answers only mirrored requests, then live; with the analysis' checks beside it, in the
+text view and in ``-o json``."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from model_rollout_cli.commands import status_json
+from model_rollout_cli.view import render
+
+NOW = datetime(2026, 12, 3, 9, 0, 0, tzinfo=timezone.utc)
+SHADOW_RESULT = "passed at check 2 (0 failed): 120 requests (0 live, 120 shadowed)"
+
+
+def resource(rollout: dict[str, Any], phase: str = "Canary", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "mlp", "namespace": "ml", "generation": 4},
+        "spec": {"model": "mlp", "version": "v3", "replicas": 4},
+        "status": {
+            "phase": phase,
+            "observedGeneration": 4,
+            "currentVersion": "v2",
+            "targetVersion": "v3",
+            "rollout": {"toVersion": "v3", "fromVersion": "v2", "startedAt": 1e9, **rollout},
+            **status,
+        },
+    }
+
+
+def lines(md: dict[str, Any]) -> list[str]:
+    return render(md, [], [], NOW).splitlines()
+
+
+def test_the_shadow_step_and_its_checks_are_shown() -> None:
+    md = resource(
+        {"stage": "canary", "canaryStep": "shadow"},
+        message="canary step shadow: v3 answers only mirrored requests",
+        analysis={"lastResult": "Inconclusive", "checks": 1, "failures": 0, "message": "few"},
+    )
+    shown = lines(md)
+    at = shown.index(
+        "Canary step: shadow (the candidate answers only mirrored requests; live after a"
+        " passed check)"
+    )
+    assert shown[at + 1] == "Analysis:    Inconclusive (1 checks, 0 failed): few"
+    assert "Message:     canary step shadow: v3 answers only mirrored requests" in shown
+    raw = json.loads(status_json(md, [], []))
+    assert raw["status"]["rollout"]["canaryStep"] == "shadow"
+
+
+def test_the_live_step_says_how_the_shadow_step_went() -> None:
+    md = resource(
+        {"stage": "canary", "canaryStep": "live", "shadowResult": SHADOW_RESULT},
+        analysis={"lastResult": "Passed", "checks": 3, "failures": 0, "message": "ok"},
+    )
+    assert f"Canary step: live (shadow step {SHADOW_RESULT})" in lines(md)
+    raw = json.loads(status_json(md, [], []))
+    assert raw["status"]["rollout"]["shadowResult"] == SHADOW_RESULT
+
+
+def test_a_canary_rolled_back_in_its_shadow_step_says_no_user_saw_the_candidate() -> None:
+    md = resource({"stage": "failed", "canaryStep": "shadow", "rolledBack": True}, phase="Degraded")
+    assert (
+        "Canary step: shadow (rolled back in this step; no user got an answer of the candidate)"
+        in lines(md)
+    )
+    live = resource(
+        {"stage": "failed", "canaryStep": "live", "shadowResult": SHADOW_RESULT,
+         "rolledBack": True},
+        phase="Degraded",
+    )  # fmt: skip
+    assert "Canary step: live (rolled back in this step)" in lines(live)
+
+
+def test_no_step_is_shown_without_a_shadow_step_or_once_the_canary_is_over() -> None:
+    for rollout in (
+        {"stage": "canary", "canaryStep": "live"},  # live from the start
+        {"stage": "canary"},  # written by an operator before steps
+        {"stage": "batches", "canaryStep": "live", "shadowResult": SHADOW_RESULT},
+        {"stage": "failed", "canaryStep": "shadow"},  # a load refused: not a rollback
+    ):
+        assert not any(line.startswith("Canary step:") for line in lines(resource(rollout)))
