@@ -74,4 +74,5 @@ class ConditionType(_StrEnum):
     CHILDREN_READY = "ChildrenReady"  # False: an object it must create exists, not its own
     STORE_REACHABLE = "StoreReachable"  # False: the target could not be checked; holding
     SIGNATURES_VERIFIED = "SignaturesVerified"  # False: allowUnsigned, nothing is verified
+    PODS_SCHEDULABLE = "PodsSchedulable"  # False: the scheduler cannot place a pod (why)
     READY = "Ready"  # kstatus-style summary: Available, up to date, nothing failing

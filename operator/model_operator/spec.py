@@ -18,6 +18,7 @@ from model_rollout_contract.redact import redact
 from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
 
 from .errors import SpecError
+from .placement import ContainerResources, PodSettings, parse_pod, parse_resources
 
 PRECISIONS = defaults.PRECISIONS
 BACKENDS = ("tensorrt", "onnxruntime", "torch")
@@ -252,6 +253,9 @@ class ModelDeploymentSpec:
     tenant_models: tuple[TenantModelSpec, ...] = ()  # with tenants_secret only
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    # where the pods run and what their other containers ask for (placement.py)
+    pod: PodSettings = field(default_factory=PodSettings)
+    containers: ContainerResources = field(default_factory=ContainerResources)
 
     def canary_pods(self) -> int:
         if self.canary.percent <= 0 or self.replicas == 0:
@@ -459,6 +463,8 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     cpu = _quantity(resources, "cpu", problems, "spec.resources.")
     memory = _quantity(resources, "memory", problems, "spec.resources.")
     model_storage = _quantity(resources, "modelStorage", problems, "spec.resources.")
+    containers = parse_resources(resources, problems)
+    pod = parse_pod(raw.get("pod"), problems)
 
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})
     tenants_secret = _object_name(tenants, "secretName", problems, "spec.tenants.")
@@ -519,6 +525,8 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         tenant_models=tenant_models,
         sidecar=sidecar,
         server=server,
+        pod=pod,
+        containers=containers,
     )
 
 
