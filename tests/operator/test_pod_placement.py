@@ -11,11 +11,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from model_operator import cluster
-from model_operator.manifests import SPEC_KEYS, deployment, labels, pod_rbac
+from model_operator.manifests import SPEC_KEYS, children, deployment, labels, pod_rbac
 from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
 from model_operator.pods import PodView, pod_view
 from model_operator.spec import SpecError, parse_spec
@@ -90,6 +91,18 @@ def test_spec_pod_reaches_the_pod_template() -> None:
     spec_obj = parse_spec(example(pod=POD)["spec"])
     [account] = [o for o in pod_rbac("resnet", "ml", spec_obj) if o["kind"] == "ServiceAccount"]
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("models")
+
+
+def test_the_placement_examples_children_are_valid_kubernetes_objects() -> None:
+    [doc] = yaml.safe_load_all(
+        (ROOT / "examples" / "modeldeployment-gpu-placement.yaml").read_text()
+    )
+    spec = parse_spec(doc["spec"])
+    for obj in children("ranker", "ml-serving", spec, spec.version):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    [deployment_] = [o for o in children("ranker", "ml", spec, "v1") if o["kind"] == "Deployment"]
+    pod = deployment_["spec"]["template"]["spec"]
+    assert pod["tolerations"] == doc["spec"]["pod"]["tolerations"]
 
 
 def test_a_spec_without_pod_settings_writes_none_of_them() -> None:
