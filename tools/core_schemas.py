@@ -12,10 +12,12 @@ each field's schema, made structural, between its marker comments in the CRD:
 Made structural (a CRD's schema may not refer or branch): each ``$ref`` (and the
 ``allOf: [$ref]`` wrapping one) replaced by what it names; descriptions dropped (the CRD
 stays readable; the field's own description is the CRD's, above the markers); the
-strategic-merge markers a CRD does not take dropped (``x-kubernetes-patch-*``); a
+strategic-merge markers a CRD does not take dropped (``x-kubernetes-patch-*``); the
+defaults dropped (the Go types' zero values, which a CRD refuses where they are no valid
+value), so a list-map's keys are required instead (an image pull secret's name); a
 Quantity (``oneOf`` string or number) written as controller-gen writes it, an integer
 or a string of Kubernetes' quantity pattern. The list and map markers
-(``x-kubernetes-list-type``, ``-list-map-keys``, ``-map-type``), formats and defaults
+(``x-kubernetes-list-type``, ``-list-map-keys``, ``-map-type``), enums and formats
 stay. ``tests/deploy/test_core_schemas.py`` compares the CRD with what the session's API
 server serves, so that the two cannot drift apart.
 
@@ -48,7 +50,13 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-DROPPED = {"description", "x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key"}
+# descriptions (readability), the strategic-merge markers a CRD does not take, and the
+# defaults: the served ones are the Go types' zero values ("", 0, {}), which a CRD
+# refuses where they are no valid value (an operator of ""), and the Deployment's own
+# defaulting applies Kubernetes' real ones
+DROPPED = {
+    "description", "x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key", "default",
+}  # fmt: skip
 # the CRD's fields that are core types: (path under the spec, type, property of it or
 # None for the type itself, the properties kept or None for all)
 FRAGMENTS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = (
@@ -95,7 +103,13 @@ def structural(node: Any, schemas: dict[str, Any]) -> Any:
         else:
             target = structural(schemas[name], schemas)
         node = {**target, **node}
-    return {k: structural(v, schemas) for k, v in node.items() if k not in DROPPED}
+    out = {k: structural(v, schemas) for k, v in node.items() if k not in DROPPED}
+    keys = out.get("x-kubernetes-list-map-keys")
+    if keys and isinstance(out.get("items"), dict):  # a map's keys: required, or defaulted
+        items = out["items"]
+        required = list(items.get("required") or [])
+        items["required"] = required + [k for k in keys if k not in required]
+    return out
 
 
 def fragment(openapi: dict[str, Any], type_name: str, prop: str | None,

@@ -325,13 +325,6 @@ CRD_DEFAULTS = {
 }
 
 
-# the CRD's fields that are core types, inlined by tools/core_schemas.py
-CORE_FRAGMENTS = {
-    "pod.nodeSelector", "pod.tolerations", "pod.affinity", "pod.topologySpreadConstraints",
-    "pod.imagePullSecrets", "resources.sidecar", "resources.prefetch",
-}  # fmt: skip
-
-
 def crd_defaults() -> dict[str, object]:
     """Every default of the CRD's spec, by the field's dotted path."""
     [crd] = [d for d in yaml.safe_load_all((ROOT / "deploy/crds/modeldeployment.yaml").read_text())]
@@ -339,8 +332,6 @@ def crd_defaults() -> dict[str, object]:
     found: dict[str, object] = {}
 
     def walk(node: dict, path: str) -> None:
-        if path in CORE_FRAGMENTS:  # a core type's schema: its defaults are Kubernetes'
-            return
         if "default" in node:
             found[path] = node["default"]
         for name, child in (node.get("properties") or {}).items():

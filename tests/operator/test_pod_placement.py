@@ -276,7 +276,7 @@ UNSCHEDULABLE = {
     "status": "False",
     "reason": "Unschedulable",
     "message": "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector,"
-    " 1 node(s) had untolerated taint {nvidia.com/gpu: present}.",
+    " 1 node(s) had untolerated taint(s).",
 }
 
 
