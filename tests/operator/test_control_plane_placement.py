@@ -186,3 +186,45 @@ def test_a_limit_range_that_requires_limits_admits_the_pods(
         for container in [*spec["initContainers"], *spec["containers"]]:
             limits = (container.get("resources") or {}).get("limits") or {}
             assert {"cpu", "memory"} <= set(limits), container["name"]
+
+
+def test_what_the_spec_drops_leaves_the_deployment_and_the_account(
+    control_plane: ControlPlane, namespace: str, operator: Operator
+) -> None:
+    """A merge patch alone only adds: a label, a node selector key or an account's
+    annotation the spec no longer gives would stay (and keep pods off nodes). They go;
+    what another tool wrote (``kubectl rollout restart``'s annotation) stays."""
+    admin = control_plane.kubectl
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/models"}
+    admin.apply(model_deployment(namespace, store=S3, pod={
+        "nodeSelector": {"pool": "a", "zone": "z1"}, "labels": {"team": "vision"},
+        "serviceAccountAnnotations": role,
+    }))  # fmt: skip
+
+    def template() -> dict[str, Any]:
+        found = get(admin, "deployment", "mlp", "-n", namespace) or {}
+        return dict((found.get("spec") or {}).get("template") or {})
+
+    def account() -> dict[str, str]:
+        found = get(admin, "serviceaccount", "model-sidecar-mlp", "-n", namespace) or {}
+        return dict(found.get("metadata", {}).get("annotations") or {})
+
+    wait_for("the labelled template", lambda: template().get("metadata", {}).get("labels", {})
+             .get("team") == "vision", operator)  # fmt: skip
+    assert account().items() >= role.items()
+    admin("rollout", "restart", "deployment/mlp", "-n", namespace)
+    admin(
+        "patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
+        '{"spec": {"pod": {"nodeSelector": {"pool": "b", "zone": null}, "labels": null,'
+        ' "serviceAccountAnnotations": null}}}',  # a merge patch of the resource: null drops
+    )  # fmt: skip
+
+    def dropped() -> dict[str, Any] | None:
+        now = template()
+        return now if now["spec"].get("nodeSelector") == {"pool": "b"} else None
+
+    now = wait_for("the template without what the spec dropped", dropped, operator)
+    assert "team" not in now["metadata"]["labels"], now["metadata"]["labels"]
+    assert "kubectl.kubernetes.io/restartedAt" in now["metadata"]["annotations"]
+    wait_for("the account without its role", lambda: not account().keys() & role.keys(),
+             operator)  # fmt: skip
