@@ -12,7 +12,10 @@ BACKEND = "tensorrt"  # the production backend
 # on TensorRT 10 only; int8 needs an explicitly quantized (Q/DQ) graph
 PRECISION = "model"
 PRECISIONS = ("model", "fp32", "fp16", "int8")
-GPUS = 1  # nvidia.com/gpu per pod
+GPUS = 1  # GPU_RESOURCE per pod
+# the extended resource the GPUs are asked as (spec.resources.gpuResource): a whole GPU, or
+# a MIG slice such as nvidia.com/mig-1g.10gb
+GPU_RESOURCE = "nvidia.com/gpu"
 CANARY_PERCENT = 0  # share of pods in the canary; 0 = no canary stage
 CANARY_PAUSE_SECONDS = 30.0  # hold a healthy canary this long before promoting
 MANUAL_PROMOTE = False  # hold the canary until the promote annotation names the version
@@ -111,3 +114,9 @@ MAX_CONCURRENT_DOWNLOADS = 1  # downloads at once per sidecar
 START_JITTER_SECONDS = 2.0
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
+# the resources of the sidecar and of the init container (and of each tenant model's), as a
+# container's `resources:`; spec.resources.sidecar and spec.resources.prefetch replace them
+# whole. Small, and with limits, so that a namespace whose LimitRange or ResourceQuota
+# requires limits admits the pods (downloads stream to the volume: memory stays flat)
+SIDECAR_REQUESTS = (("cpu", "50m"), ("memory", "128Mi"))
+SIDECAR_LIMITS = (("cpu", "1"), ("memory", "512Mi"))

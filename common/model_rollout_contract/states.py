@@ -84,4 +84,5 @@ class ConditionType(_StrEnum):
     STORE_REACHABLE = "StoreReachable"  # False: the target could not be checked; holding
     SIGNATURES_VERIFIED = "SignaturesVerified"  # False: allowUnsigned, nothing is verified
     PAUSED = "Paused"  # True while spec.paused holds the rollout (kubectl model pause)
+    PODS_SCHEDULABLE = "PodsSchedulable"  # False: the scheduler cannot place a pod (why)
     READY = "Ready"  # kstatus-style summary: Available, up to date, nothing failing

@@ -15,7 +15,7 @@ from typing import Any
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.helm_chart import NAMESPACE, RELEASE, render_chart
 from model_rollout_e2e.identities import Identity
-from model_rollout_e2e.processes import ChildProcess, free_port, http_ok
+from model_rollout_e2e.processes import ChildProcess, free_port, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "model-rollout"
@@ -41,7 +41,13 @@ def install_chart(cluster: ControlPlane) -> Identity:
     apply is idempotent); the operator's identity (a fresh token)."""
     admin = cluster.kubectl
     admin("apply", "--server-side", "-f", str(CRD))
-    admin("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
+    # kubectl wait fails at once on a CRD whose status has no conditions yet (a large
+    # schema takes the API server a moment): asked again until it has them
+    wait_until(
+        lambda: admin.run("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                          str(CRD)).code == 0,
+        90, interval_s=0.5, what="the CRD established",
+    )  # fmt: skip
     if admin.run("get", "namespace", NAMESPACE).code != 0:
         admin("create", "namespace", NAMESPACE)
     admin.apply(*chart_rbac(), *chart_objects(POLICY_KINDS))

@@ -5,7 +5,8 @@ nowhere (:class:`~.container_runtime.SimulatedContainers`, for scale tests).
 It acts as a node does, with a node's credentials (``system:node:<name>``, so the Node
 authorizer and NodeRestriction judge every call): registers its Node (capacity and
 allocatable cpu, memory, pods, ``nvidia.com/gpu``; the Ready condition; the
-``kubernetes.io/hostname``/``os``/``arch`` labels), renews its Lease in
+``kubernetes.io/hostname``/``os``/``arch`` labels and any others; taints, as a
+kubelet's ``--register-with-taints``), renews its Lease in
 ``kube-node-lease`` every ``lease_renew_s`` (10 s, as a kubelet) on a thread of its own
 (:mod:`.node_heartbeat`) so the node-lifecycle controller keeps it Ready and untainted,
 and sets its Ready condition back if that controller changed it, watches the pods the
@@ -69,13 +70,16 @@ class NodeAgent:
         pods: int = 1100,
         gpus: int = 8,
         labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+        extended: dict[str, str] | None = None,
         volume_refresh_s: float = 60.0,
         token_max_age_s: float | None = None,
         restart_backoff_s: float = 10.0,
         lease_renew_s: float = 10.0,
         status_sync_s: float = 10.0,
     ) -> None:
-        """``kubeconfig``: the node's (``ControlPlane.node_kubeconfig``). Downward API
+        """``kubeconfig``: the node's (``ControlPlane.node_kubeconfig``); ``extended``:
+        more extended resources it offers (``nvidia.com/mig-1g.10gb``). Downward API
         and ConfigMap files and tokens are refreshed every ``volume_refresh_s`` (a real
         kubelet: about 60 s); tokens are renewed at 80 % of their lifetime or after
         ``token_max_age_s``; a crashed container restarts after ``restart_backoff_s``,
@@ -84,8 +88,10 @@ class NodeAgent:
         self.runtime = runtime
         self.name = name
         resources = {"cpu": cpu, "memory": memory, "pods": str(pods),
-                     "nvidia.com/gpu": str(gpus), "ephemeral-storage": "100Gi"}  # fmt: skip
+                     "nvidia.com/gpu": str(gpus), "ephemeral-storage": "100Gi",
+                     **(extended or {})}  # fmt: skip
         self.resources = resources
+        self.taints = list(taints or [])  # registered with them, as --register-with-taints
         self.labels = {
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
@@ -152,6 +158,7 @@ class NodeAgent:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": self.name, "labels": self.labels},
+            "spec": {"taints": self.taints} if self.taints else {},
         }
         try:
             created = await json_call(self._core.create_node(node, _preload_content=False))

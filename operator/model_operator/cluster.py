@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -17,7 +19,9 @@ from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 from .constants import GROUP, PLURAL, VERSION
 from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
+from .manifests import OWNED_FIELDS, SPEC_KEYS
 from .planner import SetTarget
+from .status import merge_patch
 
 _PATHS = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
@@ -118,10 +122,61 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
         "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
     }
     patch.update({k: obj[k] for k in _MUTABLE if k in obj})
+    patch = with_removals(existing, patch, obj["kind"])
     if _contains(existing, patch):
         return ApplyResult.UNCHANGED
     await api.merge_patch(f"{base}/{meta['name']}", patch)
     return ApplyResult.UPDATED
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _put(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    *parents, last = path
+    for key in parents:
+        obj = obj.setdefault(key, {})
+    obj[last] = value
+
+
+def _recorded(obj: Any) -> dict[str, list[str]]:
+    """The :data:`~.manifests.SPEC_KEYS` record of a child (none: an empty one)."""
+    try:
+        record = json.loads(str(_at(obj, ("metadata", "annotations", SPEC_KEYS)) or "{}"))
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``patch`` with what must go from ``existing`` as nulls (a merge patch's deletion):
+    the fields the operator owns whole that the spec no longer asks for, or the keys of
+    them it dropped (:data:`~.manifests.OWNED_FIELDS`), and the keys of shared maps that
+    the spec gave before and gives no more (:data:`~.manifests.SPEC_KEYS`)."""
+    patch = copy.deepcopy(patch)
+    for path in OWNED_FIELDS.get(kind, ()):
+        live, want = _at(existing, path), _at(patch, path)
+        if live is None:
+            continue
+        if want is None:
+            _put(patch, path, None)
+        elif isinstance(live, dict) and isinstance(want, dict):
+            _put(patch, path, merge_patch(live, want))
+    now = _recorded(patch)
+    for dotted, keys in _recorded(existing).items():
+        path = tuple(dotted.split("."))
+        live = _at(existing, path)
+        if not isinstance(live, dict) or not isinstance(keys, list):
+            continue
+        for key in set(keys) - set(now.get(dotted) or ()) - {SPEC_KEYS}:
+            if key in live:
+                _put(patch, (*path, key), None)
+    return patch
 
 
 async def replace_status(

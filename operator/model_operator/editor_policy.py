@@ -48,7 +48,7 @@ EDITOR_SPEC_FIELDS = ("version", "paused")
 SPEC_FIELDS = (
     "model", "image", "sidecarImage", "replicas", "backend", "precision", "store",
     "resources", "canary", "rollout", "retainVersions", "signingPublicKeySecret",
-    "allowUnsigned", "tenants", "sidecar", "server", "logging",
+    "allowUnsigned", "tenants", "sidecar", "server", "logging", "pod",
 )  # fmt: skip
 # the annotations the tools write: promote, abort and retry (the default track's and each
 # tenant track's ``.<track>``) and the one change-cause

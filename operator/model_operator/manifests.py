@@ -21,6 +21,7 @@ from model_rollout_contract.pins import pins_text
 from model_rollout_contract.tracks import track_keys
 
 from .admission_policy import sidecar_service_account
+from .placement import Requirements
 from .spec import ModelDeploymentSpec, TenantModelSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
@@ -112,12 +113,14 @@ def _tenant_sidecars(
             "name": f"prefetch-{tenant.track}",
             "args": argv.sidecar_argv("init", args),
             **common,
+            "resources": requirements(spec.containers.prefetch),
             "volumeMounts": [*own, api_mount],
         })  # fmt: skip
         sidecars.append({
             "name": f"sidecar-{tenant.track}",
             "args": argv.sidecar_argv("watch", args),
             **common,
+            "resources": requirements(spec.containers.sidecar),
             "ports": [{"name": f"sidecar-m{i + 1}", "containerPort": args.metrics_port}],
             "volumeMounts": [*own, control_mount, api_mount],
         })  # fmt: skip
@@ -271,7 +274,7 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if spec.gpus:
-        limits["nvidia.com/gpu"] = spec.gpus
+        limits[spec.containers.gpu_resource] = spec.gpus
     for key, value in (("cpu", spec.cpu), ("memory", spec.memory)):
         if value:
             limits[key] = requests[key] = value
@@ -281,6 +284,63 @@ def _resources(spec: ModelDeploymentSpec) -> dict[str, Any]:
     if requests:
         out["requests"] = requests
     return out
+
+
+def requirements(given: Requirements) -> dict[str, Any]:
+    """A container's ``resources:`` as the spec (or the contract's defaults) gives it."""
+    return {part: dict(amounts) for part, amounts in given.items() if amounts}
+
+
+def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The pod spec's fields that ``spec.pod`` sets (only those: an absent one is not
+    written, and :data:`OWNED_FIELDS` removes it from a live Deployment). A topology
+    spread constraint without a labelSelector counts this deployment's pods."""
+    pod = spec.pod
+    spread = [
+        {"labelSelector": {"matchLabels": selector(name)}, **constraint}
+        for constraint in pod.topology_spread
+    ]
+    fields: dict[str, Any] = {
+        "nodeSelector": dict(pod.node_selector),
+        "tolerations": [dict(t) for t in pod.tolerations],
+        "affinity": dict(pod.affinity or {}),
+        "topologySpreadConstraints": spread,
+        "priorityClassName": pod.priority_class,
+        "runtimeClassName": pod.runtime_class,
+        "imagePullSecrets": [dict(s) for s in pod.image_pull_secrets],
+    }
+    return {key: value for key, value in fields.items() if value}
+
+
+# what of the children the operator owns whole, by kind: a field the spec no longer asks
+# for is removed from the live object, an object loses the keys the spec dropped (a merge
+# patch alone only adds and changes: cluster.apply)
+OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": tuple(
+        ("spec", "template", "spec", key)
+        for key in (
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "topologySpreadConstraints",
+            "priorityClassName",
+            "runtimeClassName",
+            "imagePullSecrets",
+        )
+    ),
+}
+
+
+# maps the operator shares with others (the pod template's annotations hold kubectl
+# rollout restart's; an account's, a cloud's): the keys the spec gave are recorded in this
+# annotation of the child, so that those the spec drops later are removed (cluster.apply)
+# and nobody else's are
+SPEC_KEYS = f"{DOMAIN}/spec-keys"
+
+
+def spec_keys(maps: Mapping[tuple[str, ...], Mapping[str, str]]) -> str:
+    """The :data:`SPEC_KEYS` record: each map's path (dotted) and the keys it was given."""
+    return json.dumps({".".join(path): sorted(keys) for path, keys in maps.items()}, sort_keys=True)
 
 
 def _jwt_args(spec: ModelDeploymentSpec) -> argv.JwtArgs | None:
@@ -368,7 +428,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                 "rollingUpdate": {"maxUnavailable": spec.rollout.max_unavailable, "maxSurge": 1},
             },
             "template": {
-                "metadata": {"labels": pod_labels},
+                "metadata": pod_metadata(pod_labels, spec),
                 "spec": {
                     "serviceAccountName": sidecar_service_account(name),
                     "automountServiceAccountToken": False,  # mounted where needed only
@@ -383,6 +443,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "args": argv.sidecar_argv("init", sidecar_args),
                             "env": _sidecar_env(spec),
                             "securityContext": container_security_context(),
+                            "resources": requirements(spec.containers.prefetch),
                             "volumeMounts": [*mounts, api_mount],
                         },
                         *tenant_inits,
@@ -421,17 +482,35 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
                             "ports": [
                                 {"name": "sidecar-metrics", "containerPort": SIDECAR_METRICS_PORT}
                             ],
+                            "resources": requirements(spec.containers.sidecar),
                             "volumeMounts": [*mounts, control_mount, api_mount],
                         },
                         *tenant_sidecars,
                     ],
                     "volumes": volumes,
+                    **placement(name, spec),
                 },
             },
         },
     }
-    body["metadata"]["annotations"] = {SPEC_HASH: digest(body["spec"])}
+    given: dict[tuple[str, ...], Mapping[str, str]] = {
+        ("spec", "template", "metadata", "labels"): spec.pod.labels,
+        ("spec", "template", "metadata", "annotations"): spec.pod.annotations,
+    }
+    body["metadata"]["annotations"] = {
+        SPEC_HASH: digest(body["spec"]),
+        SPEC_KEYS: spec_keys(given),
+    }
     return body
+
+
+def pod_metadata(own_labels: dict[str, str], spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The pod template's labels (the spec's, then the operator's: the spec cannot name
+    them) and annotations (the spec's: the operator's are set on each pod later)."""
+    meta: dict[str, Any] = {"labels": {**spec.pod.labels, **own_labels}}
+    if spec.pod.annotations:
+        meta["annotations"] = dict(spec.pod.annotations)
+    return meta
 
 
 def service(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
@@ -493,11 +572,15 @@ def pod_rbac(name: str, namespace: str, spec: ModelDeploymentSpec) -> list[dict[
     patch to the token's own pod and the sidecar's own annotation."""
     account = sidecar_service_account(name)
     meta = {"name": account, "namespace": namespace, "labels": labels(name, spec)}
+    # the account's annotations (IRSA's role, workload identity's service account)
+    given = dict(spec.pod.service_account_annotations)
+    record = spec_keys({("metadata", "annotations"): given})
+    annotated = {**meta, "annotations": {**given, SPEC_KEYS: record}}
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": meta,
+            "metadata": annotated,
             "automountServiceAccountToken": False,  # the pod mounts a projected token
         },
         {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from model_rollout_contract.report import SidecarReport
@@ -28,13 +28,16 @@ class PodView:
     # every annotation of the pod, for the views of its other tracks (tenant models); a
     # part of its equality, so that an index keeping views sees a tenant track's change
     annotations: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # the scheduler cannot place it: its PodScheduled condition's (reason, message)
+    unscheduled: tuple[str, str] | None = None
 
     def of_track(self, keys: TrackKeys) -> PodView:
         """The same pod as one track's rollout sees it: that track's target, policy and
         sidecar report (readiness and address are the pod's)."""
         if keys == DEFAULT_TRACK:
             return self
-        return _view(self.name, dict(self.annotations), self.ready, self.ip, keys)
+        view = _view(self.name, dict(self.annotations), self.ready, self.ip, keys)
+        return replace(view, unscheduled=self.unscheduled)
 
     def holds(self, version: str) -> bool:
         """Swapping to ``version`` is a pointer swap: the server has it loaded."""
@@ -66,13 +69,26 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     conditions = (pod.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return _view(
+    view = _view(
         meta.get("name", ""),
         dict(meta.get("annotations") or {}),
         ready and not meta.get("deletionTimestamp"),
         (pod.get("status") or {}).get("podIP"),
         DEFAULT_TRACK,
     )
+    return replace(view, unscheduled=unscheduled(conditions))
+
+
+def unscheduled(conditions: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """Why the scheduler has not placed the pod (its PodScheduled condition, False:
+    reason ``Unschedulable`` or ``SchedulingGated``, and the scheduler's message), or
+    ``None`` when it has, or has not said yet."""
+    for condition in conditions:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("reason") or "Unschedulable"), str(
+                condition.get("message") or ""
+            )
+    return None
 
 
 def _view(

@@ -19,6 +19,7 @@ from model_rollout_contract.states import CanaryStep
 from model_rollout_contract.tracks import TRACK_PATTERN, TRACK_RULE
 
 from .errors import SpecError
+from .placement import ContainerResources, PodSettings, parse_pod, parse_resources
 
 PRECISIONS = defaults.PRECISIONS
 BACKENDS = ("tensorrt", "onnxruntime", "torch")
@@ -278,6 +279,9 @@ class ModelDeploymentSpec:
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     logging: LogArgs = field(default_factory=LogArgs)  # spec.logging: the pod's server and sidecars
+    # where the pods run and what their other containers ask for (placement.py)
+    pod: PodSettings = field(default_factory=PodSettings)
+    containers: ContainerResources = field(default_factory=ContainerResources)
 
     def canary_pods(self) -> int:
         if self.canary.percent <= 0 or self.replicas == 0:
@@ -485,6 +489,8 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
     cpu = _quantity(resources, "cpu", problems, "spec.resources.")
     memory = _quantity(resources, "memory", problems, "spec.resources.")
     model_storage = _quantity(resources, "modelStorage", problems, "spec.resources.")
+    containers = parse_resources(resources, problems)
+    pod = parse_pod(raw.get("pod"), problems)
 
     tenants = _get(raw, "tenants", dict, problems, "spec.", {})
     tenants_secret = _object_name(tenants, "secretName", problems, "spec.tenants.")
@@ -549,6 +555,8 @@ def parse_spec(raw: Any) -> ModelDeploymentSpec:
         sidecar=sidecar,
         server=server,
         logging=log_args,
+        pod=pod,
+        containers=containers,
     )
 
 

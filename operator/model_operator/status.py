@@ -180,6 +180,25 @@ def paused_condition(
     return condition(ConditionType.PAUSED, True, "RolloutPaused", message, now, existing)
 
 
+def schedulable_condition(
+    pods: list[PodView], now: float, existing: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``PodsSchedulable``: False while the scheduler cannot place a pod, with its
+    reason (``Unschedulable``, ``SchedulingGated``) and its message, which names why (no
+    node matches the selector or affinity, an untolerated taint, too few GPUs)."""
+    waiting = [p for p in pods if p.unscheduled is not None]
+    if not waiting:
+        return condition(
+            ConditionType.PODS_SCHEDULABLE, True, "Scheduled", "no pod waits for a node", now,
+            existing,
+        )  # fmt: skip
+    first = waiting[0]
+    reason, why = first.unscheduled or ("Unschedulable", "")
+    more = f" (and {len(waiting) - 1} more pods)" if len(waiting) > 1 else ""
+    message = f"pod {first.name} cannot be scheduled: {why or reason}{more}"
+    return condition(ConditionType.PODS_SCHEDULABLE, False, reason, message, now, existing)
+
+
 def build_status(
     plan: Plan,
     pods: list[PodView],
@@ -247,6 +266,8 @@ def build_status(
     )
     conditions.append(signatures_condition(signing_key, now, existing_conditions))
     conditions.append(paused_condition(paused, plan, now, existing_conditions))
+
+    conditions.append(schedulable_condition(pods, now, existing_conditions))
     healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
     conditions.append(
         condition(

@@ -7,6 +7,7 @@ openAPIV3Schema and its CEL rules: ``crd_validation``)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 from collections import Counter
@@ -44,6 +45,11 @@ def load_all(path: Path) -> list[dict[str, Any]]:
 
 
 SCHEMA = ResourceSchema.load(CRD)
+_core = importlib.util.spec_from_file_location("core_schemas", ROOT / "tools" / "core_schemas.py")
+assert _core is not None and _core.loader is not None
+core_schemas = importlib.util.module_from_spec(_core)
+_core.loader.exec_module(core_schemas)
+CORE_PATHS = {tuple(path.split(".")) for path, *_ in core_schemas.FRAGMENTS}
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
@@ -504,6 +510,64 @@ TENANT_MODELS = _field(
     [{"name": f"t{i}", "tenant": "a", "model": f"m{i}", "version": "v"} for i in range(17)],
 )
 NOT_AN_OBJECT = st.sampled_from([{}, 5, "x", [], True, None])
+# the core types' fields (tools/core_schemas.py): their values are the API server's to
+# judge, the operator checks their shape; so only wrong shapes are drawn as wrong values
+REQUIREMENTS = _field(
+    st.sampled_from([
+        {"limits": {"cpu": "1", "memory": "512Mi"}, "requests": {"cpu": "100m", "memory": 1 << 20}},
+        {"requests": {"memory": "64Mi"}}, {},
+    ]),
+    *["1", [], {"limits": "1"}, {"limits": {"cpu": "1 core"}}, {"requests": {"cpu": 0.5}}],
+    *[{"limits": {"memory": True}}, {"limits": {"memory": "1GB"}}],
+)  # fmt: skip
+GPU_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+            ]
+        }
+    }
+}
+POD_FIELDS = {
+    "nodeSelector": _field(st.sampled_from([{"gpu": "a100"}, {}]), {"gpu": 5}, [], "x"),
+    "tolerations": _field(
+        st.sampled_from([[{"key": "nvidia.com/gpu", "operator": "Exists"}], []]),
+        *[{}, "x", [5], ["a"]],
+    ),
+    "affinity": _field(st.sampled_from([GPU_AFFINITY, {}]), [], "x", 5),
+    "topologySpreadConstraints": _field(
+        st.sampled_from(
+            [
+                [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                    }
+                ],
+                [],
+            ]
+        ),
+        *[{}, "x", [5]],
+    ),
+    "imagePullSecrets": _field(st.sampled_from([[{"name": "registry"}], []]), ["r"], "x", {}),
+    "priorityClassName": OBJECT_NAMES,
+    "runtimeClassName": OBJECT_NAMES,
+    "labels": _field(
+        st.sampled_from([{"team": "vision", "example.com/tier": "gold"}, {}]),
+        *[{"serving.model-rollout.io/deployment": "x"}, {"app.kubernetes.io/name": "x"}],
+        *[{"bad key!": "x"}, {"team": "not a value!"}, {"team": 5}, [], "x"],
+    ),
+    "annotations": _field(
+        st.sampled_from([{"prometheus.io/scrape": "true", "note": "any text at all"}, {}]),
+        *[{"serving.model-rollout.io/target-version": "v9"}, {"bad key!": "x"}, {"a": 5}, []],
+    ),
+    "serviceAccountAnnotations": _field(
+        st.sampled_from([{"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/models"}, {}]),
+        *[{"serving.model-rollout.io/x": "y"}, {"bad key!": "x"}, {"a": 5}, "x"],
+    ),
+}
 
 # every field of the spec, as the CRD nests them (a test checks that none is missing)
 SPEC_FIELDS: dict[str, Any] = {
@@ -532,7 +596,15 @@ SPEC_FIELDS: dict[str, Any] = {
         "cpu": QUANTITIES,
         "memory": QUANTITIES,
         "modelStorage": QUANTITIES,
+        "gpuResource": _field(
+            st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "amd.com/gpu"]),
+            *["gpu", "kubernetes.io/gpu", "x.kubernetes.io/gpu", "Nvidia.com/gpu", "nvidia.com/"],
+            *["", 5],
+        ),
+        "sidecar": REQUIREMENTS,
+        "prefetch": REQUIREMENTS,
     },
+    "pod": POD_FIELDS,
     "canary": {
         "percent": _integer(0, 100),
         "pauseSeconds": _number(0, 4000),
@@ -673,10 +745,12 @@ def draw_spec(data: st.DataObject) -> dict[str, Any]:
 
 
 def _crd_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every field's path; a core type's field is one (its inside is the API server's)."""
     paths = set()
     for key, field in (schema.get("properties") or {}).items():
         paths.add((*prefix, key))
-        paths |= _crd_paths(field, (*prefix, key))
+        if (*prefix, key) not in CORE_PATHS:
+            paths |= _crd_paths(field, (*prefix, key))
     return paths
 
 

@@ -98,5 +98,6 @@ async def test_rollout_and_rollback_under_load_lose_nothing(
             "ChildrenReady": "True",
             "StoreReachable": "True",
             "SignaturesVerified": "True",
+            "PodsSchedulable": "True",
             "Ready": "True",
         }

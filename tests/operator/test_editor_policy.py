@@ -143,6 +143,7 @@ SPEC_CHANGES: dict[str, Any] = {
     "sidecar": {"maxConcurrentDownloads": 16},
     "server": {"processes": 16},
     "logging": {"level": "debug"},
+    "pod": {"nodeSelector": {"kubernetes.io/hostname": "attackers-node"}},
 }
 
 

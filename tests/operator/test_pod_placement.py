@@ -1,0 +1,303 @@
+"""Where the pods run and what they ask for (issue 32, item 1): ``spec.pod`` rendered into
+the pod template, resources for every container (defaults for the sidecars and init
+containers, the GPU's resource name), the operator's own labels and annotations kept
+its own, what the spec drops removed from the live children, and a pod the scheduler
+cannot place as a condition that says why. On a real scheduler:
+``test_control_plane_placement.py``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from model_operator import cluster
+from model_operator.manifests import SPEC_KEYS, children, deployment, labels, pod_rbac
+from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
+from model_operator.pods import PodView, pod_view
+from model_operator.spec import SpecError, parse_spec
+from model_operator.status import schedulable_condition
+from model_rollout_contract import defaults
+from tests.support.crd_validation import ResourceSchema
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "deploy" / "crds" / "modeldeployment.yaml"
+SCHEMA = ResourceSchema.load(CRD)
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+            ]
+        }
+    }
+}
+POD = {
+    "nodeSelector": {"node.example.com/pool": "gpu"},
+    "tolerations": [GPU_TOLERATION],
+    "affinity": AFFINITY,
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "ScheduleAnyway"},
+    ],
+    "priorityClassName": "serving-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "labels": {"team": "vision", "example.com/tier": "gold"},
+    "annotations": {"prometheus.io/scrape": "true"},
+    "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/models"},
+}  # fmt: skip
+
+
+def example(**changes: Any) -> dict[str, Any]:
+    [doc] = yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text())
+    doc["spec"].update(copy.deepcopy(changes))
+    return dict(doc)
+
+
+def pod_spec(**changes: Any) -> dict[str, Any]:
+    spec = parse_spec(example(**changes)["spec"])
+    return dict(deployment("resnet", "ml", spec)["spec"]["template"])
+
+
+def containers(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = template["spec"]
+    return {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
+
+
+def test_spec_pod_reaches_the_pod_template() -> None:
+    template = pod_spec(pod=POD)
+    spec = template["spec"]
+    assert spec["nodeSelector"] == POD["nodeSelector"]
+    assert spec["tolerations"] == [GPU_TOLERATION]
+    assert spec["affinity"] == AFFINITY
+    assert (spec["priorityClassName"], spec["runtimeClassName"]) == ("serving-high", "nvidia")
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    # a spread constraint without a labelSelector counts this deployment's pods
+    [spread] = spec["topologySpreadConstraints"]
+    assert spread["labelSelector"] == {
+        "matchLabels": {"serving.model-rollout.io/deployment": "resnet"}
+    }
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    meta = template["metadata"]
+    assert meta["labels"]["team"] == "vision" and meta["labels"]["example.com/tier"] == "gold"
+    assert meta["labels"]["serving.model-rollout.io/deployment"] == "resnet"  # still there
+    assert meta["annotations"] == {"prometheus.io/scrape": "true"}
+    spec_obj = parse_spec(example(pod=POD)["spec"])
+    [account] = [o for o in pod_rbac("resnet", "ml", spec_obj) if o["kind"] == "ServiceAccount"]
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("models")
+
+
+def test_the_placement_examples_children_are_valid_kubernetes_objects() -> None:
+    [doc] = yaml.safe_load_all(
+        (ROOT / "examples" / "modeldeployment-gpu-placement.yaml").read_text()
+    )
+    spec = parse_spec(doc["spec"])
+    for obj in children("ranker", "ml-serving", spec, spec.version):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    [deployment_] = [o for o in children("ranker", "ml", spec, "v1") if o["kind"] == "Deployment"]
+    pod = deployment_["spec"]["template"]["spec"]
+    assert pod["tolerations"] == doc["spec"]["pod"]["tolerations"]
+
+
+def test_a_spec_without_pod_settings_writes_none_of_them() -> None:
+    template = pod_spec()
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
+                "priorityClassName", "runtimeClassName", "imagePullSecrets"):  # fmt: skip
+        assert key not in template["spec"], key
+    assert "annotations" not in template["metadata"]
+
+
+def test_every_container_has_resources_with_limits() -> None:
+    """A namespace whose LimitRange or quota requires limits admits the pods: the server
+    has the spec's, the sidecars and init containers the contract's defaults."""
+    tenants = {
+        "secretName": "t",
+        "models": [{"name": "acme", "tenant": "acme", "model": "m", "version": "v1"}],
+    }
+    found = containers(pod_spec(tenants=tenants))
+    assert set(found) == {"prefetch", "prefetch-acme", "server", "sidecar", "sidecar-acme"}
+    default = {
+        "requests": dict(defaults.SIDECAR_REQUESTS),
+        "limits": dict(defaults.SIDECAR_LIMITS),
+    }
+    for name in ("prefetch", "prefetch-acme", "sidecar", "sidecar-acme"):
+        assert found[name]["resources"] == default, name
+    server = found["server"]["resources"]
+    assert server["limits"] == {"nvidia.com/gpu": 1, "memory": "16Gi"}  # the example's
+    assert server["requests"] == {"memory": "16Gi"}
+
+
+def test_the_sidecars_and_init_containers_resources_replace_the_default_whole() -> None:
+    sidecar = {"limits": {"cpu": "2", "memory": "1Gi"}}
+    prefetch = {"requests": {"cpu": "1"}, "limits": {"cpu": "4", "memory": "2Gi"}}
+    found = containers(
+        pod_spec(resources={"gpu": 1, "memory": "16Gi", "sidecar": sidecar, "prefetch": prefetch})
+    )
+    assert found["sidecar"]["resources"] == sidecar
+    assert found["prefetch"]["resources"] == prefetch
+
+
+@pytest.mark.parametrize(
+    ("resources", "limits"),
+    [
+        ({"gpu": 2}, {"nvidia.com/gpu": 2}),
+        ({"gpu": 1, "gpuResource": "nvidia.com/mig-1g.10gb"}, {"nvidia.com/mig-1g.10gb": 1}),
+        ({"gpu": 0, "gpuResource": "nvidia.com/mig-1g.10gb"}, None),
+    ],
+)
+def test_the_gpu_count_and_resource_name_are_the_specs(
+    resources: dict[str, Any], limits: dict[str, Any] | None
+) -> None:
+    server = containers(pod_spec(resources=resources))["server"]["resources"]
+    assert server.get("limits") == limits
+
+
+REFUSED = {
+    "an operator label": (
+        {"pod": {"labels": {"serving.model-rollout.io/deployment": "other"}}},
+        "spec.pod.labels may not set the operator's own labels",
+    ),
+    "the managed-by label": (
+        {"pod": {"labels": {"app.kubernetes.io/managed-by": "me"}}},
+        "spec.pod.labels may not set the operator's own labels",
+    ),
+    "an operator annotation": (
+        {"pod": {"annotations": {"serving.model-rollout.io/target-version": "v9"}}},
+        "spec.pod.annotations may not set the operator's own annotations",
+    ),
+    "an account annotation in the operator's domain": (
+        {"pod": {"serviceAccountAnnotations": {"serving.model-rollout.io/x": "y"}}},
+        "spec.pod.serviceAccountAnnotations may not set the operator's own annotations",
+    ),
+    "a label key with a space": (
+        {"pod": {"labels": {"bad key": "x"}}},
+        "spec.pod.labels: keys must be qualified names",
+    ),
+    "a GPU in kubernetes.io": (
+        {"resources": {"gpuResource": "kubernetes.io/gpu"}},
+        "spec.resources.gpuResource must be an extended resource",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED.values(), ids=REFUSED.keys())
+def test_the_operators_own_names_are_refused_by_both_sides(case: tuple[dict, str]) -> None:
+    change, words = case
+    doc = example(**change)
+    refusal = SCHEMA.problems(doc)
+    assert refusal and words in refusal[0], refusal
+    with pytest.raises(SpecError) as caught:
+        parse_spec(doc["spec"])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
+
+
+def test_the_operators_labels_are_the_ones_refused() -> None:
+    spec = parse_spec(example()["spec"])
+    for key in labels("resnet", spec):
+        assert key.startswith(OWN_PREFIX) or key in OPERATOR_LABELS, key
+
+
+def _live(obj: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(obj)
+
+
+def _patch(obj: dict[str, Any]) -> dict[str, Any]:
+    """What cluster.apply sends before the removals (metadata and the mutable fields)."""
+    meta = obj["metadata"]
+    patch: dict[str, Any] = {
+        "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta}
+    }
+    patch.update({k: obj[k] for k in ("spec",) if k in obj})
+    return patch
+
+
+def _deployment(**changes: Any) -> dict[str, Any]:
+    return deployment("resnet", "ml", parse_spec(example(**changes)["spec"]))
+
+
+def test_what_the_spec_drops_is_removed_from_the_live_deployment() -> None:
+    """A merge patch alone only adds: a node selector key, an affinity rule, a label or an
+    annotation the spec no longer gives would stay on the Deployment (and its pods)."""
+    live = _live(_deployment(pod=POD))
+    live["spec"]["template"]["metadata"].setdefault("annotations", {})[
+        "kubectl.kubernetes.io/restartedAt"
+    ] = "2026-12-06T09:00:00Z"  # kubectl rollout restart's: not the operator's
+    changed = {**POD, "nodeSelector": {"node.example.com/pool": "h100"}, "labels": {"team": "x"}}
+    del changed["affinity"], changed["annotations"]
+    patch = cluster.with_removals(live, _patch(_deployment(pod=changed)), "Deployment")
+    template = patch["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"node.example.com/pool": "h100"}
+    assert template["spec"]["affinity"] is None
+    assert template["metadata"]["labels"]["example.com/tier"] is None
+    assert template["metadata"]["labels"]["team"] == "x"
+    annotations = template["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": None}  # restartedAt left alone
+    assert not cluster._contains(live, patch)
+    # applied, the next pass finds nothing to change
+    applied = _merge(live, patch)
+    again = cluster.with_removals(applied, _patch(_deployment(pod=changed)), "Deployment")
+    assert cluster._contains(applied, again)
+
+
+def test_account_annotations_the_spec_drops_are_removed() -> None:
+    spec = parse_spec(example(pod=POD)["spec"])
+    [account] = [o for o in pod_rbac("resnet", "ml", spec) if o["kind"] == "ServiceAccount"]
+    live = _live(account)
+    live["metadata"]["annotations"]["other.example.com/keep"] = "yes"
+    plain = parse_spec(example()["spec"])
+    [now] = [o for o in pod_rbac("resnet", "ml", plain) if o["kind"] == "ServiceAccount"]
+    patch = cluster.with_removals(live, _patch(now), "ServiceAccount")
+    annotations = patch["metadata"]["annotations"]
+    assert annotations["eks.amazonaws.com/role-arn"] is None
+    assert "other.example.com/keep" not in annotations and SPEC_KEYS in annotations
+
+
+def _merge(live: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(live) if isinstance(live, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector,"
+    " 1 node(s) had untolerated taint(s).",
+}
+
+
+def test_a_pod_the_scheduler_cannot_place_is_a_condition_that_says_why() -> None:
+    pending = pod_view({"metadata": {"name": "mlp-a"}, "status": {"conditions": [UNSCHEDULABLE]}})
+    other = pod_view({"metadata": {"name": "mlp-b"}, "status": {"conditions": [UNSCHEDULABLE]}})
+    placed = pod_view({
+        "metadata": {"name": "mlp-c"},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    })  # fmt: skip
+    assert placed.unscheduled is None
+    condition = schedulable_condition([pending, other, placed], 100.0, [])
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "PodsSchedulable", "False", "Unschedulable",
+    )  # fmt: skip
+    assert condition["message"] == (
+        f"pod mlp-a cannot be scheduled: {UNSCHEDULABLE['message']} (and 1 more pods)"
+    )
+    fine = schedulable_condition([placed, PodView("mlp-d")], 100.0, [condition])
+    assert (fine["status"], fine["reason"]) == ("True", "Scheduled")
+    # a tenant track's view of the pod keeps it
+    from model_rollout_contract.tracks import track_keys
+
+    assert pending.of_track(track_keys("acme")).unscheduled == pending.unscheduled
