@@ -59,6 +59,20 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "kubectl __complete model pa": [
         ("test_cli_parity.py", "test_kubectl_completes_the_plugins_words"),
     ],
+    # the test's namespace and resource stand for ml-serving and resnet
+    "kubectl scale modeldeployment/resnet -n ml-serving --replicas 12": [
+        (
+            "test_control_plane_scale.py",
+            "test_kubectl_scale_moves_the_deployment_and_starts_no_rollout",
+        ),
+    ],
+    "kubectl get --raw /apis/serving.model-rollout.io/v1alpha1/namespaces/ml-serving"
+    "/modeldeployments/resnet/scale": [
+        (
+            "test_control_plane_scale.py",
+            "test_kubectl_scale_moves_the_deployment_and_starts_no_rollout",
+        ),
+    ],
 }
 
 

@@ -80,11 +80,17 @@ def sorted_versions(versions: Iterable[str], history: Sequence[str] = ()) -> lis
     order, after those it does not name (as text: shown in a stable order, none of them
     counted newer than a version the history has)."""
     unique = set(versions)
-    position = _positions(history)
     by_rule = rule(unique)
     if by_rule is not None:
-        return sorted(unique, key=lambda v: (by_rule(v), position.get(v, -1), v))
+        return _sorted_by(by_rule, unique, history)
+    position = _positions(history)
     return sorted(unique, key=lambda v: (v in position, position.get(v, -1), v))
+
+
+def _sorted_by(by_rule: Key, versions: Iterable[str], history: Sequence[str]) -> list[str]:
+    """Oldest first by ``by_rule`` (equal ones by the history, then as text)."""
+    position = _positions(history)
+    return sorted(versions, key=lambda v: (by_rule(v), position.get(v, -1), v))
 
 
 def _positions(history: Sequence[str]) -> dict[str, int]:
@@ -112,8 +118,9 @@ def predecessor(versions: Iterable[str], version: str, history: Sequence[str] = 
     unique = set(versions) - {version}
     by_rule = rule(unique | {version})
     if by_rule is not None:
-        key = by_rule(version)
-        older = [v for v in sorted_versions(unique, history) if by_rule(v) < key]
+        key = by_rule(version)  # the rule of all of them: that of the older ones alone
+        # can differ (1.0.0 and 1.0.0-1 are PEP 440, 1.0.1-0.0 is SemVer only)
+        older = _sorted_by(by_rule, (v for v in unique if by_rule(v) < key), history)
         return older[-1] if older else None
     if version not in history:
         return None

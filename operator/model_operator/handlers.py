@@ -51,7 +51,7 @@ from .errors import ApiError, ResourceGone, SpecError, TransientApiError
 from .history import record
 from .kube_client import KubeClient, connection_info, load_configuration
 from .leader import LeaseFence
-from .manifests import children, configmap, digest
+from .manifests import children, configmap, digest, selector_text
 from .metrics import OperatorMetrics
 from .planner import Event, RolloutState, analysing, next_deadline, plan_rollout
 from .pod_index import PodIndex, PodLookup
@@ -379,6 +379,7 @@ async def reconcile_pass(
         events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
     new_status = own.status
     new_status["appliedHash"] = applied
+    new_status["selector"] = selector_text(name)  # the scale subresource's labelSelectorPath
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = gate.verified
     new_status[PINS_FIELD] = gate.pins

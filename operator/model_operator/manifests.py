@@ -60,6 +60,12 @@ def selector(name: str) -> dict[str, str]:
     return {DEPLOYMENT_LABEL: name}
 
 
+def selector_text(name: str) -> str:
+    """:func:`selector` as a label selector string: ``.status.selector``, which the scale
+    subresource hands to a HorizontalPodAutoscaler (and KEDA) to find the pods."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector(name).items()))
+
+
 def _sidecar_args(
     spec: ModelDeploymentSpec, tenant: TenantModelSpec | None = None, index: int = 0
 ) -> argv.SidecarArgs:

@@ -76,6 +76,11 @@ batch, pods going back to a version their servers no longer hold, new pods point
 the version. A load is a pod pointed at a version its server does not hold (a pointer
 swap is none); what would exceed the cap waits for loads to finish (a canary is then
 picked in waves, a batch is smaller).
+
+``spec.replicas`` follows a scaler (the scale subresource): a pod created mid-rollout,
+pointed nowhere yet, is pointed at once at the version its stage wants for it (stable
+during a canary or after a failure, the target once the canary is promoted), so that its
+init container pre-pulls that version; a pod removed is simply not there any more.
 """
 
 from __future__ import annotations
@@ -442,6 +447,7 @@ class _Tick:
         self.moved = {p.name for p in abandoned}
 
     def plan(self, phase: Phase, reason: str, message: str) -> Plan:
+        self._place_new()
         self._set_policies()
         if self.state.stage == CANARY and self._stepped():
             message = f"canary step {self.state.canary_step}: {message}"
@@ -461,6 +467,24 @@ class _Tick:
             analysis,
             tuple(self.cleared),
         )
+
+    def _place_new(self) -> None:
+        """Pods pointed nowhere yet (created since: a scale-up, a replacement) are pointed
+        at once, as ``maxConcurrentLoads`` allows, at the version this stage wants for
+        them, so that their init container pre-pulls it rather than the ConfigMap's
+        default: the rollout's target once its canary is promoted (a new pod serves nothing
+        yet: no batch of its own, and no load of the version it would leave), the stable
+        version before that or once the rollout failed. A first deployment's batches and
+        the steady state (:meth:`complete`) point them already."""
+        stage = self.state.stage
+        if self.stable is None or stage == COMPLETE:
+            return
+        if stage == BATCHES:
+            version, previous = self.version, self.state.from_version or self.previous
+        else:  # canary, failed
+            version, previous = self.stable, self.previous
+        new = [p for p in self.pods if p.target is None and p.name not in self._targets]
+        self._point(self._admit(new, version), version, previous)
 
     def _policy(self) -> str | None:
         """The traffic policy of this rollout's canary pods, while they are a canary: in
@@ -537,11 +561,13 @@ class _Tick:
 
     def _overdue(self, loading: list[PodView]) -> list[str]:
         """Loading pods past the deadline, counted from when each sidecar reported seeing
-        the target (or, for one that has not, from when it must have)."""
+        the target (or, for one that has not, from when it must have: a pod created after
+        the batch started, from its creation)."""
         deadline = self.spec.rollout.progress_deadline_seconds
-        started = self.state.batch_started_at or self.state.started_at
+        batch = self.state.batch_started_at or self.state.started_at
         late = []
         for pod in loading:
+            started = max(batch, pod.created_at or batch)
             seen = pod.seen_at if pod.reported_target == self.version else None
             since = seen if seen is not None else started + MAX_SIGNAL_DELAY_SECONDS
             if self.now - max(since, started) > deadline:

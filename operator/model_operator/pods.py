@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from model_rollout_contract.report import SidecarReport
@@ -25,6 +26,9 @@ class PodView:
     policy: str | None = None  # operator-set traffic policy annotation
     ip: str | None = None  # status.podIP: where the operator reads its server's /metrics
     code: str | None = None  # sidecar report: the stable word for ``reason``
+    # metadata.creationTimestamp (epoch seconds): a pod created mid-rollout (a scale-up, a
+    # replacement) cannot have seen a target before it existed (the planner's deadlines)
+    created_at: float | None = None
     # every annotation of the pod, for the views of its other tracks (tenant models); a
     # part of its equality, so that an index keeping views sees a tenant track's change
     annotations: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -36,7 +40,7 @@ class PodView:
         sidecar report (readiness and address are the pod's)."""
         if keys == DEFAULT_TRACK:
             return self
-        view = _view(self.name, dict(self.annotations), self.ready, self.ip, keys)
+        view = _view(self.name, dict(self.annotations), self.ready, self.ip, keys, self.created_at)
         return replace(view, unscheduled=self.unscheduled)
 
     def holds(self, version: str) -> bool:
@@ -75,6 +79,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready and not meta.get("deletionTimestamp"),
         (pod.get("status") or {}).get("podIP"),
         DEFAULT_TRACK,
+        _epoch(meta.get("creationTimestamp")),
     )
     return replace(view, unscheduled=unscheduled(conditions))
 
@@ -91,8 +96,24 @@ def unscheduled(conditions: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
+def _epoch(timestamp: object) -> float | None:
+    """An API timestamp (``2026-12-06T08:50:31Z``) in epoch seconds; ``None`` if it is not one."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
 def _view(
-    name: str, annotations: Mapping[str, str], ready: bool, ip: str | None, keys: TrackKeys
+    name: str,
+    annotations: Mapping[str, str],
+    ready: bool,
+    ip: str | None,
+    keys: TrackKeys,
+    created_at: float | None = None,
 ) -> PodView:
     report = SidecarReport.from_json(annotations.get(keys.sidecar_status))
     return PodView(
@@ -108,5 +129,6 @@ def _view(
         ready=ready,
         policy=annotations.get(keys.traffic),
         ip=ip,
+        created_at=created_at,
         annotations=tuple(sorted(annotations.items())),
     )

@@ -145,3 +145,12 @@ def test_without_a_rule_the_history_is_the_order(versions: list[str], rng: rando
     assert newest(versions) is None
     for i, v in enumerate(history):
         assert predecessor(versions, v, history) == (history[i - 1] if i else None)
+
+
+def test_the_predecessor_is_judged_by_the_rule_of_all_the_versions() -> None:
+    """Found by the property test: 0.0.0 and 0.0.0-0 alone are PEP 440 (0.0.0-0 its
+    post-release, the newer), but beside 0.0.1-0.0 (SemVer only) the rule is SemVer's,
+    where 0.0.0-0 is 0.0.0's pre-release: the older of the two."""
+    ordered = ["0.0.0-0", "0.0.0", "0.0.1-0.0"]
+    assert sorted_versions(reversed(ordered)) == ordered
+    assert predecessor(ordered, "0.0.1-0.0") == "0.0.0"

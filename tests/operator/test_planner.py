@@ -20,6 +20,7 @@ from model_operator.planner import (
 )
 from model_operator.spec import SpecError, parse_spec
 from model_operator.status import rollout_from_status, rollout_to_status
+from model_rollout_contract.states import SidecarState
 from model_rollout_e2e.simulation import SimCluster, SimPod
 
 BASE = {
@@ -345,7 +346,10 @@ def test_a_deleted_canary_pod_is_replaced() -> None:
     fresh = cluster.replace_pod(canary)  # deleted while loading
     plan = cluster.step(sp, delay=5)
     assert [e.reason for e in plan.events] == ["CanaryReplaced"]
-    assert len(plan.actions) == 1 and plan.actions[0].pod != canary
+    [replacement] = [a.pod for a in plan.actions if a.version == "v2"]
+    assert replacement not in (canary, fresh.name)
+    # the new pod is pointed at once: stable, the version the canary stage wants for it
+    assert [(a.pod, a.version) for a in plan.actions if a.version != "v2"] == [(fresh.name, "v1")]
     assert cluster.run(sp, delay=5).phase == "Available"
     assert cluster.serving() == {"v2": 4} and fresh.serving == "v2"
 
@@ -534,3 +538,167 @@ def test_pods_that_no_longer_hold_stable_go_back_to_it_under_the_cap() -> None:
     assert len([a for a in plan.actions if a.version == "v1"]) <= 2
     assert cluster.run(v3, delay=1).phase == "Available" and cluster.serving() == {"v3": 8}
     assert cluster.max_loads <= 2
+
+
+# -- scaling mid-rollout (spec.replicas follows a scaler: kubectl scale, an HPA, KEDA) ---
+def _scaled_up(cluster: Cluster, name: str) -> SimPod:
+    """A pod the Deployment created for a scale-up: pointed nowhere, not ready yet."""
+    pod = SimPod(name, None, None, None, ready=False)
+    cluster.pods.append(pod)
+    return pod
+
+
+def _first_targets(cluster: Cluster, pod: str) -> list[str]:
+    return [a.version for p in cluster.plans for a in p.actions if a.pod == pod]
+
+
+def test_a_pod_added_mid_canary_starts_on_stable_and_the_canary_grows_with_replicas() -> None:
+    cluster = Cluster(4)
+    sp = spec(version="v2", canary={"percent": 25, "pauseSeconds": 3600},
+              rollout={"batchSize": 1})  # fmt: skip
+    while not any(e.reason == "CanaryHealthy" for e in cluster.step(sp).events):
+        pass
+    scaled = spec(version="v2", replicas=5, canary={"percent": 25, "pauseSeconds": 3600},
+                  rollout={"batchSize": 1})  # fmt: skip
+    new = _scaled_up(cluster, "pod-004")
+    plan = cluster.step(scaled)
+    # 25% of 5 is 2 canary pods: a serving pod joins the canary; the new pod, which
+    # loads something anyway, is pointed at the stable version (its init container's)
+    assert [(a.pod, a.version) for a in plan.actions] == [("pod-001", "v2"), ("pod-004", "v1")]
+    assert [e.reason for e in plan.events] == ["CanaryExtended"]  # topped up, no new rollout
+    assert plan.state.stage == CANARY and plan.state.started_at == cluster.plans[0].state.started_at
+    new.ready = True
+    assert cluster.step(scaled).phase == "Canary"
+    assert new.serving == "v1" and _first_targets(cluster, "pod-004") == ["v1"]
+
+
+def test_a_pod_added_mid_batches_starts_on_the_target_and_loads_once() -> None:
+    cluster = Cluster(4)
+    sp = spec(version="v2", canary={"percent": 25, "pauseSeconds": 1},
+              rollout={"batchSize": 1, "jitterSeconds": 0, "maxConcurrentLoads": 2})  # fmt: skip
+    while cluster.step(sp, delay=3).state.stage != BATCHES:
+        pass
+    assert sum(p.target == "v2" for p in cluster.pods) < 4  # mid-batches
+    new = _scaled_up(cluster, "pod-004")
+    scaled = replace(sp, replicas=5)
+    plan = cluster.step(scaled, delay=3)
+    assert ("pod-004", "v2", "v1") in [(a.pod, a.version, a.previous) for a in plan.actions]
+    started = [e for p in cluster.plans for e in p.events if e.reason == "BatchStarted"]
+    assert all("pod-004" not in e.message for e in started)  # no batch of its own
+    while cluster.state is not None and cluster.state.stage == BATCHES:
+        cluster.step(scaled, delay=3)
+        new.ready = new.serving is not None
+        assert cluster.max_loads <= 2
+    assert cluster.run(scaled, delay=3).phase == "Available"
+    assert cluster.serving() == {"v2": 5} and _first_targets(cluster, "pod-004") == ["v2"]
+
+
+def test_a_pod_added_to_a_failed_rollout_starts_on_stable() -> None:
+    cluster = Cluster(2, refuse=frozenset({"v2"}))
+    sp = spec(version="v2", replicas=2, canary={"percent": 50})
+    assert cluster.run(sp).phase == "Degraded"
+    _scaled_up(cluster, "pod-002")
+    plan = cluster.step(replace(sp, replicas=3))
+    assert [(a.pod, a.version) for a in plan.actions] == [("pod-002", "v1")]
+
+
+def test_a_scale_down_mid_rollout_neither_stalls_nor_breaks_max_unavailable() -> None:
+    """Pods the Deployment deletes (a canary pod, one loading in a batch) are gone from
+    the next pass: the canary is topped up, the batch finishes without them, and no
+    pod counts as unavailable for being deleted."""
+    cluster = Cluster(6)
+    sp = spec(version="v2", replicas=6, canary={"percent": 34, "pauseSeconds": 1},
+              rollout={"batchSize": 2, "jitterSeconds": 0, "maxUnavailable": 0})  # fmt: skip
+    plan = cluster.step(sp, delay=4)
+    canary = [a.pod for a in plan.actions]
+    assert len(canary) == 3
+    cluster.pods = [p for p in cluster.pods if p.name != canary[0]]  # scaled to 5
+    plan = cluster.step(replace(sp, replicas=5), delay=4)
+    assert plan.actions == ()  # 34% of 5 is 2 canary pods: two are loading already
+    sp = replace(sp, replicas=5)
+    while not (cluster.step(sp, delay=4).state.stage == BATCHES and cluster.state.batch_in_flight):  # type: ignore[union-attr]
+        pass
+    loading = [p.name for p in cluster.pods if p.loading]
+    assert loading
+    cluster.pods = [p for p in cluster.pods if p.name != loading[0]]  # scaled to 4
+    sp = replace(sp, replicas=4)
+    plan = cluster.run(sp, delay=4)
+    assert plan.phase == "Available" and cluster.serving() == {"v2": 4}
+    reasons = {p.reason for p in cluster.plans}
+    assert "WaitingForAvailability" not in reasons and "RolloutFailed" not in reasons
+
+
+def test_a_pod_created_after_its_batch_started_counts_its_deadline_from_its_creation() -> None:
+    from model_operator.pods import PodView
+
+    sp = spec(version="v2", replicas=2, canary={"percent": 0},
+              rollout={"progressDeadlineSeconds": 60})  # fmt: skip
+    state = RolloutState("v2", "v1", BATCHES, started_at=0, batch=1, batch_in_flight=False,
+                         batch_started_at=0.0)  # fmt: skip
+    done = PodView("a", "v2", "v2", "v2", SidecarState.OK, None, True, ("v1",), 1.0)
+    rng = random.Random(0)
+
+    def new(created_at: float) -> PodView:  # pointed at v2 at once; its init still pulls
+        return PodView("b", "v2", created_at=created_at)
+
+    # scaled up at 500 s: 90 s for its sidecar to report, then the 60 s deadline
+    assert plan_rollout(sp, "v1", None, state, [done, new(500)], 600, rng).phase == "Progressing"
+    assert plan_rollout(sp, "v1", None, state, [done, new(500)], 651, rng).phase == "Degraded"
+    # without its creation time, the batch's start counts
+    assert plan_rollout(sp, "v1", None, state, [done, new(0)], 600, rng).phase == "Degraded"
+
+
+def test_a_pods_creation_time_is_read_from_its_metadata() -> None:
+    from model_operator.pods import pod_view
+
+    meta = {"name": "b", "creationTimestamp": "2026-12-06T08:50:31Z"}
+    assert pod_view({"metadata": meta}).created_at == 1796547031.0
+    assert pod_view({"metadata": {**meta, "creationTimestamp": "yesterday"}}).created_at is None
+    assert pod_view({"metadata": {"name": "b"}}).created_at is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    replicas=st.integers(2, 10),
+    canary=st.sampled_from([0, 25, 50]),
+    max_loads=st.one_of(st.none(), st.integers(1, 3)),
+    scales=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 12)), max_size=5),
+    seed=st.integers(0, 1000),
+)
+def test_rollouts_finish_whatever_a_scaler_does_and_new_pods_start_where_the_stage_says(
+    replicas, canary, max_loads, scales, seed
+) -> None:
+    rollout = {"batchPercent": 25, "jitterSeconds": 1}
+    if max_loads:
+        rollout["maxConcurrentLoads"] = max_loads
+    sp = spec(version="v2", replicas=replicas, canary={"percent": canary, "pauseSeconds": 1},
+              rollout=rollout)  # fmt: skip
+    cluster = Cluster(replicas)
+    rng = random.Random(seed)
+    added = 0
+    stage_when_added: dict[str, object] = {}
+    for tick in range(3000):
+        for at, size in scales:
+            if at != tick:
+                continue
+            sp = replace(sp, replicas=size)
+            while len(cluster.pods) > size:  # the ReplicaSet deletes some pod
+                cluster.pods.remove(rng.choice(cluster.pods))
+            while len(cluster.pods) < size:
+                added += 1
+                cluster.pods.append(SimPod(f"pod-new-{added:03d}"))
+                stage_when_added[f"pod-new-{added:03d}"] = cluster.state
+        plan = cluster.step(sp, delay=2)
+        if max_loads:
+            assert cluster.max_loads <= max_loads, (tick, plan.state.stage)
+        if plan.phase == "Available" and tick > max((at for at, _ in scales), default=0):
+            break
+    else:
+        raise AssertionError(f"rollout did not finish: {cluster.plans[-1]}")
+    assert cluster.serving() == {"v2": len(cluster.pods)} and len(cluster.pods) == sp.replicas
+    for name, state in stage_when_added.items():
+        first = _first_targets(cluster, name)[:1]
+        if first and isinstance(state, RolloutState) and state.stage == CANARY:
+            assert first[0] in ("v1", "v2")  # stable, or picked as a canary pod
+        elif first and isinstance(state, RolloutState) and state.stage == BATCHES:
+            assert first == ["v2"], (name, state)
