@@ -186,6 +186,34 @@ def test_a_file_that_changes_size_while_read_is_refused(tmp_path: Path, told: in
         os.close(fd)
 
 
+@pytest.mark.parametrize("refused_after", [None, 0, 4096], ids=["never", "at once", "midway"])
+def test_the_kernel_copies_into_the_private_copy_and_a_refusal_reads_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_after: int | None
+) -> None:
+    """``sendfile`` fills the memfd (no fault per page); a kernel or file system that
+    refuses it, at once or midway, leaves the rest to be read through the mapping."""
+    path = tmp_path / "model.onnx"
+    data = os.urandom(3 * 4096 + 5)
+    path.write_bytes(data)
+    calls: list[int] = []
+    real = os.sendfile
+
+    def sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        calls.append(offset)
+        if refused_after is not None and offset >= refused_after:
+            raise OSError(errno.EINVAL, "refused")
+        return real(out_fd, in_fd, offset, min(count, 4096))
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        copy = read_into_private_copy(fd, len(data), "model.onnx", str(path))
+    finally:
+        os.close(fd)
+    assert calls and bytes(copy.view) == data
+    copy.close()
+
+
 def test_an_empty_model_file_has_no_mapping(tmp_path: Path) -> None:
     """``mmap`` cannot map 0 bytes: an empty file is empty bytes, refused by the load."""
     path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
