@@ -280,9 +280,7 @@ class OnnxRuntimeBackend:
         started = _timed(stages, "row_estimate", started)
         weights_in = model if keep is not None and model.private is not None else None
         if self.cache is not None:
-            # the engine holds split weights' bytes: the cache's thread copies them; a
-            # session with its own copy lets the private copy go at once: copied here
-            self._build_later(model.data if weights_in is not None else bytes(model.data), key)
+            self._build_later(model, key)
             _timed(stages, "cache", started)
         return OnnxRuntimeEngine(session, rows, weights_in, keep, stages, self._releases)
 
@@ -306,39 +304,60 @@ class OnnxRuntimeBackend:
         session = ort.InferenceSession(graph, options, providers=CPU)
         return session, (options, values, arrays)
 
-    def _build_later(self, verified: bytes | memoryview, key: CacheKey) -> None:
-        """Write the cache entry of the ``verified`` bytes on the cache's thread (at a
-        lower CPU priority), after this load, from a copy taken there while the engine
-        still holds them (once they are let go there is nothing to build from, and
-        nothing is built: the next load of them builds)."""
+    def _build_later(self, model: ModelFile, key: CacheKey) -> None:
+        """Write the cache entry of ``model``'s verified bytes on the cache's thread (at a
+        lower CPU priority), after this load. ONNX Runtime reads them there through a
+        descriptor of their own to the private copy (its session lets the GIL go; a copy
+        of the bytes would hold it), while a view held meanwhile keeps the pages from
+        being let go; the build then lets them go if it held them last. Bytes with no
+        private copy are copied (tools and tests); nothing is built from bytes already
+        let go (the next load of them builds)."""
         cache = self.cache
         if cache is None:
             return
+        try:
+            held = np.frombuffer(model.data, np.uint8)  # the pages stay while it lives
+        except ValueError:  # let go already
+            return
+        source: str | bytes
+        fd = None
+        path = model.private.path if model.private is not None else None
+        if path is not None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            source = f"/proc/self/fd/{fd}"
+        else:
+            source = bytes(held)
 
         def build() -> None:
             try:
-                data = bytes(verified)
-            except ValueError:  # released already: the engine is gone
-                return
-            try:
-                with cache.open(key, lambda tmp: self._optimize(data, tmp)):
+                with cache.open(key, lambda tmp: self._optimize(source, held, tmp)):
                     pass
             except Exception as exc:  # the served session is fine: the next load builds
                 log.warning("engine cache: no entry for %s: %s", key.model_name, exc)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+        def build_then_release() -> None:
+            nonlocal held
+            build()
+            del held
+            model.release()  # a no-op while the engine still runs on the bytes
 
         try:
-            self._cache_builds.submit(build)
+            self._cache_builds.submit(build_then_release)
         except RuntimeError:  # shut down
-            return
+            if fd is not None:
+                os.close(fd)
 
-    def _optimize(self, data: bytes, target: Path) -> None:
+    def _optimize(self, source: str | bytes, head: np.ndarray, target: Path) -> None:
         options = self._options()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(target)
         options.log_severity_level = 3  # the CPU-specific warning: the key says so already
-        if data[4:8] == ORT_FORMAT_IDENTIFIER:
+        if head[4:8].tobytes() == ORT_FORMAT_IDENTIFIER:
             options.add_session_config_entry("session.load_model_format", "ORT")
-        ort.InferenceSession(data, options, providers=CPU)
+        ort.InferenceSession(source, options, providers=CPU)
 
     def settle(self) -> None:
         """Wait for the cache entries being written and the bytes being let go (tests,
