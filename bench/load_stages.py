@@ -45,6 +45,7 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict]:
     token = work / "token"
     token.write_text(ADMIN_TOKEN)
     extra = ["--backend", args.backend, "--admin-token-file", str(token)]
+    extra += ["--inference-nice", str(args.inference_nice)]
     extra += ["--cache-dir", str(work / "cache")] if not args.no_cache else []
     server = ServerProcess(work / "repo", [f"{args.size}=v1"], work / "server.log", extra=extra)
     server.start()
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="closed-loop clients (0: idle)")
     p.add_argument("--pause-s", type=float, default=1.0, help="serving before each load")
     p.add_argument("--no-cache", action="store_true", help="no --cache-dir (pods have one)")
+    p.add_argument("--inference-nice", type=int, default=0, help="the server's flag")
     p.add_argument("--ready-timeout", type=float, default=120)
     p.add_argument("--out", default="bench/results/load_stages.json")
     args = p.parse_args(argv)
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_mib": round(limits["bytes"] / 2**20, 2),
         "clients": args.clients,
         "cache": not args.no_cache,
+        "inference_nice": args.inference_nice,
         "host": platform.node(),
         "python": sys.version.split()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -15,6 +15,7 @@ Each round starts both servers afresh on v1 (in turn, the order alternating) and
 switches each once; the table gives each figure's median over the rounds.
 
     python bench/mlserver_side_by_side.py --rounds 3
+    python bench/mlserver_side_by_side.py --rounds 3 --inference-nice 10
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def start_ours(work: Path, round_: int, args: argparse.Namespace) -> Server:
     token = work / "token"
     token.write_text(ADMIN_TOKEN)
     extra = ["--admin-token-file", str(token), "--workers", str(args.workers)]
+    extra += ["--inference-nice", str(args.inference_nice)]
     extra += ["--cache-dir", str(work / f"cache-{round_}")]
     log = work / f"ours-{round_}.log"
     server = ServerProcess(work / "repo", [f"{MODEL}=v1"], log, extra=extra).start()
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--workers", type=int, default=4, help="our server's inference threads")
+    p.add_argument("--inference-nice", type=int, default=0, help="our server's --inference-nice")
     p.add_argument("--seconds", type=float, default=2.0, help="load before and after each switch")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="MLServer's venv")
     p.add_argument("--ready-timeout", type=float, default=120)
@@ -291,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_mib": round(mib, 2),
             "clients": args.clients,
             "workers": args.workers,
+            "inference_nice": args.inference_nice,
             "requirements": list(REQUIREMENTS),
             "host": platform.node(),
             "cpus": os.cpu_count(),

@@ -19,7 +19,6 @@ and a file written and read back are no part of a swap).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -36,6 +35,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, R
 
 from model_server.backends import onnx_weights
 from model_server.backends.base import ModelFile
+from model_server.backends.cpu_priority import lower_this_thread
 from model_server.backends.device_info import cpu_name
 from model_server.backends.engine_cache import CacheKey, EngineCache
 from model_server.backends.onnx_rows import bytes_per_row
@@ -102,14 +102,14 @@ _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint6
 # smaller initializers stay in the graph: ONNX Runtime's shape inference reads some while
 # it builds the graph (a Reshape's shape, a Resize's scales), before any is supplied
 SUPPLIED_FROM_BYTES = 64 * 1024
+CACHE_BUILD_NICE = 10  # how much lower than the server's the cache builds' CPU priority is
 
 log = logging.getLogger(__name__)
 
 
 def _lower_priority() -> None:
-    """This thread's CPU priority, lowered: its work waits for serving's."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    """The cache's thread: its builds wait for serving's and loads' CPU."""
+    lower_this_thread(CACHE_BUILD_NICE)
 
 
 def _release_on(releases: ThreadPoolExecutor | None, model: ModelFile) -> None:
