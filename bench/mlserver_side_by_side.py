@@ -127,7 +127,8 @@ def start_ours(work: Path, round_: int, args: argparse.Namespace) -> Server:
     token = work / "token"
     token.write_text(ADMIN_TOKEN)
     extra = ["--admin-token-file", str(token), "--workers", str(args.workers)]
-    extra += ["--inference-nice", str(args.inference_nice)]
+    if args.inference_nice:  # only when asked: a server before the flag runs too
+        extra += ["--inference-nice", str(args.inference_nice)]
     extra += ["--cache-dir", str(work / f"cache-{round_}")]
     log = work / f"ours-{round_}.log"
     server = ServerProcess(work / "repo", [f"{MODEL}=v1"], log, extra=extra).start()
