@@ -1,11 +1,16 @@
 """What the benchmark scripts share, so that each script is a leaf that imports no other:
-where figures are written, the MLPs they serve, the server metrics they read, and the
-operator's planner on a virtual clock."""
+where figures are written, the MLPs they serve, the server metrics they read, a load's
+stages beside the machine's limits, and the operator's planner on a virtual clock."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import mmap
+import os
 import random
+import statistics
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +135,93 @@ def simulate(replicas: int, strategy: str, seed: int) -> dict[str, float | int]:
         "total_s": round(cluster.now - start, 1),
         "batches": plan.state.batch,
     }
+
+
+def _best_seconds(run: Any, repeats: int = 7) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _rate(nbytes: int, seconds: float) -> dict[str, float]:
+    return {"ms": round(seconds * 1000, 3), "gb_per_s": round(nbytes / seconds / 1e9, 2)}
+
+
+def physical_limits(path: Path, device: str | None = None) -> dict[str, Any]:
+    """What a load of the file at ``path`` cannot beat on this machine, each the best of
+    a few runs: its bytes read from the page cache into memory already touched (the read
+    itself), into fresh pages (what a new private copy pays for them), and their sha256;
+    with ``device`` (``cuda``, torch installed), their copy to the GPU from pinned and
+    from pageable memory."""
+    size = path.stat().st_size
+    path.read_bytes()  # in the page cache now
+    buffer = bytearray(size)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def fresh() -> None:
+            with mmap.mmap(-1, size) as pages, memoryview(pages) as view:
+                os.preadv(fd, [view], 0)
+
+        limits: dict[str, Any] = {
+            "bytes": size,
+            "page_cache_read": _rate(size, _best_seconds(lambda: os.preadv(fd, [buffer], 0))),
+            "page_cache_read_fresh_pages": _rate(size, _best_seconds(fresh)),
+        }
+    finally:
+        os.close(fd)
+    data = bytes(buffer)
+    limits["sha256"] = _rate(size, _best_seconds(lambda: hashlib.sha256(data).digest()))
+    if device is not None:
+        limits.update(_host_to_device(size, device))
+    return limits
+
+
+def _host_to_device(size: int, device: str) -> dict[str, Any]:
+    import torch
+
+    target = torch.empty(size, dtype=torch.uint8, device=device)
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(size, dtype=torch.uint8)
+
+    def copy(source: Any) -> None:
+        target.copy_(source, non_blocking=True)
+        torch.cuda.synchronize()
+
+    copy(pinned)  # the first copy sets the device up
+    return {
+        "h2d_pinned": _rate(size, _best_seconds(lambda: copy(pinned))),
+        "h2d_pageable": _rate(size, _best_seconds(lambda: copy(pageable))),
+        "device_name": torch.cuda.get_device_name(),
+    }
+
+
+def print_stages(title: str, stages_ms: list[dict[str, float]], limits: dict[str, Any]) -> dict:
+    """A table of each stage's median, min and max over the loads (the server's own
+    ``stages_ms``), beside the machine's limits for the file's size; returns the medians."""
+    names = list(dict.fromkeys(name for load in stages_ms for name in load))
+    medians = {}
+    print(f"\n{title}")
+    print(f"{'stage':<14} {'median ms':>10} {'min':>8} {'max':>8}")
+    for name in names:
+        values = sorted(load.get(name, 0.0) for load in stages_ms)
+        medians[name] = round(statistics.median(values), 3)
+        print(f"{name:<14} {medians[name]:>10.2f} {values[0]:>8.2f} {values[-1]:>8.2f}")
+    totals = sorted(sum(load.values()) for load in stages_ms)
+    print(f"{'= load':<14} {statistics.median(totals):>10.2f} {totals[0]:>8.2f} {totals[-1]:>8.2f}")
+    mib = limits["bytes"] / 2**20
+    print(f"limits for {mib:.1f} MiB on this machine (best of 7):")
+    for key, label in (
+        ("page_cache_read", "read from the page cache into touched memory"),
+        ("page_cache_read_fresh_pages", "read from the page cache into fresh pages"),
+        ("sha256", "sha256"),
+        ("h2d_pinned", "host to device, pinned"),
+        ("h2d_pageable", "host to device, pageable"),
+    ):
+        if key in limits:
+            rate = limits[key]
+            print(f"  {label:<46} {rate['ms']:>8.2f} ms  {rate['gb_per_s']:>6.2f} GB/s")
+    return medians

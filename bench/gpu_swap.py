@@ -17,6 +17,11 @@ each swap, while the version it pushed out is released, is its own window.
     python bench/gpu_swap.py                          # 400 MiB MLP, 4 clients, batch 32
     python bench/gpu_swap.py --clients 16 --batch 1   # needs torch with CUDA
     python bench/gpu_swap.py --clients 16 --batch 1 --loads 5
+
+After the table it prints each stage of the loads (read, hash, parse, upload, bind,
+warm_up, release, swap, other: the server's own timing, medians over the loads) beside
+the limits for the file's size: its read from the page cache, its sha256, and its copy
+to the GPU from pinned and from pageable memory.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_support import publish_versions, write_json
+from bench_support import physical_limits, print_stages, publish_versions, write_json
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
 from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
@@ -171,6 +176,8 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
             {
                 "version": f"v{n}",
                 "load_warmup_ms": round(swap.duration_s * 1000, 2),
+                # the server's own timing of each stage (load_stages), adding up to it
+                "stages_ms": {k: round(v * 1000, 3) for k, v in swap.stages_s.items()},
                 "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                 "steady_p99": p99(steady_n),
                 "during_p99": p99(during_n),
@@ -290,10 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
         publish_versions(root, args.in_dim, args.hidden, args.depth, count=args.loads + 1)
-        size = (root / "mlp" / "v1" / "model.onnx").stat().st_size / 2**20
+        model = root / "mlp" / "v1" / "model.onnx"
+        size = model.stat().st_size / 2**20
+        limits = physical_limits(model, "cuda")  # before the loads: nothing else runs
         report = {"model_mib": round(size, 1), **asyncio.run(measure(args, root))}
+        report["limits"] = limits
     print(json.dumps(report, indent=2))
     print(table(report))
+    report["stages_ms_median"] = print_stages(
+        f"each load's stages ({args.loads} loads; the server's own timing)",
+        [load["stages_ms"] for load in report["loads"]],
+        limits,
+    )
     write_json(args.out, report)
     return 0
 

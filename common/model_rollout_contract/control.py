@@ -15,7 +15,8 @@ Requests::
 Replies::
 
     {"ok": true, "model": "m", "from": "v1", "to": "v2", "duration_ms": 812.5,
-     "instant": false}                                        (load, rollback)
+     "instant": false, "stages_ms": {"read": 6.1, ...}}        (load, rollback; stages
+                                                     only when a version was loaded)
     {"ok": true, "model": "m", "version": "v2", "sha256": "<hex>", "loaded": ["v1", "v2"],
      "policy": {"stable": "v1", "candidate": "v2", "trafficPercent": 10,
                 "shadowPercent": 20}}    (status, traffic; "policy" null: none held)
@@ -142,11 +143,20 @@ class SwapReply:
     to_version: str
     duration_ms: float
     instant: bool  # a pointer swap to a retained version, no load
+    # where a load's time went (milliseconds per stage, the server's own timing, adding
+    # up to duration_ms); () for a pointer swap. Diagnostics only: a malformed value in
+    # a reply is dropped, never the reply
+    stages_ms: tuple[tuple[str, float], ...] = ()
 
     def fields(self) -> dict[str, Any]:
         """The swap itself; the HTTP admin API answers with the same fields."""
-        return {"model": self.model, "from": self.from_version, "to": self.to_version,
-                "duration_ms": self.duration_ms, "instant": self.instant}  # fmt: skip
+        swap: dict[str, Any] = {
+            "model": self.model, "from": self.from_version, "to": self.to_version,
+            "duration_ms": self.duration_ms, "instant": self.instant,
+        }  # fmt: skip
+        if self.stages_ms:
+            swap["stages_ms"] = dict(self.stages_ms)
+        return swap
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": True, **self.fields()}
@@ -306,7 +316,22 @@ def parse_reply(line: bytes) -> Reply:
         _typed(raw, "to", (str,)),
         duration,
         _typed(raw, "instant", (bool,)),
+        _stages(raw.get("stages_ms")),
     )
+
+
+def _stages(raw: Any) -> tuple[tuple[str, float], ...]:
+    """A swap reply's ``stages_ms`` if well formed (names to finite numbers), else ()."""
+    if not isinstance(raw, dict):
+        return ()
+    stages = []
+    for name, value in raw.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return ()
+        if not math.isfinite(value):
+            return ()
+        stages.append((str(name), float(value)))
+    return tuple(stages)
 
 
 class ControlExchangeError(Exception):

@@ -11,6 +11,7 @@ from aiohttp import web
 from model_rollout_contract.names import InvalidName, ModelKey, is_valid_name
 from model_rollout_contract.versions import newest
 from model_server.backends import Backend, make_backend
+from model_server.backends.cpu_priority import lower_this_thread
 from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
 from model_server.dataplane.data_plane import DataPlane
 from model_server.files.trusted_files import UntrustedPath
@@ -61,7 +62,12 @@ class ModelServer:
         self.metrics.watch_tenants(self.policy.tenants, self.policy.rate_limits.buckets)
         self.audit = AuditLog(config.audit_log)
         self.repository = ModelRepository(config.repository)
-        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="infer")
+        self.executor = ThreadPoolExecutor(
+            config.workers,
+            thread_name_prefix="infer",
+            initializer=lower_this_thread,
+            initargs=(config.inference_nice,),
+        )
         budget = config.memory_budget_mb
         row_limits = RowLimits(config.request_memory_mb * 2**20, config.max_rows)
         self.runner = Runner(

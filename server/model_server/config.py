@@ -150,6 +150,9 @@ class ServerConfig:
     # how long a thread may hold the GIL while another waits (sys.setswitchinterval): a
     # load's Python steps then delay a request by at most this (Python's default: 5 ms)
     gil_switch_interval_us: int = GIL_SWITCH_INTERVAL_US
+    # how much lower than the process's the inference threads' CPU priority is (nice):
+    # with every core busy, a version loading beside the serving one gets the CPU first
+    inference_nice: int = 0
     # an engine run known to take at most this (a CUDA graph replay, timed at warm-up)
     # runs on the event loop rather than on an inference thread; 0: never
     quick_run_us: int = QUICK_RUN_US
@@ -362,6 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the serving one then delays a request's Python steps by at most this",
     )
     p.add_argument(
+        "--inference-nice",
+        type=int,
+        default=ServerConfig.inference_nice,
+        help="how many steps lower than the server's the inference threads' CPU priority "
+        "is (0 to 19, their nice value above the process's): when every core is busy, a "
+        "version loading beside the serving one takes the CPU first, and its switch is "
+        "shorter, while requests wait the longer during it (0: same priority)",
+    )
+    p.add_argument(
         "--quick-run-us",
         type=int,
         default=ServerConfig.quick_run_us,
@@ -446,6 +458,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         p.error("--max-queue-delay-us must not be negative")
     if not 0 <= a.quick_run_us <= 10_000:
         p.error("--quick-run-us must be between 0 and 10000")
+    if not 0 <= a.inference_nice <= 19:
+        p.error("--inference-nice must be between 0 and 19")
     if not 50 <= a.gil_switch_interval_us <= 100_000:
         p.error("--gil-switch-interval-us must be between 50 and 100000")
     if a.precision in ("fp16", "int8") and a.backend != "tensorrt":
@@ -526,6 +540,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_rows=max_rows,
         request_memory_mb=a.request_memory_mb,
         gil_switch_interval_us=a.gil_switch_interval_us,
+        inference_nice=a.inference_nice,
         quick_run_us=a.quick_run_us,
         processes=a.processes,
         worker_index=a.worker_index,

@@ -229,6 +229,7 @@ def test_control_messages_round_trip() -> None:
     for reply in (
         SwapReply("m", "v1", "v2", 812.5, False),
         SwapReply("m", None, "v1", 1.0, True),
+        SwapReply("m", "v1", "v2", 30.5, False, (("read", 10.0), ("hash", 20.5))),
         StatusReply("m", "v2", "a" * 64, ("v1", "v2")),
         StatusReply("m", None, None, ()),
         StatusReply("m", "v2", None, ("v1", "v2"), canary.TrafficPolicy("v1", "v2", 10, 20), True),
@@ -745,3 +746,12 @@ def test_the_servers_jwt_defaults_are_the_contracts() -> None:
     assert jwt_auth.DEFAULT_ALGORITHMS == defaults.JWT_ALGORITHMS
     assert set(defaults.JWT_ALGORITHMS) <= set(defaults.JWT_ASYMMETRIC_ALGORITHMS)
     assert not any(a.startswith("HS") or a == "none" for a in jwt_auth.ASYMMETRIC_ALGORITHMS)
+
+
+def test_a_swap_replys_stages_are_diagnostics_a_malformed_one_is_dropped() -> None:
+    swap = {"ok": True, "model": "m", "from": "v1", "to": "v2", "duration_ms": 3.0,
+            "instant": False}  # fmt: skip
+    assert "stages_ms" not in SwapReply("m", "v1", "v2", 3.0, False).to_json()
+    for junk in ({"read": "fast"}, {"read": True}, [1, 2], "x", {"read": float("inf")}):
+        reply = parse_reply(json.dumps({**swap, "stages_ms": junk}).encode())
+        assert reply == SwapReply("m", "v1", "v2", 3.0, False)  # the swap itself is read

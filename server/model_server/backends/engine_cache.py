@@ -170,6 +170,19 @@ class EngineCache:
             log.warning("engine cache: not loading %s, building it again: %s", name, exc)
             return None
 
+    def get(self, key: CacheKey) -> bytes | None:
+        """The checked bytes of the entry for ``key``, or None when there is none (or a
+        bad one): nothing is built (a backend that can serve without the entry builds it
+        later, through :meth:`open`)."""
+        name = key.file_name(self.suffix)
+        with self._directory() as directory:
+            with self._locked(directory, name, fcntl.LOCK_SH):  # not while one is built
+                data = self._lookup(directory, name)
+            if data is not None:
+                with contextlib.suppress(FileNotFoundError):  # recency, for clean-up
+                    os.utime(name, dir_fd=directory, follow_symlinks=False)
+        return data
+
     @contextlib.contextmanager
     def open(self, key: CacheKey, build: Callable[[Path], None]) -> Iterator[CacheResult]:
         """Yield the checked bytes of the entry for ``key``, building it first if it is

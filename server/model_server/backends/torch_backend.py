@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,14 +174,19 @@ class TorchEngine:
         self._torch = torch
         self._device = torch.device(device)
         self._gpu = self._device.type == "cuda"
+        # the load's seconds per stage, for the load pipeline (load_stages)
+        self.load_stages: dict[str, float] = {}
+        started = time.perf_counter()
         model, weights = onnx_weights.load(data)
         graph = model.graph
         unsupported = sorted({n.op_type for n in graph.node} - set(_OPS))
         if unsupported:
             raise ValueError(f"torch backend does not support operators {unsupported}")
+        started = self._timed("parse", started)
         self.upload_pieces = 0
         self._held_bytes = 0
         self._weights: dict[str, Any] | None = self._upload(weights, chunk_bytes)
+        started = self._timed("upload", started)
         self._steps: list[_Step] | None = [self._step(n) for n in graph.node]
         self.inputs = tuple(_value_spec(v) for v in graph.input if v.name not in self._weights)
         self.outputs = tuple(_value_spec(v) for v in graph.output)
@@ -193,6 +199,12 @@ class TorchEngine:
         self._graphs = graphs if self._gpu else None
         # the batch-1 graphs' GPU times per replay: at warm-up, then every replay, on any thread
         self.replay_times: ReplayTimes | None = None
+        self._timed("bind", started)
+
+    def _timed(self, stage: str, started: float) -> float:
+        now = time.perf_counter()
+        self.load_stages[stage] = now - started
+        return now
 
     def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
         """All the weights in one allocation (one ``cudaMalloc`` rather than one per

@@ -41,6 +41,7 @@ from model_server.errors import (
 )
 from model_server.files.trusted_files import UntrustedPath
 from model_server.lifecycle.engine_manager import EngineManager, SwapResult
+from model_server.lifecycle.load_stages import milliseconds
 from model_server.lifecycle.model_slot import LoadedVersion, ModelSlot, VersionState
 from model_server.lifecycle.request_limits import RowLimits
 from model_server.lifecycle.startup import load_resumed, resumed_policy
@@ -88,6 +89,7 @@ def swap_reply(result: SwapResult) -> SwapReply:
         result.to_version,
         round(result.duration_s * 1000, 3),
         result.instant,
+        tuple(milliseconds(result.stages_s).items()),
     )
 
 

@@ -3,7 +3,8 @@ stalling serving.
 
 Why not ``bytes``: freeing a large ``bytes`` object gives its pages back to the kernel
 with the GIL held, and every request in flight waits for it. These bytes are a mapping of
-a memfd instead: they are read into it with ``readinto`` and let go with the GIL released
+a memfd instead: the kernel copies them into it (``sendfile``; ``readinto`` where it
+will not) and they are let go with the GIL released
 (:meth:`PrivateCopy.close`). A runtime that loads only from a file or from ``bytes`` (ONNX
 Runtime, which would also hold the GIL copying a ``bytes`` argument) opens
 the memfd by :attr:`PrivateCopy.path`: the very bytes that were hashed, with no second
@@ -147,22 +148,44 @@ def read_into_private_copy(fd: int, size: int, name: str, shown: str) -> Private
     memfd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(memfd, size)
-        mapping = mmap.mmap(memfd, size)
+        copied = _send(fd, memfd, size)  # the kernel fills the memfd: no page faults
+        # mapped with its pages (one call, not a fault per page when hashed and loaded)
+        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if copied else 0)
+        mapping = mmap.mmap(memfd, size, flags=flags)
     except BaseException:
         os.close(memfd)
         raise
     closer = weakref.finalize(mapping, os.close, memfd)  # once the last view of it is gone
-    got = 0
+    got = copied
     with os.fdopen(fd, "rb", buffering=0, closefd=False) as source, memoryview(mapping) as view:
         while got < size:
             n = source.readinto(view[got:])
             if not n:
                 break
             got += n
-        grown = bool(source.read(1))
+        grown = bool(os.pread(fd, 1, size))
         if got != size or grown:
             raise OSError(f"{shown} changed size while it was read ({size} bytes at its fstat)")
         os.fchmod(memfd, 0o400)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
         readonly = view.toreadonly()
     return PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)
+
+
+def _send(fd: int, memfd: int, size: int) -> int:
+    """Copy what ``sendfile`` copies of the file's first ``size`` bytes into the memfd,
+    in the kernel (the GIL let go): on a VM, filling fresh pages through a mapping took
+    a fault per page (48 ms for 25 MiB against 28 ms; bench/results/NOTES.md). Returns
+    the bytes copied, fewer than ``size`` if the file shrank or the kernel would not
+    (then the rest is read through the mapping)."""
+    got = 0
+    try:
+        while got < size:
+            n = os.sendfile(memfd, fd, got, size - got)
+            if not n:
+                break
+            got += n
+    except OSError as exc:  # a file system that cannot splice: read the rest instead
+        log.debug("sendfile into the private copy refused: %s", exc)
+    os.lseek(fd, got, os.SEEK_SET)  # sendfile at an offset leaves the file's own alone
+    return got

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_rollout_contract import defaults
@@ -36,6 +36,7 @@ from model_rollout_contract.names import ModelKey
 from model_server.backends.base import Backend
 from model_server.errors import Conflict, ModelNotFound, ServingError
 from model_server.lifecycle.load_pipeline import CheckedVersion, LoadPipeline, normalized_digest
+from model_server.lifecycle.load_stages import SWAP, LoadStages
 from model_server.lifecycle.memory_budget import MemoryBudget, Reservation
 from model_server.lifecycle.model_slot import LoadedVersion, ModelSlot
 from model_server.lifecycle.reporting import LifecycleEvent, Reporter
@@ -55,6 +56,9 @@ class SwapResult:
     to_version: str
     duration_s: float
     instant: bool  # True when the version was already loaded (retained)
+    # a load's seconds per stage (load_stages: they add up to duration_s); empty for a
+    # swap to a retained version
+    stages_s: Mapping[str, float] = field(default_factory=dict)
 
 
 class EngineManager:
@@ -175,7 +179,7 @@ class EngineManager:
         evictable = [v for v in slot.retained() if policy is None or v.version != policy.stable]
         checked: CheckedVersion | None = None  # read, and not yet handed to the load
         try:
-            checked = await self.pipeline.read(slot.key, version, path, expected)
+            checked = await self.pipeline.read(slot.key, version, path, expected, event.stages)
             event.digest = checked.model.sha256
             estimate = self.backend.estimate_memory_bytes(checked.model)
             reservation = self.budget.reserve(
@@ -186,7 +190,7 @@ class EngineManager:
                 lambda old: slot.evict(old, f"evicted to make room for {version}"),
             )
             handed, checked = checked, None  # the load lets its bytes go, whatever happens
-            loaded = await self.pipeline.load(slot.key, version, handed, estimate)
+            loaded = await self.pipeline.load(slot.key, version, handed, estimate, event.stages)
             del handed
         except asyncio.CancelledError:
             self.pipeline.discard(checked)
@@ -214,13 +218,14 @@ class EngineManager:
             await self._restore(slot, version, reservation.evicted, unloads)
             raise event.failed(overtaken)
         try:
-            previous, _evicted = slot.install(loaded, policy)
+            with event.stages.stage(SWAP):
+                previous, _evicted = slot.install(loaded, policy)
+                self._audit_policy(slot, policy, event)
         except Conflict as refused:  # its stable version left memory while it loaded
             loaded.engine.close()
             slot.refused(version, refused.message)
             await self._restore(slot, version, reservation.evicted, unloads)
             raise event.failed(refused) from None
-        self._audit_policy(slot, policy, event)
         return event.succeeded(previous, loaded.sha256, instant=False)
 
     def _audit_policy(self, slot: ModelSlot, policy: TrafficPolicy | None, event: _Event) -> None:
@@ -348,6 +353,7 @@ class _Event:
         self.action = action
         self.from_version = slot.current.version if slot.current else None
         self.digest: str | None = None
+        self.stages = LoadStages()  # filled by a load of a new version only
 
     def _report(
         self,
@@ -356,6 +362,7 @@ class _Event:
         from_version: str | None = None,
         duration_s: float = 0.0,
         error: ServingError | None = None,
+        stages_s: Mapping[str, float] | None = None,
     ) -> None:
         self.reporter.report(
             LifecycleEvent(
@@ -369,6 +376,7 @@ class _Event:
                 digest=digest,
                 duration_s=duration_s,
                 error=error,
+                stages_s=stages_s or {},
             )
         )
 
@@ -383,5 +391,6 @@ class _Event:
 
     def succeeded(self, previous: str | None, digest: str, instant: bool) -> SwapResult:
         duration = time.monotonic() - self.started
-        self._report("success", digest, previous, duration)
-        return SwapResult(self.slot.key, previous, self.version, duration, instant=instant)
+        stages = {} if instant else self.stages.closed(duration)
+        self._report("success", digest, previous, duration, stages_s=stages)
+        return SwapResult(self.slot.key, previous, self.version, duration, instant, stages)

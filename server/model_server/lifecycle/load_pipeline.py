@@ -9,6 +9,7 @@ loader's threads, never on the event loop or an inference thread, and any failur
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,14 @@ from model_rollout_contract.manifest import is_sha256, sha256_bytes
 from model_server.backends.base import Backend, Engine, ModelFile
 from model_server.errors import BadRequest, LoadRefused, ServingError
 from model_server.lifecycle.golden import GoldenSet
+from model_server.lifecycle.load_stages import (
+    ENGINE,
+    GOLDEN,
+    GOLDEN_PARSE,
+    RELEASE,
+    WARM_UP,
+    LoadStages,
+)
 from model_server.lifecycle.model_slot import LoadedVersion
 from model_server.lifecycle.repository import ModelRepository, VersionFiles
 
@@ -83,6 +92,21 @@ def _golden(what: str, files: VersionFiles) -> GoldenSet | None:
         raise LoadRefused(f"{what}: {exc.message}") from exc
 
 
+def _timed_load(backend: Backend, model: ModelFile, stages: LoadStages) -> Engine:
+    """``backend.load(model)``, its time in ``stages``: the stages the engine reports
+    (``load_stages``: seconds by name, as ONNX Runtime's session or torch's upload), and
+    the rest of the call as ``engine``."""
+    started = time.perf_counter()
+    engine = backend.load(model)
+    took = time.perf_counter() - started
+    reported = getattr(engine, "load_stages", None) or {}
+    stages.merge(reported)
+    rest = took - sum(reported.values())
+    if rest > 0 or not reported:
+        stages.add(ENGINE, max(0.0, rest))
+    return engine
+
+
 def _close_unused(future: asyncio.Future[LoadedVersion]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().engine.close()
@@ -99,13 +123,18 @@ class LoadPipeline:
         self._releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="release")
 
     def _read_checked(
-        self, key: str, version: str, path: Path | None, expected: str | None
+        self,
+        key: str,
+        version: str,
+        path: Path | None,
+        expected: str | None,
+        stages: LoadStages,
     ) -> CheckedVersion:
         what = f"{key}:{version}"
         if path is None:
-            files = self.repository.read_version(key, version)
+            files = self.repository.read_version(key, version, stages)
         else:
-            files = self.repository.read_announced(path, what)
+            files = self.repository.read_announced(path, what, stages)
         if expected is None and files.manifest is not None:
             expected = normalized_digest(files.manifest.sha256)
         model = files.model
@@ -119,19 +148,34 @@ class LoadPipeline:
                 raise LoadRefused(
                     f"{what}: sha256 of {model.path.name} is {model.sha256}, expected {expected}"
                 )
-            return CheckedVersion(model, _golden(what, files))
+            if files.golden is None:
+                return CheckedVersion(model, _golden(what, files))
+            with stages.stage(GOLDEN_PARSE):
+                return CheckedVersion(model, _golden(what, files))
         except BaseException:  # refused: its bytes go here, not with the error on the loop
             model.release()
             raise
 
     async def read(
-        self, key: str, version: str, path: Path | None, expected_sha256: str | None
+        self,
+        key: str,
+        version: str,
+        path: Path | None,
+        expected_sha256: str | None,
+        stages: LoadStages | None = None,
     ) -> CheckedVersion:
         """The model file's bytes, read once and checked against the expected digest
         (the caller's, else the version's manifest), and its golden set, checked against
-        the manifest's digest; ``expected_sha256`` is normalized."""
+        the manifest's digest; ``expected_sha256`` is normalized. Each stage's time is
+        added to ``stages``."""
         future = asyncio.get_running_loop().run_in_executor(
-            self._threads, self._read_checked, key, version, path, expected_sha256
+            self._threads,
+            self._read_checked,
+            key,
+            version,
+            path,
+            expected_sha256,
+            stages or LoadStages(),
         )
         try:
             return await asyncio.shield(future)
@@ -144,31 +188,44 @@ class LoadPipeline:
             self.discard(future.result())
 
     def _load_and_warm(
-        self, key: str, version: str, checked: CheckedVersion, estimate: int
+        self,
+        key: str,
+        version: str,
+        checked: CheckedVersion,
+        estimate: int,
+        stages: LoadStages,
     ) -> LoadedVersion:
         try:
-            return self._make(key, version, checked, estimate)
+            return self._make(key, version, checked, estimate, stages)
         finally:  # the engine holds its own copy: unmap the file's bytes here, not on the loop
-            checked.model.release()
+            with stages.stage(RELEASE):
+                checked.model.release()
 
     def _make(
-        self, key: str, version: str, checked: CheckedVersion, estimate: int
+        self,
+        key: str,
+        version: str,
+        checked: CheckedVersion,
+        estimate: int,
+        stages: LoadStages,
     ) -> LoadedVersion:
         model = checked.model
         try:
-            engine = self.backend.load(model)
+            engine = _timed_load(self.backend, model, stages)
         except ServingError:
             raise
         except Exception as exc:  # a corrupt engine can raise anything from the runtime
             raise LoadRefused(f"{key}:{version} failed to load: {exc}") from exc
         try:
-            warm_up(engine)
+            with stages.stage(WARM_UP):
+                warm_up(engine)
         except Exception as exc:
             engine.close()
             raise LoadRefused(f"{key}:{version} failed its warm-up inference: {exc}") from exc
         if checked.golden is not None:
             try:
-                checked.golden.check(engine, f"{key}:{version}")
+                with stages.stage(GOLDEN):
+                    checked.golden.check(engine, f"{key}:{version}")
             except BaseException:
                 engine.close()
                 raise
@@ -176,13 +233,24 @@ class LoadPipeline:
         return LoadedVersion(key, version, model.path, model.sha256, engine, int(memory))
 
     async def load(
-        self, key: str, version: str, checked: CheckedVersion, estimate: int
+        self,
+        key: str,
+        version: str,
+        checked: CheckedVersion,
+        estimate: int,
+        stages: LoadStages | None = None,
     ) -> LoadedVersion:
-        """Load the checked model, warm it up and run its golden set, on a loader thread.
-        If the caller is cancelled meanwhile, the thread still finishes; the engine it
-        made is then closed."""
+        """Load the checked model, warm it up and run its golden set, on a loader thread,
+        each stage's time added to ``stages``. If the caller is cancelled meanwhile, the
+        thread still finishes; the engine it made is then closed."""
         future = asyncio.get_running_loop().run_in_executor(
-            self._threads, self._load_and_warm, key, version, checked, estimate
+            self._threads,
+            self._load_and_warm,
+            key,
+            version,
+            checked,
+            estimate,
+            stages or LoadStages(),
         )
         try:
             return await asyncio.shield(future)

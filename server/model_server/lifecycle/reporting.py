@@ -4,7 +4,8 @@ log — in one place, fed by one :class:`LifecycleEvent` record."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from model_server.errors import ServingError
 from model_server.lifecycle.model_slot import ModelSlot
@@ -26,6 +27,8 @@ class LifecycleEvent:
     digest: str | None = None
     duration_s: float = 0.0
     error: ServingError | None = None  # for failures
+    # a load's seconds per stage (load_stages), adding up to duration_s
+    stages_s: Mapping[str, float] = field(default_factory=dict)
 
 
 class Reporter:
@@ -81,3 +84,5 @@ class Reporter:
         m.reload_success.labels(model).inc()
         if event.action == "load":
             m.load_duration.labels(model).observe(event.duration_s)
+            for stage, seconds in event.stages_s.items():
+                m.load_stage_duration.labels(model, stage).observe(seconds)

@@ -31,6 +31,7 @@ from model_server.files.trusted_files import (
     read_regular_private,
     relative_parts,
 )
+from model_server.lifecycle.load_stages import HASH, READ, LoadStages
 
 # CURRENT and TRAFFIC are a line of JSON or a name: a larger one is not the sidecar's
 SMALL_FILE_LIMIT = 64 * 1024
@@ -105,9 +106,13 @@ class ModelRepository:
         except InvalidPolicy as exc:
             raise InvalidPolicy(f"{shown}: {exc}") from None
 
-    def read_version(self, key: str, version: str) -> VersionFiles:
+    def read_version(
+        self, key: str, version: str, stages: LoadStages | None = None
+    ) -> VersionFiles:
         """The model file and manifest of ``key:version``, from the same directory
-        descriptor, so a version directory swapped meanwhile cannot mix two versions."""
+        descriptor, so a version directory swapped meanwhile cannot mix two versions
+        (the read's and the hash's time added to ``stages``)."""
+        stages = stages or LoadStages()
         try:
             parts = (*ModelKey.parse(key).parts, check_name("version", version))
         except InvalidName as exc:
@@ -117,11 +122,11 @@ class ModelRepository:
             with open_directory(self.root, parts) as directory:
                 for name in MODEL_FILE_NAMES:
                     try:
-                        copy = read_regular_private(directory, name, str(shown / name))
+                        model = _read_model(directory, name, shown / name, stages)
                     except FileNotFoundError:
                         continue
-                    model = ModelFile(shown / name, copy.view, sha256_bytes(copy.view), copy)
-                    return self._beside_or_release(directory, shown, model, f"{key}:{version}")
+                    with stages.stage(READ):
+                        return self._beside_or_release(directory, shown, model, f"{key}:{version}")
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError):
@@ -163,16 +168,19 @@ class ModelRepository:
             ) from None
         return VersionFiles(model, manifest, golden)
 
-    def read_announced(self, path: Path, what: str) -> VersionFiles:
+    def read_announced(
+        self, path: Path, what: str, stages: LoadStages | None = None
+    ) -> VersionFiles:
         """An announced model file (the sidecar's ``path``: inside the repository, no
         link on the way, a regular file; read once) with the manifest and golden set
         beside it; ``what`` names the version in messages."""
         parts = self._parts(path)
+        stages = stages or LoadStages()
         try:
             with open_directory(self.root, parts[:-1]) as directory:
-                copy = read_regular_private(directory, parts[-1], str(path))
-                model = ModelFile(path, copy.view, sha256_bytes(copy.view), copy)
-                return self._beside_or_release(directory, path.parent, model, what)
+                model = _read_model(directory, parts[-1], path, stages)
+                with stages.stage(READ):
+                    return self._beside_or_release(directory, path.parent, model, what)
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -202,3 +210,17 @@ class ModelRepository:
         if parts[-1] not in MODEL_FILE_NAMES:
             raise Forbidden(f"{path} is not a model file (one of {', '.join(MODEL_FILE_NAMES)})")
         return parts
+
+
+def _read_model(directory: int, name: str, shown: Path, stages: LoadStages) -> ModelFile:
+    """The model file ``name`` of the open ``directory``, read once into its private copy
+    and hashed (each step's time in ``stages``)."""
+    with stages.stage(READ):
+        copy = read_regular_private(directory, name, str(shown))
+    try:
+        with stages.stage(HASH):
+            digest = sha256_bytes(copy.view)
+    except BaseException:
+        copy.close()
+        raise
+    return ModelFile(shown, copy.view, digest, copy)

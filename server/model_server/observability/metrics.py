@@ -145,6 +145,13 @@ class ServerMetrics:
             buckets=LOAD_BUCKETS,
             registry=r,
         )
+        self.load_stage_duration = Histogram(
+            "model_server_load_stage_duration_seconds",
+            "Time of each stage of a load (read, hash, engine, warm-up, swap, ...)",
+            ["model", "stage"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
         self.request_latency = Histogram(
             "model_server_inference_request_duration_seconds",
             "Inference request latency",

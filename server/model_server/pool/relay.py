@@ -98,12 +98,24 @@ def merged_status(replies: Sequence[Reply]) -> Reply:
 
 
 def merged_swap(replies: Sequence[Reply]) -> Reply:
-    """Worker 0's reply, with the longest duration when it was a swap."""
+    """Worker 0's reply, with the longest duration (and that load's stages) when it was
+    a swap."""
     first = replies[0]
     if isinstance(first, SwapReply):
-        longest = max(r.duration_ms for r in replies if isinstance(r, SwapReply))
-        return SwapReply(first.model, first.from_version, first.to_version, longest, first.instant)
+        slowest = max((r for r in replies if isinstance(r, SwapReply)), key=_duration)
+        return SwapReply(
+            first.model,
+            first.from_version,
+            first.to_version,
+            slowest.duration_ms,
+            first.instant,
+            slowest.stages_ms,
+        )
     return first
+
+
+def _duration(reply: SwapReply) -> float:
+    return reply.duration_ms
 
 
 class ControlRelay:

@@ -121,6 +121,7 @@ def test_onnxruntime_uses_the_cache_for_optimised_models(tmp_path: Path) -> None
     backend = OnnxRuntimeBackend(cache=EngineCache(tmp_path / "cache", suffix="onnx"))
     backend.load(ModelFile.read(model)).close()
     assert backend.last_cache_hit is False
+    backend.settle()  # a miss is served at once; its entry is written after
     backend.load(ModelFile.read(model)).close()
     assert backend.last_cache_hit is True
     [entry] = backend.cache.entries()  # type: ignore[union-attr]
@@ -141,6 +142,7 @@ def _answers(backend: OnnxRuntimeBackend, version: Version) -> np.ndarray:
         return np.asarray(out)
     finally:
         engine.close()
+        backend.settle()
 
 
 @pytest.fixture
@@ -151,6 +153,7 @@ def two_models(tmp_path: Path) -> tuple[Version, Version, Path]:
     evil = add_version(tmp_path / "elsewhere", "m", "9", seed=9)
     other = OnnxRuntimeBackend(cache=EngineCache(tmp_path / "evil-cache", suffix="onnx"))
     other.load(ModelFile.read(evil.path)).close()
+    other.settle()
     [evil_entry] = other.cache.entries()  # type: ignore[union-attr]
     return v1, evil, evil_entry
 
@@ -183,6 +186,7 @@ def test_a_link_planted_as_an_entry_is_rebuilt_never_loaded(
         digest, got = asyncio.run(serve())
     finally:
         manager.close()
+        backend.settle()
     assert digest == v1.sha256
     np.testing.assert_allclose(got, v1.expected(_x()), rtol=1e-5, atol=1e-5)
     assert not np.allclose(got, evil.expected(_x()))

@@ -176,6 +176,14 @@ def test_a_chunked_load_gives_identical_weights(
     engine.close()
 
 
+def test_an_engine_says_where_its_load_went(device: str, tmp_path: Path) -> None:
+    """The load pipeline reports these stages (load_stages): parse, upload, bind."""
+    engine = TorchBackend(device).load(ModelFile.read(add_version(tmp_path, "m", "v1", 1).path))
+    assert set(engine.load_stages) == {"parse", "upload", "bind"}
+    assert all(seconds >= 0 for seconds in engine.load_stages.values())
+    engine.close()
+
+
 def test_the_walk_gives_what_onnx_parses(tmp_path: Path) -> None:
     """Weights equal numpy_helper's; the rest of the model, metadata after the graph
     included, equals onnx's parse of the whole file without the raw bytes."""

@@ -64,7 +64,8 @@ def unmapped_on(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def load_through_a_pipeline(repository: ModelRepository) -> PrivateCopy:
     """Read and load v1 through a load pipeline (ONNX Runtime), then close its engine:
     the private copy it was read into, as the load left it."""
-    pipeline = LoadPipeline(OnnxRuntimeBackend(), repository)
+    backend = OnnxRuntimeBackend()
+    pipeline = LoadPipeline(backend, repository)
 
     async def load() -> PrivateCopy:
         checked = await pipeline.read("mlp", "v1", None, None)
@@ -73,6 +74,7 @@ def load_through_a_pipeline(repository: ModelRepository) -> PrivateCopy:
         assert not private.mapping.closed
         loaded = await pipeline.load("mlp", "v1", checked, 0)
         loaded.engine.close()
+        backend.settle()
         return private
 
     try:
@@ -154,9 +156,12 @@ def test_a_load_unmaps_the_bytes_on_the_loaders_thread(
 ) -> None:
     """The defect: the event loop dropped the last reference, so it unmapped 400 MiB
     (40 to 50 ms on the H200 host) while every request waited. Now the loader's thread
-    unmaps them once the engine is made, whether the load succeeds or not."""
+    lets them go once the engine is made, whether the load succeeds or not; an ONNX
+    Runtime session that runs on them (its weights handed over, not copied) keeps them,
+    and they go on a release thread once it is closed, never on the closing thread."""
     private = load_through_a_pipeline(repo[0])
-    assert private.mapping is not None and private.mapping.closed and unmapped_on == ["load"]
+    assert private.mapping is not None and private.mapping.closed
+    assert unmapped_on == ["load", "release"]
 
 
 def test_releasing_bytes_a_view_still_holds_keeps_them_for_the_view(
@@ -179,6 +184,34 @@ def test_a_file_that_changes_size_while_read_is_refused(tmp_path: Path, told: in
             read_into_private_copy(fd, told, "model.onnx", str(path))
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("refused_after", [None, 0, 4096], ids=["never", "at once", "midway"])
+def test_the_kernel_copies_into_the_private_copy_and_a_refusal_reads_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_after: int | None
+) -> None:
+    """``sendfile`` fills the memfd (no fault per page); a kernel or file system that
+    refuses it, at once or midway, leaves the rest to be read through the mapping."""
+    path = tmp_path / "model.onnx"
+    data = os.urandom(3 * 4096 + 5)
+    path.write_bytes(data)
+    calls: list[int] = []
+    real = os.sendfile
+
+    def sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        calls.append(offset)
+        if refused_after is not None and offset >= refused_after:
+            raise OSError(errno.EINVAL, "refused")
+        return real(out_fd, in_fd, offset, min(count, 4096))
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        copy = read_into_private_copy(fd, len(data), "model.onnx", str(path))
+    finally:
+        os.close(fd)
+    assert calls and bytes(copy.view) == data
+    copy.close()
 
 
 def test_an_empty_model_file_has_no_mapping(tmp_path: Path) -> None:

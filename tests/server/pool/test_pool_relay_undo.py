@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from model_rollout_contract import control
-from model_server.pool.relay import ControlRelay, WorkerLink
+from model_server.pool.relay import ControlRelay, WorkerLink, merged_swap
 from model_server.pool.replay import replay
 
 
@@ -130,3 +130,11 @@ async def test_the_replay_skips_a_retained_version_whose_directory_is_gone(
     loads = [r.version for r in worker.asked if isinstance(r, control.LoadRequest)]
     assert loads == ["v2", "v3"] and worker.serving == "v3"
     assert any("v1" in r.getMessage() and str(gone) in r.getMessage() for r in caplog.records)
+
+
+def test_a_pools_swap_reply_gives_the_slowest_workers_duration_and_its_stages() -> None:
+    fast = control.SwapReply("m", "v1", "v2", 10.0, False, (("read", 4.0), ("other", 6.0)))
+    slow = control.SwapReply("m", "v1", "v2", 30.0, False, (("read", 20.0), ("other", 10.0)))
+    merged = merged_swap([fast, slow])
+    assert isinstance(merged, control.SwapReply)
+    assert (merged.duration_ms, merged.stages_ms) == (30.0, slow.stages_ms)

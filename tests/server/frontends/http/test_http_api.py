@@ -388,3 +388,21 @@ async def test_tenants_see_their_own_statistics_and_the_admin_names_them(tmp_pat
         assert (await client.get("/v2/models/mlp/ready", headers=acme)).status == 503
         ready = await client.get("/v2/models/mlp/ready", headers={"X-API-Key": "key-globex"})
         assert ready.status == 200
+
+
+async def test_a_load_says_where_its_time_went(client: TestClient) -> None:
+    response = await client.post("/v1/reload?target_version=v2", headers=ADMIN)
+    body = await response.json()
+    stages = body["stages_ms"]
+    # the server's own timing of each stage, and what lay between them, add up to the load
+    assert {"read", "hash", "warm_up", "release", "swap", "other"} <= set(stages)
+    assert {"session", "row_estimate"} & set(stages)  # the ONNX Runtime backend's own
+    assert all(ms >= 0 for ms in stages.values())
+    assert abs(sum(stages.values()) - body["duration_ms"]) < 0.05
+    text = await (await client.get("/metrics")).text()
+    for stage in stages:
+        assert (
+            f'model_server_load_stage_duration_seconds_count{{model="mlp",stage="{stage}"}}' in text
+        )
+    rollback = await (await client.post("/v1/rollback", headers=ADMIN)).json()
+    assert "stages_ms" not in rollback  # a pointer swap: no load, no stages
