@@ -81,5 +81,8 @@ def test_no_step_is_shown_without_a_shadow_step_or_once_the_canary_is_over() -> 
         {"stage": "canary"},  # written by an operator before steps
         {"stage": "batches", "canaryStep": "live", "shadowResult": SHADOW_RESULT},
         {"stage": "failed", "canaryStep": "shadow"},  # a load refused: not a rollback
+        # aborted in the batches (a batch ran): no canary step was rolled back
+        {"stage": "failed", "canaryStep": "live", "shadowResult": SHADOW_RESULT,
+         "rolledBack": True, "aborted": True, "batch": 2},
     ):
         assert not any(line.startswith("Canary step:") for line in lines(resource(rollout)))
