@@ -82,7 +82,13 @@ def test_no_step_is_shown_without_a_shadow_step_or_once_the_canary_is_over() -> 
         {"stage": "batches", "canaryStep": "live", "shadowResult": SHADOW_RESULT},
         {"stage": "failed", "canaryStep": "shadow"},  # a load refused: not a rollback
         # aborted in the batches (a batch ran): no canary step was rolled back
-        {"stage": "failed", "canaryStep": "live", "shadowResult": SHADOW_RESULT,
-         "rolledBack": True, "aborted": True, "batch": 2},
+        {
+            "stage": "failed",
+            "canaryStep": "live",
+            "shadowResult": SHADOW_RESULT,
+            "rolledBack": True,
+            "aborted": True,
+            "batch": 2,
+        },
     ):
         assert not any(line.startswith("Canary step:") for line in lines(resource(rollout)))
