@@ -4,14 +4,18 @@ as a pure function on the simulated cluster of ``test_shadow_step.py``."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
+from pathlib import Path
 
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_operator.analysis import AnalysisState, Sample
 from model_operator.canary_metrics import Figures
+from model_operator.errors import SpecError
 from model_operator.planner import BATCHES, CANARY, FAILED, Plan
 from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_operator.status import build_status, rollout_from_status
@@ -28,7 +32,9 @@ from tests.operator.test_shadow_step import (
     SHADOW_GOOD,
     SHADOW_NAN,
 )
+from tests.support.crd_validation import ResourceSchema
 
+ROOT = Path(__file__).resolve().parents[2]
 FEW = Figures(3, 0, 3, 30, 0.01, 0.01, None, None, 0)  # too few requests: inconclusive
 FIGURES = {"good": (SHADOW_GOOD, LIVE_GOOD), "bad": (SHADOW_NAN, LIVE_ERRORS), "few": (FEW, FEW)}
 
@@ -184,3 +190,55 @@ def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
         for _ in range(10):
             cluster.step(replace(sp, paused=False))
         assert all(p.target == "v1" and p.policy is None for p in cluster.pods)
+
+
+@functools.cache
+def crd_schema() -> ResourceSchema:
+    return ResourceSchema.load(ROOT / "deploy" / "crds" / "modeldeployment.yaml")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    percent=st.sampled_from([None, 0, 25]),
+    analysis=st.booleans(),
+    retain=st.sampled_from([None, 1, 2]),
+    shadow=st.sampled_from([None, {}, {"enabled": True}, {"enabled": False},
+                            {"percent": 50}, {"enabled": True, "percent": 100}]),
+    traffic=st.sampled_from([None, 0, 20]),
+    mirrored=st.sampled_from([None, 0, 10]),
+    manual=st.sampled_from([None, True]),
+    paused=st.sampled_from([None, True, False]),
+)  # fmt: skip
+def test_the_crd_and_the_operator_refuse_the_same_shadow_and_pause_specs(
+    percent: int | None,
+    analysis: bool,
+    retain: int | None,
+    shadow: dict[str, object] | None,
+    traffic: int | None,
+    mirrored: int | None,
+    manual: bool | None,
+    paused: bool | None,
+) -> None:
+    """The API server's schema and CEL rules, and the operator's own parse, accept and
+    refuse the same combinations of the canary's steps, its shares and ``spec.paused``."""
+    [doc] = yaml.safe_load_all((ROOT / "examples" / "modeldeployment.yaml").read_text())
+    fields = {
+        "percent": percent,
+        "trafficPercent": traffic,
+        "shadowPercent": mirrored,
+        "manualPromote": manual,
+        "shadow": shadow,
+        "analysis": {"intervalSeconds": 2, "minRequests": 10} if analysis else None,
+    }
+    canary = {k: v for k, v in fields.items() if v is not None}
+    doc["spec"] = {k: v for k, v in doc["spec"].items() if k not in ("canary", "retainVersions")}
+    doc["spec"].update({"canary": canary, **({} if retain is None else {"retainVersions": retain}),
+                        **({} if paused is None else {"paused": paused})})  # fmt: skip
+    schema = crd_schema()
+    refused_by_crd = schema.problems(doc)
+    try:
+        parse_spec(schema.stored(doc)["spec"])
+        refused_by_operator: list[str] = []
+    except SpecError as error:
+        refused_by_operator = error.problems
+    assert bool(refused_by_crd) == bool(refused_by_operator), (refused_by_crd, refused_by_operator)
