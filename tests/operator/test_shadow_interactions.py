@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from model_operator.analysis import AnalysisState, Sample
@@ -108,17 +108,36 @@ def test_a_pod_added_while_paused_in_the_batches_is_pointed_at_the_stable_versio
     assert plan.phase is Phase.AVAILABLE and cluster.serving() == {"v2": 3}
 
 
-EVENTS = st.sampled_from(["pause", "resume", "full", "up", "down", "restart", "abort", "-"])
+EVENTS = st.sampled_from(
+    ["pause", "resume", "full", "up", "down", "restart", "abort", "retry", "-"]
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    events=st.lists(st.tuples(st.integers(0, 50), EVENTS), max_size=8),
+    events=st.lists(st.tuples(st.integers(0, 30), EVENTS), max_size=8),
     checks=st.lists(st.sampled_from(sorted(FIGURES)), min_size=1, max_size=10),
     manual=st.booleans(),
     whole_pods=st.booleans(),
     replicas=st.integers(2, 8),
     seed=st.integers(0, 1000),
+)
+# paused in the shadow step before its check passes; scaled up then, and restarted
+@example(
+    events=[(5, "pause")],
+    checks=["few", "few", "good"],
+    manual=False,
+    whole_pods=False,
+    replicas=4,
+    seed=0,
+)
+@example(
+    events=[(5, "pause"), (6, "up"), (7, "restart"), (9, "down")],
+    checks=["few", "bad", "few", "good"],
+    manual=True,
+    whole_pods=True,
+    replicas=4,
+    seed=1,
 )
 def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
     events: list[tuple[int, str]],
@@ -128,7 +147,7 @@ def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
     replicas: int,
     seed: int,
 ) -> None:
-    """Whatever interleaving of pause/resume, full promotion, scale up/down, abort,
+    """Whatever interleaving of pause/resume, full promotion, scale up/down, abort, retry,
     operator restarts and check results (passed, failed, inconclusive): no pod gives the
     candidate a live share before a passed shadow check unless a full promotion was
     asked; maxConcurrentLoads holds; nothing new starts while paused; and once resumed
@@ -148,7 +167,7 @@ def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
     at = dict(events)
     for tick in range(600):
         event = at.get(tick, "-")
-        promoted = aborted = None
+        promoted = aborted = retried = None
         state = cluster.state
         if event in ("pause", "resume"):
             paused = event == "pause"
@@ -156,6 +175,8 @@ def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
             promoted = full_promotion_id("v2", state.started_at)
         elif event == "abort":
             aborted = "v2"
+        elif event == "retry":
+            retried = "v2"
         elif event == "up":
             cluster.pods.append(SimPod(f"pod-new{tick:03d}"))
         elif event == "down" and len(cluster.pods) > 1:
@@ -166,7 +187,11 @@ def test_pause_full_promotion_scaling_and_restarts_around_the_shadow_step(
             promoted = state.promotion
         sp = spec(len(cluster.pods), paused, **canary)
         before = {p.name: p.target for p in cluster.pods}
-        plan = cluster.step(sp, promoted=promoted, aborted=aborted, read=read, delay=2)
+        plan = cluster.step(
+            sp, promoted=promoted, aborted=aborted, retried=retried, read=read, delay=2
+        )
+        if state is not None and plan.state.started_at != state.started_at:
+            asked_full = passed = False  # a retry: a rollout of its own
         if event == "restart":
             restart(cluster, plan)
         reasons = [e.reason for e in plan.events]
