@@ -927,11 +927,14 @@ class _Tick:
             return failed
         serving = sum(p.serves(self.version) for p in self.pods)
         loading = sum(p.loading(self.version) for p in self.pods)
+        shadow = self.state.stage == CANARY and self.state.canary_step is SHADOW
+        serve = "hold" if shadow else "serve"  # in the shadow step no user gets its answers
         return self.plan(
             Phase.CANARY if self.state.stage == CANARY else self._progress_phase(),
             PAUSED_REASON,
             f"paused (spec.paused) at the {self.state.stage} stage: {serving}/"
-            f"{len(self.pods)} pods serve {self.version}"
+            f"{len(self.pods)} pods {serve} {self.version}"
+            + (" (it answers only mirrored requests)" if shadow else "")
             + (f", {loading} loading (loads in flight finish)" if loading else "")
             + "; it goes on once spec.paused is false",
         )

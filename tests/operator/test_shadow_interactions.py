@@ -267,3 +267,13 @@ def test_the_crd_and_the_operator_refuse_the_same_shadow_and_pause_specs(
     except SpecError as error:
         refused_by_operator = error.problems
     assert bool(refused_by_crd) == bool(refused_by_operator), (refused_by_crd, refused_by_operator)
+
+
+def test_a_pause_in_the_shadow_step_does_not_say_the_canary_pods_serve_the_candidate() -> None:
+    """In the shadow step every user gets the stable version's answer: the paused message
+    says the canary pods hold the candidate, and that it answers only mirrored requests."""
+    cluster = SimCluster(4, "v1")
+    until_shadow(cluster, spec(), FEW)
+    plan = cluster.step(spec(paused=True))
+    assert plan.reason == "Paused" and "1/4 pods serve v2" not in plan.message, plan.message
+    assert "1/4 pods hold v2 (it answers only mirrored requests)" in plan.message, plan.message
