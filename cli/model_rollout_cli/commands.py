@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from model_rollout_contract.annotations import CHANGE_CAUSE, full_promotion_id, promotion_id
-from model_rollout_contract.states import Phase, RolloutResult, RolloutStage
+from model_rollout_contract.states import CanaryStep, Phase, RolloutResult, RolloutStage
 from model_rollout_contract.tracks import TrackKeys
 
 from .cause import change_cause
@@ -196,6 +196,16 @@ def promote(
     resume = unpause_patch(md)
     cluster.patch(name, {"metadata": {"annotations": {own.promote: value}}, **resume})
     what_of = f"rollout of {version} fully promoted" if full else f"canary of {version} promoted"
+    step = (rollout.get("stage"), rollout.get("canaryStep"))
+    if step == (RolloutStage.CANARY, CanaryStep.SHADOW):
+        # in the shadow step a promote only approves (the checks decide); --full skips it
+        what_of = (
+            f"rollout of {version} fully promoted, its shadow step skipped with no check "
+            "passed (it answers users untested)"
+            if full
+            else f"canary of {version} approved: it goes live after a passed shadow check, "
+            "and on to the batches after a passed check of the live step"
+        )
     print(
         f"{described(name, track)}: {what_of} ({own.promote}={value})"
         + (f"; {name} resumed (spec.paused: false)" if resume else ""),

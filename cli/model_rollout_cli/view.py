@@ -108,8 +108,8 @@ def canary_step_text(rollout: dict[str, Any]) -> str | None:
     if step == CanaryStep.LIVE and not shadow:
         return None  # a canary live from the start: no steps to tell apart
     if stage == RolloutStage.FAILED:
-        if not rollout.get("rolledBack"):
-            return None
+        if not rollout.get("rolledBack") or rollout.get("batch"):
+            return None  # a load refused, or rolled back in the batches: no canary step
         ended = f"{step} (rolled back in this step"
         return ended + ("; no user got an answer of the candidate)" if step == "shadow" else ")")
     if step == CanaryStep.SHADOW:

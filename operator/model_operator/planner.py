@@ -61,7 +61,9 @@ any other: it waits for the resume.
 remains of a running rollout: the canary hold and its analysis, the remaining batches
 and their jitter. Every pod not yet on the version moves at once, as
 ``maxConcurrentLoads`` allows (a cap on resources, not a step: a pod moves as soon as a
-load ends, not batch by batch); the state records ``full``.
+load ends, not batch by batch); the state records ``full``. It skips a shadow step
+that has not passed too (the user's explicit choice: the candidate answers users
+untested), recorded as the step's result, so that no view says no user saw it.
 
 A rollback is *fast* — no canary, no jitter, every pod at once — only when it is safe:
 back to the version a rollout in progress started from, or to the previous stable
@@ -79,7 +81,8 @@ picked in waves, a batch is smaller).
 
 ``spec.replicas`` follows a scaler (the scale subresource): a pod created mid-rollout,
 pointed nowhere yet, is pointed at once at the version its stage wants for it (stable
-during a canary or after a failure, the target once the canary is promoted), so that its
+during a canary or after a failure, the target once the canary is promoted, but
+stable while ``spec.paused`` holds the rollout), so that its
 init container pre-pulls that version; a pod removed is simply not there any more.
 """
 
@@ -475,11 +478,13 @@ class _Tick:
         default: the rollout's target once its canary is promoted (a new pod serves nothing
         yet: no batch of its own, and no load of the version it would leave), the stable
         version before that or once the rollout failed. A first deployment's batches and
-        the steady state (:meth:`complete`) point them already."""
+        the steady state (:meth:`complete`) point them already. While ``spec.paused``
+        holds the rollout, the stable version too: a pause exposes no more pods to the
+        target (they move on resume, as the rest do)."""
         stage = self.state.stage
         if self.stable is None or stage == COMPLETE:
             return
-        if stage == BATCHES:
+        if stage == BATCHES and not pause_holds(self.spec, self.state):
             version, previous = self.version, self.state.from_version or self.previous
         else:  # canary, failed
             version, previous = self.stable, self.previous
@@ -922,11 +927,14 @@ class _Tick:
             return failed
         serving = sum(p.serves(self.version) for p in self.pods)
         loading = sum(p.loading(self.version) for p in self.pods)
+        shadow = self.state.stage == CANARY and self.state.canary_step is SHADOW
+        serve = "hold" if shadow else "serve"  # in the shadow step no user gets its answers
         return self.plan(
             Phase.CANARY if self.state.stage == CANARY else self._progress_phase(),
             PAUSED_REASON,
             f"paused (spec.paused) at the {self.state.stage} stage: {serving}/"
-            f"{len(self.pods)} pods serve {self.version}"
+            f"{len(self.pods)} pods {serve} {self.version}"
+            + (" (it answers only mirrored requests)" if shadow else "")
             + (f", {loading} loading (loads in flight finish)" if loading else "")
             + "; it goes on once spec.paused is false",
         )
@@ -936,6 +944,15 @@ class _Tick:
         self.promotion_used = True
         if not self.state.full:
             skipped = "the canary hold and its analysis, " if self.state.stage == CANARY else ""
+            if self.state.stage == CANARY and self.state.canary_step is SHADOW:
+                # users get the candidate's answers now: the step never passed, and a
+                # later rollback must not say that no user got one
+                skipped = "the shadow step (no check passed), " + skipped
+                self.state = replace(
+                    self.state,
+                    canary_step=LIVE,
+                    shadow_result="skipped: fully promoted (promote --full)",
+                )
             self.state = replace(self.state, stage=BATCHES, full=True, next_batch_at=self.now)
             self.events.append(
                 Event(

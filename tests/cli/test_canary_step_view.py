@@ -4,11 +4,14 @@ text view and in ``-o json``."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import datetime, timezone
 from typing import Any
 
-from model_rollout_cli.commands import status_json
+import pytest
+
+from model_rollout_cli.commands import Follow, promote, status_json
 from model_rollout_cli.view import render
 
 NOW = datetime(2026, 12, 3, 9, 0, 0, tzinfo=timezone.utc)
@@ -81,5 +84,44 @@ def test_no_step_is_shown_without_a_shadow_step_or_once_the_canary_is_over() -> 
         {"stage": "canary"},  # written by an operator before steps
         {"stage": "batches", "canaryStep": "live", "shadowResult": SHADOW_RESULT},
         {"stage": "failed", "canaryStep": "shadow"},  # a load refused: not a rollback
+        # aborted in the batches (a batch ran): no canary step was rolled back
+        {
+            "stage": "failed",
+            "canaryStep": "live",
+            "shadowResult": SHADOW_RESULT,
+            "rolledBack": True,
+            "aborted": True,
+            "batch": 2,
+        },
     ):
         assert not any(line.startswith("Canary step:") for line in lines(resource(rollout)))
+
+
+class OneResource:
+    """The cluster as ``promote`` sees it: one resource, and the patches written to it."""
+
+    def __init__(self, md: dict[str, Any]) -> None:
+        self.md = md
+        self.patches: list[dict[str, Any]] = []
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.md
+
+    def patch(self, name: str, body: dict[str, Any]) -> None:
+        self.patches.append(body)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_promote_in_the_shadow_step_says_what_it_does(full: bool) -> None:
+    """A promote read in the shadow step approves (the checks still decide), and
+    ``--full`` skips the shadow step unchecked: the command says so, not 'promoted'."""
+    md = resource({"stage": "canary", "canaryStep": "shadow"})
+    md["spec"]["canary"] = {"percent": 25, "manualPromote": True}
+    out = io.StringIO()
+    code = promote(OneResource(md), "mlp", Follow(out=out), full=full)  # type: ignore[arg-type]
+    said = out.getvalue()
+    assert code == 0 and len(said.splitlines()) == 1, said
+    if full:
+        assert "fully promoted" in said and "shadow step skipped with no check passed" in said
+    else:
+        assert "canary of v3 approved" in said and "promoted" not in said.split("(")[0], said
