@@ -506,11 +506,12 @@ def test_a_pod_waits_for_its_config_map_and_starts_once_it_exists(
     assert (config / "key").read_text() == "value"
 
 
-# writes the environment it was given from Secrets, then sleeps
+# writes the environment it was given from Secrets into the folder its argument names
+# (a container path: the sandbox maps it), then sleeps
 SECRET_ENV = (
-    "import json, os, pathlib, time;"
+    "import json, os, pathlib, sys, time;"
     " seen = {k: v for k, v in os.environ.items() if k.startswith(('ID', 'S_'))};"
-    " pathlib.Path('/out', 'env.json').write_text(json.dumps(seen)); time.sleep(3600)"
+    " pathlib.Path(sys.argv[1], 'env.json').write_text(json.dumps(seen)); time.sleep(3600)"
 )
 
 
@@ -529,6 +530,7 @@ def test_a_pods_secrets_reach_its_volumes_and_environment_once_they_exist(
               for name in ("keys", "projected", "given", "out")]  # fmt: skip
     container = sleeper(
         code=SECRET_ENV,
+        args=["/out"],
         volumeMounts=mounts,
         env=[{"name": "ID", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "id"}}}],
         envFrom=[{"secretRef": {"name": "creds"}, "prefix": "S_"}],
