@@ -78,7 +78,9 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     '-e "s|https://s3.example.com|$AWS_ENDPOINT_URL|" examples/quickstart.yaml > '
     "recommender.yaml": INSTALL_GUIDE,
     "kubectl apply -f recommender.yaml": INSTALL_GUIDE,
-    "kubectl model status recommender -n ml-serving --watch --timeout 600": INSTALL_GUIDE,
+    "kubectl -n ml-serving wait modeldeployment/recommender "
+    "--for=jsonpath='{.status.phase}'=Available --timeout=10m": INSTALL_GUIDE,
+    "kubectl model status recommender -n ml-serving --watch --timeout 10": INSTALL_GUIDE,
     "model-rollout release --model recommender --version v2 --file model-v2.onnx --key "
     'signing.key --deployment recommender --store "$STORE" -n ml-serving': INSTALL_GUIDE,
     "kubectl -n ml-serving wait modeldeployment/recommender "

@@ -121,14 +121,13 @@ def report(command: str, release: str, answer: dict[str, Any]) -> str:
     chart's NOTES."""
     if command == "uninstall":
         return str(answer.get("info") or f'release "{release}" uninstalled')
-    info = answer.get("info") or {}
     lines = [
         f"NAME: {answer.get('name', release)}",
         f"NAMESPACE: {answer.get('namespace', '')}",
-        f"STATUS: {info.get('status', '')}",
-        f"REVISION: {answer.get('version', '')}",
+        f"STATUS: {answer.get('status', '')}",
+        f"REVISION: {answer.get('revision', '')}",
     ]
-    notes = info.get("notes")
+    notes = answer.get("notes")
     return "\n".join(lines + (["NOTES:", str(notes)] if notes else []))
 
 

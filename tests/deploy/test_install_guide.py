@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,13 +82,20 @@ def cluster(tmp_path: Path) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture
-def node(cluster: ControlPlane, tmp_path: Path) -> Iterator[AgentThread]:
+def pods() -> Iterator[Path]:
+    """The pods' directories, under a short path: a pod's control socket must fit a
+    Unix socket's 108 bytes (as the scenarios' ``/tmp/mr-*``)."""
+    directory = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def node(cluster: ControlPlane, pods: Path) -> Iterator[AgentThread]:
     """One node for the operator's pods and the model pods: processes, nothing given but
     what the pod specs name (Secrets and tokens come from the API). ``KUBECONFIG`` is
     emptied so that no pod finds this test's credentials in its environment."""
-    runtime = ProcessContainers(
-        tmp_path / "pods", env={"KUBECONFIG": ""}, api_server=cluster.server
-    )
+    runtime = ProcessContainers(pods, env={"KUBECONFIG": ""}, api_server=cluster.server)
     agent = NodeAgent(cluster.node_kubeconfig("install-node"), runtime, "install-node")
     thread = AgentThread(agent).start()
     yield thread
@@ -115,9 +124,9 @@ def tools(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def pod_logs(tmp_path: Path) -> str:
+def pod_logs(pods: Path) -> str:
     """The last lines of every container's log, for a failure's report."""
-    logs = sorted((tmp_path / "pods").glob("*/*.log"))
+    logs = sorted(pods.glob("*/*.log"))
     tails = [f"== {p.parent.name}/{p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
              for p in logs]  # fmt: skip
     return "\n".join(tails)[-12000:]
@@ -150,8 +159,9 @@ def test_the_guides_image_tags_are_the_projects_version() -> None:
     assert example["spec"]["image"].endswith(f"/model-rollout-server-cpu:{version}")
 
 
+@pytest.mark.timeout(1800)  # the guide's steps, each bounded by its own --timeout
 def test_the_install_guide_runs_on_a_real_control_plane(
-    cluster: ControlPlane, node: AgentThread, seaweed: SeaweedFS, tmp_path: Path
+    cluster: ControlPlane, node: AgentThread, pods: Path, seaweed: SeaweedFS, tmp_path: Path
 ) -> None:
     values = overrides(seaweed)
     work = checkout(tmp_path)
@@ -175,15 +185,19 @@ def test_the_install_guide_runs_on_a_real_control_plane(
             timeout=COMMAND_TIMEOUT_S, check=False,
         )  # fmt: skip
         outputs[command.text] = done.stdout
+        with (tmp_path / "guide.log").open("a") as log:  # what ran, for a failure's reader
+            log.write(f"$ {command.text}\nexit {done.returncode}\n{done.stdout}{done.stderr}\n")
         assert done.returncode == 0, (
             f"{command.doc}:{command.line}: {command.text}\nexit {done.returncode}\n"
-            f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}\npods:\n{pod_logs(tmp_path)}"
+            f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}\npods:\n{pod_logs(pods)}"
         )
         if command.text.startswith(f"kubectl -n {RELEASE_NAMESPACE} rollout status"):
             check_the_charts_operator_leads(cluster)
     assert sorted(declared) == sorted(values), "the guide's exports and the test's values"
     history = next(out for text, out in outputs.items() if "kubectl model history" in text)
-    assert "Succeeded" in history and "v2" in history and "v1" in history, history
+    # v1, v2 released and promoted, v1 by kubectl model rollback, v2 again left for v1
+    assert history.count("Succeeded") == 4 and "Superseded" in history, history
+    assert "release by" in history and "rollback by" in history, history
     left = next(out for text, out in outputs.items() if text.startswith("kubectl get crd"))
     assert "modeldeployments.serving.model-rollout.io" in left  # helm uninstall left it
 
