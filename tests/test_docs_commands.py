@@ -37,6 +37,7 @@ MARKERS = (
 # Each command shown unmarked, and the tests that run it (or its exact equivalent through
 # the same entry point), by test file name and function: tests/ is being reorganised
 # into folders, so the file is looked up by name anywhere under tests/.
+INSTALL_GUIDE = [("test_install_guide.py", "test_the_install_guide_runs_on_a_real_control_plane")]
 RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
     "python tools/import_figures.py model_server": [
         ("test_import_figures.py", "test_the_import_figures_command_counts_the_servers_layers"),
@@ -73,6 +74,55 @@ RUN_BY_TESTS: dict[str, list[tuple[str, str]]] = {
             "test_kubectl_scale_moves_the_deployment_and_starts_no_rollout",
         ),
     ],
+    # docs/install.md, in the guide's order: test_install_guide.py reads and runs them all
+    # (the exports with the test's values: a SeaweedFS bucket and its credentials)
+    "export REGISTRY=registry.example.com/ml": INSTALL_GUIDE,
+    "export STORE=s3://models/recommender": INSTALL_GUIDE,
+    "export AWS_ENDPOINT_URL=https://s3.example.com": INSTALL_GUIDE,
+    "export AWS_ACCESS_KEY_ID=publisher": INSTALL_GUIDE,
+    "export AWS_SECRET_ACCESS_KEY=change-me": INSTALL_GUIDE,
+    "kubectl create namespace ml-serving": INSTALL_GUIDE,
+    "model-sidecar keygen --private signing.key --public public.pem": INSTALL_GUIDE,
+    "kubectl -n ml-serving create secret generic model-signing-key "
+    "--from-file=public.pem": INSTALL_GUIDE,
+    "kubectl -n ml-serving create secret generic model-store-credentials "
+    '--from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" '
+    '--from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY"': INSTALL_GUIDE,
+    "helm install model-rollout ./deploy/helm/model-rollout -n model-rollout-system "
+    "--create-namespace --set image.repository=$REGISTRY/model-rollout-operator --set "
+    "watchNamespaces={ml-serving}": INSTALL_GUIDE,
+    "kubectl -n model-rollout-system rollout status deployment/model-rollout-operator "
+    "--timeout=5m": INSTALL_GUIDE,
+    'model-sidecar publish --store "$STORE" --model recommender --version v1 --file '
+    "model-v1.onnx --key signing.key": INSTALL_GUIDE,
+    'sed -e "s|registry.example.com/ml|$REGISTRY|" -e "s|s3://models/recommender|$STORE|" '
+    '-e "s|https://s3.example.com|$AWS_ENDPOINT_URL|" examples/quickstart.yaml > '
+    "recommender.yaml": INSTALL_GUIDE,
+    "kubectl apply -f recommender.yaml": INSTALL_GUIDE,
+    "kubectl -n ml-serving wait modeldeployment/recommender "
+    "--for=jsonpath='{.status.phase}'=Available --timeout=10m": INSTALL_GUIDE,
+    "kubectl model status recommender -n ml-serving --watch --timeout 10": INSTALL_GUIDE,
+    "model-rollout release --model recommender --version v2 --file model-v2.onnx --key "
+    'signing.key --deployment recommender --store "$STORE" -n ml-serving': INSTALL_GUIDE,
+    "kubectl -n ml-serving wait modeldeployment/recommender "
+    "--for=jsonpath='{.status.phase}'=Canary --timeout=10m": INSTALL_GUIDE,
+    "kubectl model status recommender -n ml-serving": INSTALL_GUIDE,
+    "kubectl model promote recommender -n ml-serving --wait": INSTALL_GUIDE,
+    "kubectl model rollback recommender -n ml-serving --wait": INSTALL_GUIDE,
+    "kubectl -n ml-serving patch modeldeployment recommender --type merge -p "
+    '\'{"spec":{"version":"v2"}}\'': INSTALL_GUIDE,
+    "kubectl -n ml-serving patch modeldeployment recommender --type merge -p "
+    '\'{"spec":{"version":"v1"}}\'': INSTALL_GUIDE,
+    "kubectl model history recommender -n ml-serving": INSTALL_GUIDE,
+    "kubectl apply --server-side --force-conflicts "
+    "-f deploy/helm/model-rollout/crds/": INSTALL_GUIDE,
+    "helm upgrade model-rollout ./deploy/helm/model-rollout -n model-rollout-system "
+    "--reuse-values": INSTALL_GUIDE,
+    "kubectl delete -f recommender.yaml": INSTALL_GUIDE,
+    "helm uninstall model-rollout -n model-rollout-system": INSTALL_GUIDE,
+    "kubectl get crd modeldeployments.serving.model-rollout.io": INSTALL_GUIDE,
+    "kubectl delete crd modeldeployments.serving.model-rollout.io": INSTALL_GUIDE,
+    "kubectl delete namespace ml-serving model-rollout-system": INSTALL_GUIDE,
 }
 
 

@@ -19,11 +19,11 @@ the node wrote (the node-lifecycle controller marks every pod not Ready when the
 Lease ran out).
 
 Not a kubelet: no images, cgroups, resource limits or namespaces (a container's command
-runs on the host, see :mod:`.pod_sandbox`); volumes are only emptyDir, ConfigMap,
-Downward API and the projected token; no liveness or startup probes, native sidecars,
-ephemeral containers, events or node status beyond its conditions; an eviction only when a
-test asks for one (:meth:`NodeAgent.evict`), as a pod's failing readiness
-(:meth:`NodeAgent.fail_readiness`).
+runs on the host, see :mod:`.pod_sandbox`); volumes are only emptyDir, ConfigMap, Secret,
+Downward API and the projected token (:mod:`.pod_volumes`); no liveness or startup
+probes, native sidecars, ephemeral containers, events or node status beyond its
+conditions; an eviction only when a test asks for one (:meth:`NodeAgent.evict`), as a
+pod's failing readiness (:meth:`NodeAgent.fail_readiness`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,13 @@ from typing import Any
 from .processes import free_port
 
 # the project's container programs, run as ``python -m module`` on this interpreter
-PROGRAMS = {"model-server": "model_server", "model-sidecar": "model_sidecar"}
+PROGRAMS = {
+    "model-server": "model_server",
+    "model-sidecar": "model_sidecar",
+    "model-operator": "model_operator",
+}
+# a bind to every address inside a pod is a bind to the pod's own (its network namespace)
+ALL_ADDRESSES = "0.0.0.0"
 PYTHONS = ("python", "python3")
 # where Kubernetes mounts a pod's API credentials (token, ca.crt, namespace), and where
 # the in-cluster clients read them
@@ -36,6 +42,8 @@ class Sandbox:
     mounts: dict[str, str] = field(default_factory=dict)  # container path -> host path
     volumes: dict[str, Path] = field(default_factory=dict)  # volume name -> host directory
     ports: dict[str, int] = field(default_factory=dict)  # container -> its --metrics-port
+    given: set[str] = field(default_factory=set)  # volumes the node was given a directory for
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)  # the env's, by name
 
     @classmethod
     def create(
@@ -50,14 +58,17 @@ class Sandbox:
         extra = extra_mounts or {}
         mounts: dict[str, str] = {}
         volumes: dict[str, Path] = {}
+        given: set[str] = set()
         for container in containers(spec):
             for mount in container.get("volumeMounts") or []:
                 path = mount["mountPath"]
                 volume = Path(extra.get(path) or root / mount["name"])
                 volumes[mount["name"]], mounts[path] = volume, str(volume)
+                if path in extra:
+                    given.add(mount["name"])
         for host in mounts.values():
             Path(host).mkdir(parents=True, exist_ok=True)
-        return cls(root, address, mounts, volumes)
+        return cls(root, address, mounts, volumes, given=given)
 
     def volume_dir(self, volume: str) -> Path:
         return self.volumes.get(volume, self.root / volume)
@@ -78,7 +89,9 @@ class Sandbox:
         """The container's ``command`` + ``args`` as a host command line. The project's
         pods give only ``args``, the program first; ``--host`` becomes the pod's IP and a
         sidecar's ``--metrics-port`` (it binds every address) a free port of its own; a
-        project program with the ServiceAccount volume runs through :mod:`.in_pod`."""
+        project program with the ServiceAccount volume runs through :mod:`.in_pod`; an
+        argument naming every address (``0.0.0.0``, as in ``http://0.0.0.0:8080/``)
+        names the pod's IP, which is what it binds inside a pod's network namespace."""
         words = [*(container.get("command") or []), *(container.get("args") or [])]
         if not words:
             raise ValueError(f"container {container.get('name')!r} has no command: no images here")
@@ -90,7 +103,7 @@ class Sandbox:
                 arg = str(self.ports.setdefault(container["name"], free_port()))
             elif flag == "--host":
                 arg = self.address
-            out.append(self.host_path(arg))
+            out.append(self.host_path(arg).replace(ALL_ADDRESSES, self.address))
         if program in PROGRAMS:
             account = self._mounted(container, SERVICE_ACCOUNT_DIR)
             if account is not None:
@@ -111,8 +124,9 @@ class Sandbox:
     def environment(
         self, pod: dict[str, Any], container: dict[str, Any], base: dict[str, str] | None = None
     ) -> dict[str, str]:
-        """``base`` and the container's ``env``: values and the Downward API fields a
-        process can be given (name, namespace, uid, node, service account, IPs)."""
+        """``base``, the container's ``envFrom`` Secrets, then its ``env``: values, the
+        Downward API fields a process can be given (name, namespace, uid, node, service
+        account, IPs) and Secret keys (read by :class:`~.pod_volumes.PodVolumes`)."""
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         fields = {
             "metadata.name": meta.get("name", ""),
@@ -124,13 +138,20 @@ class Sandbox:
             "status.hostIP": "127.0.0.1",
         }
         env = dict(base or {})
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                secret = self.secrets.get(source["secretRef"]["name"]) or {}
+                env.update({source.get("prefix", "") + k: v for k, v in secret.items()})
         for item in container.get("env") or []:
+            value_from = item.get("valueFrom") or {}
             if "value" in item:
                 env[item["name"]] = str(item["value"])
-            elif (path := (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")) in (
-                fields
-            ):
+            elif (path := value_from.get("fieldRef", {}).get("fieldPath")) in fields:
                 env[item["name"]] = fields[path]
+            elif (ref := value_from.get("secretKeyRef")) is not None and ref["key"] in (
+                secret := self.secrets.get(ref["name"]) or {}
+            ):
+                env[item["name"]] = secret[ref["key"]]
         return env
 
 

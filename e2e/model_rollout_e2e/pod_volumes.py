@@ -1,12 +1,20 @@
 """The volumes the node agent fills for a pod's processes, as a kubelet does: the
 ServiceAccount token (TokenRequest bound to the pod, renewed at 80 % of its lifetime),
-Downward API files, ConfigMap keys (``configMap`` and ``projected`` volumes); an
-``emptyDir`` is the pod's directory for that volume. Each file is written atomically and
-only when its content changed. Other volume kinds are left empty directories.
+Downward API files, ConfigMap and Secret keys (``configMap``, ``secret`` and
+``projected`` volumes); an ``emptyDir`` is the pod's directory for that volume. Each file
+is written atomically and only when its content changed. Other volume kinds are left
+empty directories. The Secrets the containers' ``env`` (``secretKeyRef``) and
+``envFrom`` (``secretRef``) name are read too, for :meth:`.Sandbox.environment`.
+
+A Secret volume mounted where the node was given a host directory (``mounts``, the
+tests' stand-in for a Secret) is that directory and is not read from the API. A Secret
+or ConfigMap that does not exist (and is not ``optional``) fails the projection, which
+the pod worker retries with the pod ContainerCreating, as a kubelet's volume manager.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import time
@@ -16,7 +24,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from model_rollout_contract.annotations import format_downward_annotations
 
-from .pod_sandbox import Sandbox, atomic_write
+from .pod_sandbox import Sandbox, atomic_write, containers
 from .raw_api import json_call
 
 log = logging.getLogger(__name__)
@@ -64,7 +72,7 @@ class PodVolumes:
             sources: list[dict[str, Any]] = []
             if "projected" in volume:
                 sources = volume["projected"].get("sources") or []
-            elif "downwardAPI" in volume or "configMap" in volume:
+            elif "downwardAPI" in volume or "configMap" in volume or "secret" in volume:
                 sources = [volume]
             for source in sources:
                 if "downwardAPI" in source:
@@ -75,8 +83,49 @@ class PodVolumes:
                             )
                 if "configMap" in source:
                     await self._config_map(pod, name, source["configMap"])
+                if "secret" in source and name not in self.sandbox.given:
+                    await self._secret(pod, name, source["secret"])
                 if "serviceAccountToken" in source:
                     await self._token(pod, name, source["serviceAccountToken"])
+
+        await self._env_secrets(pod)
+
+    async def _read_secret(self, pod: dict[str, Any], name: str, optional: bool) -> dict[str, str]:
+        """A Secret's data, decoded; ``{}`` for an optional one that does not exist."""
+        try:
+            secret = await json_call(
+                self.core.read_namespaced_secret(
+                    name, pod["metadata"]["namespace"], _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404 and optional:
+                return {}
+            raise
+        data: dict[str, str] = secret.get("data") or {}
+        return {key: base64.b64decode(value).decode() for key, value in data.items()}
+
+    async def _secret(self, pod: dict[str, Any], volume: str, ref: dict[str, Any]) -> None:
+        """A ``secret`` volume (``secretName``) or projected source (``name``)."""
+        name = ref.get("secretName") or ref["name"]
+        data = await self._read_secret(pod, name, bool(ref.get("optional")))
+        items = ref.get("items") or [{"key": key, "path": key} for key in data]
+        for item in items:
+            if item["key"] in data:
+                self._write(volume, item["path"], data[item["key"]])
+
+    async def _env_secrets(self, pod: dict[str, Any]) -> None:
+        """The Secrets the containers' environment names, into ``sandbox.secrets``."""
+        wanted: dict[str, bool] = {}  # name -> optional (only if every reference is)
+        for container in containers(pod["spec"]):
+            refs = [
+                (item.get("valueFrom") or {}).get("secretKeyRef")
+                for item in container.get("env") or []
+            ] + [source.get("secretRef") for source in container.get("envFrom") or []]
+            for ref in filter(None, refs):
+                wanted[ref["name"]] = wanted.get(ref["name"], True) and bool(ref.get("optional"))
+        for name, optional in wanted.items():
+            self.sandbox.secrets[name] = await self._read_secret(pod, name, optional)
 
     async def _config_map(self, pod: dict[str, Any], volume: str, ref: dict[str, Any]) -> None:
         try:

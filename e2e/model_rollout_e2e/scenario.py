@@ -203,8 +203,9 @@ class Scenario:
 
     def _node_agent(self) -> NodeAgent:
         """A node of this scenario's own: its pods' containers are processes, with the
-        Secrets and the store volume given as host directories (the agent projects
-        only tokens, ConfigMaps and the Downward API)."""
+        Secrets and the store volume given as host directories (no Secret of the spec
+        is created in the API: a Secret volume mounted at a given directory is that
+        directory)."""
         assert self.cluster is not None
         mounts = {KEYS_DIR: self.keys, **self.mounts}
         if self.store.host_dir is not None:

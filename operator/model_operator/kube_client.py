@@ -38,7 +38,8 @@ from kubernetes_asyncio.config import incluster_config
 
 from .errors import ApiError, TransientApiError
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# where Kubernetes mounts a pod's token and CA: the in-cluster loader's own paths
+SERVICE_ACCOUNT = Path(incluster_config.SERVICE_TOKEN_FILENAME).parent
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 _TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)

@@ -63,6 +63,46 @@ def test_the_environment_gets_values_and_downward_api_fields(tmp_path: Path) -> 
     }  # fmt: skip
 
 
+def test_the_operator_runs_in_its_pod_binding_the_pods_address_for_every_address(
+    tmp_path: Path,
+) -> None:
+    """The chart's operator container (``model-operator`` with the ServiceAccount volume)
+    runs on this interpreter through in_pod; a bind to every address (its liveness URL)
+    is a bind to the pod's own IP, as in the pod's network namespace, so two replicas on
+    one host do not collide."""
+    account = "/var/run/secrets/kubernetes.io/serviceaccount"
+    container = {
+        "name": "operator",
+        "args": ["model-operator", "--liveness", "http://0.0.0.0:8080/healthz"],
+        "volumeMounts": [{"name": "kube-api-access", "mountPath": account}],
+    }
+    obj = pod([container], ("kube-api-access",))
+    sandbox = Sandbox.create(tmp_path, "127.0.3.4", obj["spec"])
+    assert sandbox.argv(container) == [
+        sys.executable, "-m", "model_rollout_e2e.in_pod", str(tmp_path / "kube-api-access"),
+        "model_operator", "--liveness", "http://127.0.3.4:8080/healthz",
+    ]  # fmt: skip
+
+
+def test_the_environment_takes_secret_keys_and_whole_secrets(tmp_path: Path) -> None:
+    """``secretKeyRef`` and ``envFrom: secretRef`` (with its prefix), from the Secrets
+    the pod's volumes read; ``env`` wins over ``envFrom``; a key or Secret not read
+    (optional, absent) sets nothing."""
+    env = [
+        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "id"}}},
+        {"name": "A", "value": "1"},
+        {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "x"}}},
+    ]
+    from_ = [{"secretRef": {"name": "creds"}, "prefix": "S_"}, {"secretRef": {"name": "more"}}]
+    container = {"name": "main", "command": ["true"], "env": env, "envFrom": from_}
+    obj = pod([container])
+    sandbox = Sandbox.create(tmp_path, "127.0.3.4", obj["spec"])
+    sandbox.secrets.update({"creds": {"id": "k", "secret": "s"}, "more": {"A": "0", "B": "2"}})
+    assert sandbox.environment(obj, container) == {
+        "S_id": "k", "S_secret": "s", "A": "1", "B": "2", "KEY": "k",
+    }  # fmt: skip
+
+
 async def test_probe_and_hook_actions(tmp_path: Path) -> None:
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -506,6 +506,66 @@ def test_a_pod_waits_for_its_config_map_and_starts_once_it_exists(
     assert (config / "key").read_text() == "value"
 
 
+# writes the environment it was given from Secrets into the folder its argument names
+# (a container path: the sandbox maps it), then sleeps
+SECRET_ENV = (
+    "import json, os, pathlib, sys, time;"
+    " seen = {k: v for k, v in os.environ.items() if k.startswith(('ID', 'S_'))};"
+    " pathlib.Path(sys.argv[1], 'env.json').write_text(json.dumps(seen)); time.sleep(3600)"
+)
+
+
+def test_a_pods_secrets_reach_its_volumes_and_environment_once_they_exist(
+    node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """As a kubelet, with the node's own credentials (the Node authorizer lets a node
+    read the Secrets its pods name): a ``secret`` volume (its items), a projected Secret,
+    ``secretKeyRef`` and ``envFrom``; the pod waits ContainerCreating until they exist. A
+    Secret volume the node was given a host directory for is that directory."""
+    out, given = tmp_path / "out", tmp_path / "given"
+    given.mkdir()
+    (given / "public.pem").write_text("given")
+    node_agents(processes=True, mounts={"/out": out, "/given": given})
+    mounts = [{"name": name, "mountPath": f"/{name}"}
+              for name in ("keys", "projected", "given", "out")]  # fmt: skip
+    container = sleeper(
+        code=SECRET_ENV,
+        args=["/out"],
+        volumeMounts=mounts,
+        env=[{"name": "ID", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "id"}}}],
+        envFrom=[{"secretRef": {"name": "creds"}, "prefix": "S_"}],
+    )
+    spec = {
+        "containers": [container],
+        "volumes": [
+            {"name": "keys", "secret": {"secretName": "keys", "items": [
+                {"key": "public.pem", "path": "trusted.pem"}]}},
+            {"name": "projected", "projected": {"sources": [{"secret": {"name": "creds"}}]}},
+            {"name": "given", "secret": {"secretName": "not-in-the-api"}},
+            {"name": "out", "emptyDir": {}},
+        ],
+    }  # fmt: skip
+    admin.apply(bare_pod(namespace, "secrets", spec))
+
+    def waiting() -> str | None:
+        status = admin.get("pod", "secrets", "-n", namespace).get("status") or {}
+        state = (status.get("containerStatuses") or [{}])[0].get("state") or {}
+        return (state.get("waiting") or {}).get("reason")
+
+    wait_until(lambda: waiting() == "ContainerCreating", WAIT_S, 0.5, "the pod on the node")
+    admin("create", "secret", "generic", "keys", "-n", namespace,
+          "--from-literal=public.pem=key", "--from-literal=other=unlisted")  # fmt: skip
+    admin("create", "secret", "generic", "creds", "-n", namespace,
+          "--from-literal=id=k", "--from-literal=secret=s")  # fmt: skip
+    wait_until(lambda: (out / "env.json").exists(), WAIT_S, 0.5, "the container's environment")
+    assert json.loads((out / "env.json").read_text()) == {"ID": "k", "S_id": "k", "S_secret": "s"}
+    [keys] = [p for p in tmp_path.rglob("keys") if p.is_dir()]
+    assert {p.name: p.read_text() for p in keys.iterdir()} == {"trusted.pem": "key"}
+    [projected] = [p for p in tmp_path.rglob("projected") if p.is_dir()]
+    assert {p.name: p.read_text() for p in projected.iterdir()} == {"id": "k", "secret": "s"}
+    assert {p.name: p.read_text() for p in given.iterdir()} == {"public.pem": "given"}
+
+
 def test_a_downward_api_annotation_change_reaches_the_file_on_the_next_refresh(
     node_agents: Any, admin: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
