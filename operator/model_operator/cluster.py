@@ -155,17 +155,15 @@ def _recorded(obj: Any) -> dict[str, list[str]]:
 
 def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) -> dict[str, Any]:
     """``patch`` with what must go from ``existing`` as nulls (a merge patch's deletion):
-    the fields the operator owns whole that the spec no longer asks for, or the keys of
-    them it dropped (:data:`~.manifests.OWNED_FIELDS`), and the keys of shared maps that
-    the spec gave before and gives no more (:data:`~.manifests.SPEC_KEYS`)."""
+    the keys the spec dropped of the fields the operator owns whole
+    (:data:`~.manifests.OWNED_FIELDS`), and the keys of shared maps (and the pod spec's
+    fields) that the spec gave before and gives no more (:data:`~.manifests.SPEC_KEYS`):
+    never what only another tool wrote, which a mutating webhook would write back after
+    each removal."""
     patch = copy.deepcopy(patch)
     for path in OWNED_FIELDS.get(kind, ()):
         live, want = _at(existing, path), _at(patch, path)
-        if live is None:
-            continue
-        if want is None:
-            _put(patch, path, None)
-        elif isinstance(live, dict) and isinstance(want, dict):
+        if isinstance(live, dict) and isinstance(want, dict):
             _put(patch, path, merge_patch(live, want))
     now = _recorded(patch)
     for dotted, keys in _recorded(existing).items():

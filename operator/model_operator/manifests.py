@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from model_rollout_contract import argv, defaults
@@ -299,7 +299,8 @@ def requirements(given: Requirements) -> dict[str, Any]:
 
 def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The pod spec's fields that ``spec.pod`` sets (only those: an absent one is not
-    written, and :data:`OWNED_FIELDS` removes it from a live Deployment). A topology
+    written, and the :data:`SPEC_KEYS` record removes it from a live Deployment once it
+    was given). A topology
     spread constraint without a labelSelector counts this deployment's pods."""
     pod = spec.pod
     spread = [
@@ -318,9 +319,10 @@ def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value}
 
 
-# what of the children the operator owns whole, by kind: a field the spec no longer asks
-# for is removed from the live object, an object loses the keys the spec dropped (a merge
-# patch alone only adds and changes: cluster.apply)
+# what of the children the operator owns whole, by kind: an object loses the keys the
+# spec dropped (a merge patch alone only adds and changes: cluster.apply); a field the spec
+# gave before and gives no more is removed by the SPEC_KEYS record (the template's spec
+# path), so that one only another tool wrote (a mutating webhook's) is left alone
 OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": tuple(
         ("spec", "template", "spec", key)
@@ -344,7 +346,7 @@ OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 SPEC_KEYS = f"{DOMAIN}/spec-keys"
 
 
-def spec_keys(maps: Mapping[tuple[str, ...], Mapping[str, str]]) -> str:
+def spec_keys(maps: Mapping[tuple[str, ...], Iterable[str]]) -> str:
     """The :data:`SPEC_KEYS` record: each map's path (dotted) and the keys it was given."""
     return json.dumps({".".join(path): sorted(keys) for path, keys in maps.items()}, sort_keys=True)
 
@@ -499,9 +501,11 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             },
         },
     }
-    given: dict[tuple[str, ...], Mapping[str, str]] = {
+    given: dict[tuple[str, ...], Iterable[str]] = {
         ("spec", "template", "metadata", "labels"): spec.pod.labels,
         ("spec", "template", "metadata", "annotations"): spec.pod.annotations,
+        # the pod spec's fields spec.pod set: only those are removed once it drops them
+        ("spec", "template", "spec"): placement(name, spec),
     }
     body["metadata"]["annotations"] = {
         SPEC_HASH: digest(body["spec"]),

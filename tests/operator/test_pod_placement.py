@@ -301,3 +301,19 @@ def test_a_pod_the_scheduler_cannot_place_is_a_condition_that_says_why() -> None
     from model_rollout_contract.tracks import track_keys
 
     assert pending.of_track(track_keys("acme")).unscheduled == pending.unscheduled
+
+
+def test_placement_another_tool_wrote_is_left_alone_and_costs_no_write() -> None:
+    """A mutating webhook on Deployments (Kyverno's pod policies are applied to pod
+    templates too) that adds image pull secrets or tolerations re-adds them on every
+    update: removing what the spec never gave would fight it with a write on each pass.
+    What the spec gave and dropped is still removed."""
+    live = _live(_deployment())
+    webhook = {"imagePullSecrets": [{"name": "mirror"}], "tolerations": [GPU_TOLERATION]}
+    live["spec"]["template"]["spec"].update(copy.deepcopy(webhook))
+    patch = cluster.with_removals(live, _patch(_deployment()), "Deployment")
+    assert "imagePullSecrets" not in patch["spec"]["template"]["spec"]
+    assert cluster._contains(live, patch)
+    given = _live(_deployment(pod={"tolerations": [GPU_TOLERATION]}))
+    patch = cluster.with_removals(given, _patch(_deployment()), "Deployment")
+    assert patch["spec"]["template"]["spec"]["tolerations"] is None
