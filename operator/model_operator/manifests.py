@@ -301,22 +301,50 @@ def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The pod spec's fields that ``spec.pod`` sets (only those: an absent one is not
     written, and the :data:`SPEC_KEYS` record removes it from a live Deployment once it
     was given). A topology
-    spread constraint without a labelSelector counts this deployment's pods."""
+    spread constraint or a pod affinity term without a labelSelector counts this
+    deployment's pods."""
     pod = spec.pod
-    spread = [
-        {"labelSelector": {"matchLabels": selector(name)}, **constraint}
-        for constraint in pod.topology_spread
-    ]
+    own = {"matchLabels": selector(name)}
+    spread = [{"labelSelector": own, **constraint} for constraint in pod.topology_spread]
     fields: dict[str, Any] = {
         "nodeSelector": dict(pod.node_selector),
         "tolerations": [dict(t) for t in pod.tolerations],
-        "affinity": dict(pod.affinity or {}),
+        "affinity": _own_pod_terms(dict(pod.affinity or {}), own),
         "topologySpreadConstraints": spread,
         "priorityClassName": pod.priority_class,
         "runtimeClassName": pod.runtime_class,
         "imagePullSecrets": [dict(s) for s in pod.image_pull_secrets],
     }
     return {key: value for key, value in fields.items() if value}
+
+
+def _own_pod_terms(affinity: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``affinity`` with ``own`` as the labelSelector of each pod (anti-)affinity term
+    that has none: Kubernetes matches such a term with no pod, so the usual one-pod-per-
+    node anti-affinity written without one would do nothing."""
+
+    def term(given: Any) -> Any:
+        return {"labelSelector": own, **given} if isinstance(given, dict) else given
+
+    out = dict(affinity)
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = out.get(kind)
+        if not isinstance(rules, dict):
+            continue
+        rules = dict(rules)
+        required = rules.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(required, list):
+            rules["requiredDuringSchedulingIgnoredDuringExecution"] = [term(t) for t in required]
+        preferred = rules.get("preferredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(preferred, list):
+            rules["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {**p, "podAffinityTerm": term(p.get("podAffinityTerm"))}
+                if isinstance(p, dict) and "podAffinityTerm" in p
+                else p
+                for p in preferred
+            ]
+        out[kind] = rules
+    return out
 
 
 # what of the children the operator owns whole, by kind: an object loses the keys the

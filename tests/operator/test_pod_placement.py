@@ -317,3 +317,32 @@ def test_placement_another_tool_wrote_is_left_alone_and_costs_no_write() -> None
     given = _live(_deployment(pod={"tolerations": [GPU_TOLERATION]}))
     patch = cluster.with_removals(given, _patch(_deployment()), "Deployment")
     assert patch["spec"]["template"]["spec"]["tolerations"] is None
+
+
+def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_pods() -> None:
+    """Kubernetes matches a pod affinity term without a labelSelector with no pod at all:
+    the docs' one-pod-per-node anti-affinity would do nothing. As a topology spread
+    constraint, such a term gets the pods' selector; one with its own keeps it."""
+    term = {"topologyKey": "kubernetes.io/hostname"}
+    own = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "cache"}}}
+    affinity = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term}
+            ],
+            "requiredDuringSchedulingIgnoredDuringExecution": [term, own],
+        },
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+    }
+    rendered = pod_spec(pod={"affinity": affinity})["spec"]["affinity"]
+    mine = {"matchLabels": {"serving.model-rollout.io/deployment": "resnet"}}
+    anti = rendered["podAntiAffinity"]
+    [preferred] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"] == {**term, "labelSelector": mine}
+    assert anti["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {**term, "labelSelector": mine},
+        own,
+    ]
+    [near] = rendered["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert near == {**term, "labelSelector": mine}
+    assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0] == term
