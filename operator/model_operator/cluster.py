@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -20,6 +18,7 @@ from .constants import GROUP, PLURAL, VERSION
 from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
 from .manifests import OWNED_FIELDS, SPEC_KEYS
+from .placement import quantity
 from .planner import SetTarget
 from .status import merge_patch
 
@@ -39,16 +38,6 @@ MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet neve
 # the fields under which the API server keeps resource quantities in its canonical form
 # (a limit of 1 GPU written as 1 is stored as "1", 1024Mi as "1Gi", 0.5 CPU as "500m")
 _QUANTITY_FIELDS = frozenset({"limits", "requests", "sizeLimit"})
-_QUANTITY = re.compile(
-    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
-)
-_SUFFIXES = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{
-        s: Decimal(10) ** e
-        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
-    },
-}
 
 
 def collection(kind: str, namespace: str) -> str:
@@ -61,24 +50,6 @@ class ApplyResult(Enum):
     UPDATED = "updated"  # it had drifted from what the resource asks
     UNCHANGED = "unchanged"
     FOREIGN = "foreign"  # an object of that name that this resource does not control
-
-
-def quantity(value: Any) -> Decimal | None:
-    """A Kubernetes resource quantity's value ("500m", "1Gi", "2", 2, "1e3"), ``None``
-    for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        return None
-    found = _QUANTITY.fullmatch(str(value))
-    if found is None:
-        return None
-    number, exponent, suffix = found.groups()
-    try:
-        scale = (
-            Decimal(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Decimal(1))
-        )
-        return Decimal(number) * scale
-    except InvalidOperation:
-        return None
 
 
 def _contains(live: Any, desired: Any, quantities: bool = False) -> bool:

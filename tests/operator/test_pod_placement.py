@@ -346,3 +346,26 @@ def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_po
     [near] = rendered["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert near == {**term, "labelSelector": mine}
     assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0] == term
+
+
+@pytest.mark.parametrize(
+    ("container", "given", "words"),
+    [
+        ("sidecar", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}},
+         "spec.resources.sidecar.requests.cpu (2) exceeds its limit (1)"),
+        ("prefetch", {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}},
+         "spec.resources.prefetch.requests.memory (1Gi) exceeds its limit (512Mi)"),
+    ],
+)  # fmt: skip
+def test_a_request_above_its_limit_is_refused_naming_the_field(
+    container: str, given: dict[str, Any], words: str
+) -> None:
+    """The Deployment would be refused (``spec.template.spec.containers[1].resources
+    .requests: Invalid value``), a message that names neither the ModelDeployment's field
+    nor which container: the operator says which, as for its other checks."""
+    doc = example(resources={"gpu": 1, "memory": "16Gi", container: given})
+    with pytest.raises(SpecError) as caught:
+        parse_spec(doc["spec"])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
+    fine = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    parse_spec(example(resources={"gpu": 1, container: fine})["spec"])
