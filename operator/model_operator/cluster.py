@@ -137,7 +137,10 @@ def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) ->
         if isinstance(live, dict) and isinstance(want, dict):
             _put(patch, path, merge_patch(live, want))
     now = _recorded(patch)
-    for dotted, keys in _recorded(existing).items():
+    # a map's keys before the fields that hold it: a field removed whole (the node
+    # selector) is not then reached into
+    recorded = sorted(_recorded(existing).items(), key=lambda item: -str(item[0]).count("."))
+    for dotted, keys in recorded:
         path = tuple(dotted.split("."))
         live = _at(existing, path)
         if not isinstance(live, dict) or not isinstance(keys, list):

@@ -355,7 +355,6 @@ OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": tuple(
         ("spec", "template", "spec", key)
         for key in (
-            "nodeSelector",
             "tolerations",
             "affinity",
             "topologySpreadConstraints",
@@ -532,6 +531,7 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
     given: dict[tuple[str, ...], Iterable[str]] = {
         ("spec", "template", "metadata", "labels"): spec.pod.labels,
         ("spec", "template", "metadata", "annotations"): spec.pod.annotations,
+        ("spec", "template", "spec", "nodeSelector"): spec.pod.node_selector,
         # the pod spec's fields spec.pod set: only those are removed once it drops them
         ("spec", "template", "spec"): placement(name, spec),
     }

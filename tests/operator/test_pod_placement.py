@@ -369,3 +369,31 @@ def test_a_request_above_its_limit_is_refused_naming_the_field(
     assert any(words in p for p in caught.value.problems), caught.value.problems
     fine = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}
     parse_spec(example(resources={"gpu": 1, container: fine})["spec"])
+
+
+def test_a_node_selector_key_another_tool_added_is_left_alone() -> None:
+    """The node selector is a map the spec shares, as the template's labels: the keys the
+    spec drops are removed, another tool's (a webhook's architecture key) never."""
+    two = {"node.example.com/pool": "gpu", "node.example.com/zone": "a"}
+    live = _live(_deployment(pod={"nodeSelector": two}))
+    live["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/arch"] = "amd64"
+    same = cluster.with_removals(live, _patch(_deployment(pod={"nodeSelector": two})), "Deployment")
+    assert cluster._contains(live, same)
+    one = _patch(_deployment(pod={"nodeSelector": {"node.example.com/pool": "gpu"}}))
+    patch = cluster.with_removals(live, one, "Deployment")
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] == {
+        "node.example.com/pool": "gpu",
+        "node.example.com/zone": None,
+    }
+
+
+def test_a_spec_that_drops_every_pod_setting_removes_them_all() -> None:
+    live = _live(_deployment(pod=POD))
+    patch = cluster.with_removals(live, _patch(_deployment()), "Deployment")
+    template = patch["spec"]["template"]
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
+                "priorityClassName", "runtimeClassName", "imagePullSecrets"):  # fmt: skip
+        assert template["spec"][key] is None, key
+    applied = _merge(live, patch)
+    again = cluster.with_removals(applied, _patch(_deployment()), "Deployment")
+    assert cluster._contains(applied, again)
