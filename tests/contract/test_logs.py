@@ -108,6 +108,22 @@ def test_an_exception_text_set_by_a_filter_is_the_one_written() -> None:
     assert line["exception"].endswith("OSError: cannot reach https://***@s3.example.com/")
 
 
+def test_credentials_in_a_records_extras_are_redacted_too() -> None:
+    """A text line never writes the extras; a JSON line writes them all, so the sidecar's
+    redaction covers them (and the stack) as it covers the message."""
+    from model_sidecar.redact import install_log_redaction
+
+    stream = io.StringIO()
+    handler = setup_logging(LogSettings("json"), "model-sidecar", stream=stream)
+    install_log_redaction([handler])
+    logging.getLogger("botocore").info(
+        "sent", extra={"url": "https://ops:hunter2@s3.example.com/b", "count": 2}, stack_info=True
+    )
+    [line] = lines(stream)
+    assert "hunter2" not in stream.getvalue()
+    assert (line["url"], line["count"]) == ("https://***@s3.example.com/b", 2)
+
+
 @pytest.mark.parametrize(
     ("level", "written"),
     [
