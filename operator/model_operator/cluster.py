@@ -151,6 +151,17 @@ def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) ->
     return patch
 
 
+async def pods_refused(api: KubeClient, namespace: str, name: str) -> str | None:
+    """Why the API server refuses the Deployment's pods (a priority class that does not
+    exist, a quota, an admission webhook), as its ``ReplicaFailure`` condition says; no
+    such pod waits for a node, so only the Deployment tells. ``None``: none refused."""
+    live = await api.request("GET", f"{collection('Deployment', namespace)}/{name}")
+    for found in ((live or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == "ReplicaFailure" and found.get("status") == "True":
+            return str(found.get("message") or found.get("reason") or "FailedCreate")
+    return None
+
+
 async def replace_status(
     api: KubeClient, namespace: str, name: str, uid: str, status: dict[str, Any]
 ) -> dict[str, Any]:

@@ -397,3 +397,39 @@ def test_a_spec_that_drops_every_pod_setting_removes_them_all() -> None:
     applied = _merge(live, patch)
     again = cluster.with_removals(applied, _patch(_deployment()), "Deployment")
     assert cluster._contains(applied, again)
+
+
+FAILED_CREATE = {
+    "type": "ReplicaFailure",
+    "status": "True",
+    "reason": "FailedCreate",
+    "message": 'pods "resnet-7f9c-x2k" is forbidden: no PriorityClass with name serving-hgih'
+    " was found",
+}
+
+
+class _Deployments:
+    """The one GET :func:`cluster.pods_refused` makes."""
+
+    def __init__(self, conditions: list[dict[str, Any]]) -> None:
+        self.conditions = conditions
+        self.paths: list[str] = []
+
+    async def request(self, method: str, path: str, *_: Any) -> Any:
+        self.paths.append(f"{method} {path}")
+        return {"status": {"conditions": self.conditions}}
+
+
+async def test_pods_the_api_server_refuses_to_create_are_a_condition_that_says_why() -> None:
+    """A priority class that does not exist, a quota, an admission webhook: the ReplicaSet
+    creates no pod, so no pod waits for a node and PodsSchedulable said all was well.
+    The Deployment's ReplicaFailure condition says why: it is the condition's."""
+    api = _Deployments([{"type": "Available", "status": "False"}, FAILED_CREATE])
+    refused = await cluster.pods_refused(api, "ml", "resnet")  # type: ignore[arg-type]
+    assert api.paths == ["GET /apis/apps/v1/namespaces/ml/deployments/resnet"]
+    assert refused == FAILED_CREATE["message"]
+    condition = schedulable_condition([], 100.0, [], refused=refused)
+    assert (condition["status"], condition["reason"]) == ("False", "FailedCreate")
+    assert condition["message"] == f"pods cannot be created: {FAILED_CREATE['message']}"
+    healed = _Deployments([{**FAILED_CREATE, "status": "False"}])
+    assert await cluster.pods_refused(healed, "ml", "resnet") is None  # type: ignore[arg-type]
