@@ -25,6 +25,9 @@ from .placement import Requirements
 from .spec import ModelDeploymentSpec, TenantModelSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
+# the pod template's digest of the ServiceAccount's annotations: IRSA's webhook writes the
+# role into a pod when it is created, so a new role replaces the pods, as any spec.pod change
+ACCOUNT_DIGEST = f"{DOMAIN}/account-annotations"
 # the sidecar reads its pod's name and namespace (Downward API env) as these flags
 SIDECAR_POD_NAME = env_name(SIDECAR_ENV_PREFIX, "--pod-name")
 SIDECAR_POD_NAMESPACE = env_name(SIDECAR_ENV_PREFIX, "--pod-namespace")
@@ -528,9 +531,10 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             },
         },
     }
+    template_annotations = body["spec"]["template"]["metadata"].get("annotations") or {}
     given: dict[tuple[str, ...], Iterable[str]] = {
         ("spec", "template", "metadata", "labels"): spec.pod.labels,
-        ("spec", "template", "metadata", "annotations"): spec.pod.annotations,
+        ("spec", "template", "metadata", "annotations"): template_annotations,
         ("spec", "template", "spec", "nodeSelector"): spec.pod.node_selector,
         # the pod spec's fields spec.pod set: only those are removed once it drops them
         ("spec", "template", "spec"): placement(name, spec),
@@ -544,10 +548,14 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
 
 def pod_metadata(own_labels: dict[str, str], spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The pod template's labels (the spec's, then the operator's: the spec cannot name
-    them) and annotations (the spec's: the operator's are set on each pod later)."""
+    them) and annotations (the spec's, and :data:`ACCOUNT_DIGEST` where the account has
+    some: the operator's others are set on each pod later)."""
     meta: dict[str, Any] = {"labels": {**spec.pod.labels, **own_labels}}
-    if spec.pod.annotations:
-        meta["annotations"] = dict(spec.pod.annotations)
+    annotations = dict(spec.pod.annotations)
+    if spec.pod.service_account_annotations:
+        annotations[ACCOUNT_DIGEST] = digest(dict(spec.pod.service_account_annotations))
+    if annotations:
+        meta["annotations"] = annotations
     return meta
 
 

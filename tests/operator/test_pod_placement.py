@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from model_operator import cluster
-from model_operator.manifests import SPEC_KEYS, children, deployment, labels, pod_rbac
+from model_operator.manifests import (
+    ACCOUNT_DIGEST,
+    SPEC_KEYS,
+    children,
+    deployment,
+    digest,
+    labels,
+    pod_rbac,
+)
 from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
 from model_operator.pods import PodView, pod_view
 from model_operator.spec import SpecError, parse_spec
@@ -87,7 +95,10 @@ def test_spec_pod_reaches_the_pod_template() -> None:
     meta = template["metadata"]
     assert meta["labels"]["team"] == "vision" and meta["labels"]["example.com/tier"] == "gold"
     assert meta["labels"]["serving.model-rollout.io/deployment"] == "resnet"  # still there
-    assert meta["annotations"] == {"prometheus.io/scrape": "true"}
+    assert meta["annotations"] == {
+        "prometheus.io/scrape": "true",
+        ACCOUNT_DIGEST: digest(POD["serviceAccountAnnotations"]),
+    }
     spec_obj = parse_spec(example(pod=POD)["spec"])
     [account] = [o for o in pod_rbac("resnet", "ml", spec_obj) if o["kind"] == "ServiceAccount"]
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("models")
@@ -237,7 +248,8 @@ def test_what_the_spec_drops_is_removed_from_the_live_deployment() -> None:
     assert template["metadata"]["labels"]["example.com/tier"] is None
     assert template["metadata"]["labels"]["team"] == "x"
     annotations = template["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": None}  # restartedAt left alone
+    mine = {k: v for k, v in annotations.items() if k != ACCOUNT_DIGEST}
+    assert mine == {"prometheus.io/scrape": None}  # restartedAt left alone
     assert not cluster._contains(live, patch)
     # applied, the next pass finds nothing to change
     applied = _merge(live, patch)
@@ -433,3 +445,19 @@ async def test_pods_the_api_server_refuses_to_create_are_a_condition_that_says_w
     assert condition["message"] == f"pods cannot be created: {FAILED_CREATE['message']}"
     healed = _Deployments([{**FAILED_CREATE, "status": "False"}])
     assert await cluster.pods_refused(healed, "ml", "resnet") is None  # type: ignore[arg-type]
+
+
+def test_a_new_account_role_replaces_the_pods() -> None:
+    """IRSA's webhook writes the role (AWS_ROLE_ARN) into a pod when it is created: a new
+    role-arn on the ServiceAccount alone leaves every running pod on the old role, and
+    the pods a scaler adds on the new one. The template carries the account's
+    annotations' digest, so the pods are replaced as for any other spec.pod change; a
+    spec without them writes none (and one that drops them removes it)."""
+    role = "eks.amazonaws.com/role-arn"
+    one = _deployment(pod={"serviceAccountAnnotations": {role: "arn:aws:iam::1:role/a"}})
+    two = _deployment(pod={"serviceAccountAnnotations": {role: "arn:aws:iam::1:role/b"}})
+    assert one["spec"]["template"] != two["spec"]["template"]
+    assert "annotations" not in _deployment()["spec"]["template"]["metadata"]
+    patch = cluster.with_removals(_live(one), _patch(_deployment()), "Deployment")
+    [(key, removed)] = patch["spec"]["template"]["metadata"]["annotations"].items()
+    assert key.startswith(OWN_PREFIX) and removed is None
