@@ -185,13 +185,8 @@ def parse_pod(raw: Any, problems: list[str]) -> PodSettings:
     if not isinstance(raw, dict):
         problems.append("spec.pod must be an object")
         return PodSettings()
-    node_selector = raw.get("nodeSelector")
-    if node_selector is not None and (
-        not isinstance(node_selector, dict)
-        or not all(isinstance(v, str) for v in node_selector.values())
-    ):
-        problems.append(f"{where}nodeSelector must be an object of strings")
-        node_selector = None
+    # node labels: what the Deployment's validation asks of them, said of this field
+    node_selector = _string_map(raw, "nodeSelector", where, problems, label_values=True)
     labels = _string_map(raw, "labels", where, problems, label_values=True)
     if any(k.startswith(OWN_PREFIX) or k in OPERATOR_LABELS for k in labels):
         problems.append(RESERVED_LABELS)
@@ -202,7 +197,7 @@ def parse_pod(raw: Any, problems: list[str]) -> PodSettings:
     if any(k.startswith(OWN_PREFIX) for k in account):
         problems.append(RESERVED_ACCOUNT_ANNOTATIONS)
     return PodSettings(
-        node_selector=dict(node_selector or {}),
+        node_selector=node_selector,
         tolerations=_objects(raw, "tolerations", where, problems),
         affinity=_object(raw, "affinity", where, problems),
         topology_spread=_objects(raw, "topologySpreadConstraints", where, problems),

@@ -197,6 +197,24 @@ REFUSED = {
 }
 
 
+@pytest.mark.parametrize(
+    ("node_selector", "words"),
+    [
+        ({"pool": "gpu a100"}, "spec.pod.nodeSelector: values must be label values"),
+        ({"bad key": "gpu"}, "spec.pod.nodeSelector: keys must be qualified names"),
+    ],
+)
+def test_a_node_selector_that_is_no_label_selection_is_refused_naming_it(
+    node_selector: dict[str, str], words: str
+) -> None:
+    """The CRD takes the core type's schema (any strings); the Deployment would be
+    refused in the middle of a pass (ApiRefused, every rollout step held) in words about
+    spec.template: the operator says it as for spec.pod.labels."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(example(pod={"nodeSelector": node_selector})["spec"])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
+
+
 @pytest.mark.parametrize("case", REFUSED.values(), ids=REFUSED.keys())
 def test_the_operators_own_names_are_refused_by_both_sides(case: tuple[dict, str]) -> None:
     change, words = case
