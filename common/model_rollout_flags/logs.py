@@ -34,6 +34,10 @@ LOG_FORMATS = defaults.LOG_FORMATS
 LOG_LEVELS = defaults.LOG_LEVELS
 # the programs' text lines, as they have always been
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# the store's libraries, never below info: at debug botocore writes each request's
+# parameters and each answer's body, STS's with IRSA (the web identity token, the
+# temporary secret key) among them
+CREDENTIAL_LOGGERS = ("botocore", "boto3", "s3transfer")
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,8 @@ def setup_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(settings.level.upper())
+    for name in CREDENTIAL_LOGGERS:
+        logging.getLogger(name).setLevel(max(root.level, logging.INFO))
     _current, _program = settings, program
     if settings.json:
         logging.captureWarnings(True)

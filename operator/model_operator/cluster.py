@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
@@ -20,6 +18,7 @@ from .constants import GROUP, PLURAL, VERSION
 from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
 from .manifests import OWNED_FIELDS, SPEC_KEYS
+from .placement import quantity
 from .planner import SetTarget
 from .status import merge_patch
 
@@ -39,16 +38,6 @@ MAX_PARALLEL_PATCHES = 16  # pod annotations written at once: a large fleet neve
 # the fields under which the API server keeps resource quantities in its canonical form
 # (a limit of 1 GPU written as 1 is stored as "1", 1024Mi as "1Gi", 0.5 CPU as "500m")
 _QUANTITY_FIELDS = frozenset({"limits", "requests", "sizeLimit"})
-_QUANTITY = re.compile(
-    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
-)
-_SUFFIXES = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{
-        s: Decimal(10) ** e
-        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
-    },
-}
 
 
 def collection(kind: str, namespace: str) -> str:
@@ -61,24 +50,6 @@ class ApplyResult(Enum):
     UPDATED = "updated"  # it had drifted from what the resource asks
     UNCHANGED = "unchanged"
     FOREIGN = "foreign"  # an object of that name that this resource does not control
-
-
-def quantity(value: Any) -> Decimal | None:
-    """A Kubernetes resource quantity's value ("500m", "1Gi", "2", 2, "1e3"), ``None``
-    for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        return None
-    found = _QUANTITY.fullmatch(str(value))
-    if found is None:
-        return None
-    number, exponent, suffix = found.groups()
-    try:
-        scale = (
-            Decimal(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Decimal(1))
-        )
-        return Decimal(number) * scale
-    except InvalidOperation:
-        return None
 
 
 def _contains(live: Any, desired: Any, quantities: bool = False) -> bool:
@@ -155,20 +126,21 @@ def _recorded(obj: Any) -> dict[str, list[str]]:
 
 def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) -> dict[str, Any]:
     """``patch`` with what must go from ``existing`` as nulls (a merge patch's deletion):
-    the fields the operator owns whole that the spec no longer asks for, or the keys of
-    them it dropped (:data:`~.manifests.OWNED_FIELDS`), and the keys of shared maps that
-    the spec gave before and gives no more (:data:`~.manifests.SPEC_KEYS`)."""
+    the keys the spec dropped of the fields the operator owns whole
+    (:data:`~.manifests.OWNED_FIELDS`), and the keys of shared maps (and the pod spec's
+    fields) that the spec gave before and gives no more (:data:`~.manifests.SPEC_KEYS`):
+    never what only another tool wrote, which a mutating webhook would write back after
+    each removal."""
     patch = copy.deepcopy(patch)
     for path in OWNED_FIELDS.get(kind, ()):
         live, want = _at(existing, path), _at(patch, path)
-        if live is None:
-            continue
-        if want is None:
-            _put(patch, path, None)
-        elif isinstance(live, dict) and isinstance(want, dict):
+        if isinstance(live, dict) and isinstance(want, dict):
             _put(patch, path, merge_patch(live, want))
     now = _recorded(patch)
-    for dotted, keys in _recorded(existing).items():
+    # a map's keys before the fields that hold it: a field removed whole (the node
+    # selector) is not then reached into
+    recorded = sorted(_recorded(existing).items(), key=lambda item: -str(item[0]).count("."))
+    for dotted, keys in recorded:
         path = tuple(dotted.split("."))
         live = _at(existing, path)
         if not isinstance(live, dict) or not isinstance(keys, list):
@@ -177,6 +149,17 @@ def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) ->
             if key in live:
                 _put(patch, (*path, key), None)
     return patch
+
+
+async def pods_refused(api: KubeClient, namespace: str, name: str) -> str | None:
+    """Why the API server refuses the Deployment's pods (a priority class that does not
+    exist, a quota, an admission webhook), as its ``ReplicaFailure`` condition says; no
+    such pod waits for a node, so only the Deployment tells. ``None``: none refused."""
+    live = await api.request("GET", f"{collection('Deployment', namespace)}/{name}")
+    for found in ((live or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == "ReplicaFailure" and found.get("status") == "True":
+            return str(found.get("message") or found.get("reason") or "FailedCreate")
+    return None
 
 
 async def replace_status(

@@ -370,9 +370,14 @@ async def reconcile_pass(
         foreign = now_foreign
 
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
+    # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
+    refused = (
+        await cluster.pods_refused(api, namespace, name) if len(pods) < spec.replicas else None
+    )
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
         foreign=foreign, store_problem=gate.problem, store_checked=gate.checked, pins=gate.pins,
+        pods_refused=refused,
     )  # fmt: skip
     events += own.events
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
@@ -519,6 +524,7 @@ async def _track_pass(
     store_problem: str | None = None,
     store_checked: bool = True,
     pins: Mapping[str, int] | None = None,
+    pods_refused: str | None = None,
 ) -> TrackPass:
     """Plan and act on one track's rollout: the deployment's model (``status`` is the
     resource's) or a tenant model (``status`` is its entry in ``.status.tenants``); the
@@ -562,6 +568,7 @@ async def _track_pass(
         store_problem=store_problem,
         store_checked=store_checked,
         paused=spec.paused,
+        pods_refused=pods_refused,
     )
     new_status["history"] = record(status.get("history"), plan, now, annotations.get(CHANGE_CAUSE))
     deadline = next_deadline(spec, plan.state, plan.analysis)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from model_rollout_contract import argv, defaults
@@ -25,6 +25,9 @@ from .placement import Requirements
 from .spec import ModelDeploymentSpec, TenantModelSpec
 
 SPEC_HASH = f"{DOMAIN}/spec-hash"
+# the pod template's digest of the ServiceAccount's annotations: IRSA's webhook writes the
+# role into a pod when it is created, so a new role replaces the pods, as any spec.pod change
+ACCOUNT_DIGEST = f"{DOMAIN}/account-annotations"
 # the sidecar reads its pod's name and namespace (Downward API env) as these flags
 SIDECAR_POD_NAME = env_name(SIDECAR_ENV_PREFIX, "--pod-name")
 SIDECAR_POD_NAMESPACE = env_name(SIDECAR_ENV_PREFIX, "--pod-namespace")
@@ -299,17 +302,17 @@ def requirements(given: Requirements) -> dict[str, Any]:
 
 def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The pod spec's fields that ``spec.pod`` sets (only those: an absent one is not
-    written, and :data:`OWNED_FIELDS` removes it from a live Deployment). A topology
-    spread constraint without a labelSelector counts this deployment's pods."""
+    written, and the :data:`SPEC_KEYS` record removes it from a live Deployment once it
+    was given). A topology
+    spread constraint or a pod affinity term without a labelSelector counts this
+    deployment's pods."""
     pod = spec.pod
-    spread = [
-        {"labelSelector": {"matchLabels": selector(name)}, **constraint}
-        for constraint in pod.topology_spread
-    ]
+    own = {"matchLabels": selector(name)}
+    spread = [{"labelSelector": own, **constraint} for constraint in pod.topology_spread]
     fields: dict[str, Any] = {
         "nodeSelector": dict(pod.node_selector),
         "tolerations": [dict(t) for t in pod.tolerations],
-        "affinity": dict(pod.affinity or {}),
+        "affinity": _own_pod_terms(dict(pod.affinity or {}), own),
         "topologySpreadConstraints": spread,
         "priorityClassName": pod.priority_class,
         "runtimeClassName": pod.runtime_class,
@@ -318,14 +321,43 @@ def placement(name: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value}
 
 
-# what of the children the operator owns whole, by kind: a field the spec no longer asks
-# for is removed from the live object, an object loses the keys the spec dropped (a merge
-# patch alone only adds and changes: cluster.apply)
+def _own_pod_terms(affinity: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``affinity`` with ``own`` as the labelSelector of each pod (anti-)affinity term
+    that has none: Kubernetes matches such a term with no pod, so the usual one-pod-per-
+    node anti-affinity written without one would do nothing."""
+
+    def term(given: Any) -> Any:
+        return {"labelSelector": own, **given} if isinstance(given, dict) else given
+
+    out = dict(affinity)
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = out.get(kind)
+        if not isinstance(rules, dict):
+            continue
+        rules = dict(rules)
+        required = rules.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(required, list):
+            rules["requiredDuringSchedulingIgnoredDuringExecution"] = [term(t) for t in required]
+        preferred = rules.get("preferredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(preferred, list):
+            rules["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {**p, "podAffinityTerm": term(p.get("podAffinityTerm"))}
+                if isinstance(p, dict) and "podAffinityTerm" in p
+                else p
+                for p in preferred
+            ]
+        out[kind] = rules
+    return out
+
+
+# what of the children the operator owns whole, by kind: an object loses the keys the
+# spec dropped (a merge patch alone only adds and changes: cluster.apply); a field the spec
+# gave before and gives no more is removed by the SPEC_KEYS record (the template's spec
+# path), so that one only another tool wrote (a mutating webhook's) is left alone
 OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": tuple(
         ("spec", "template", "spec", key)
         for key in (
-            "nodeSelector",
             "tolerations",
             "affinity",
             "topologySpreadConstraints",
@@ -344,7 +376,7 @@ OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 SPEC_KEYS = f"{DOMAIN}/spec-keys"
 
 
-def spec_keys(maps: Mapping[tuple[str, ...], Mapping[str, str]]) -> str:
+def spec_keys(maps: Mapping[tuple[str, ...], Iterable[str]]) -> str:
     """The :data:`SPEC_KEYS` record: each map's path (dotted) and the keys it was given."""
     return json.dumps({".".join(path): sorted(keys) for path, keys in maps.items()}, sort_keys=True)
 
@@ -499,9 +531,13 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
             },
         },
     }
-    given: dict[tuple[str, ...], Mapping[str, str]] = {
+    template_annotations = body["spec"]["template"]["metadata"].get("annotations") or {}
+    given: dict[tuple[str, ...], Iterable[str]] = {
         ("spec", "template", "metadata", "labels"): spec.pod.labels,
-        ("spec", "template", "metadata", "annotations"): spec.pod.annotations,
+        ("spec", "template", "metadata", "annotations"): template_annotations,
+        ("spec", "template", "spec", "nodeSelector"): spec.pod.node_selector,
+        # the pod spec's fields spec.pod set: only those are removed once it drops them
+        ("spec", "template", "spec"): placement(name, spec),
     }
     body["metadata"]["annotations"] = {
         SPEC_HASH: digest(body["spec"]),
@@ -512,10 +548,14 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
 
 def pod_metadata(own_labels: dict[str, str], spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The pod template's labels (the spec's, then the operator's: the spec cannot name
-    them) and annotations (the spec's: the operator's are set on each pod later)."""
+    them) and annotations (the spec's, and :data:`ACCOUNT_DIGEST` where the account has
+    some: the operator's others are set on each pod later)."""
     meta: dict[str, Any] = {"labels": {**spec.pod.labels, **own_labels}}
-    if spec.pod.annotations:
-        meta["annotations"] = dict(spec.pod.annotations)
+    annotations = dict(spec.pod.annotations)
+    if spec.pod.service_account_annotations:
+        annotations[ACCOUNT_DIGEST] = digest(dict(spec.pod.service_account_annotations))
+    if annotations:
+        meta["annotations"] = annotations
     return meta
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from model_rollout_contract import defaults
@@ -51,6 +52,18 @@ K8S_QUANTITY = re.compile(
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
 )
+# a quantity's parts, for its value (the API server rewrites quantities in its canonical
+# form, "1024Mi" as "1Gi": cluster compares them by value; a request is at most its limit)
+_QUANTITY = re.compile(
+    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** e
+        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
+    },
+}
 # a PriorityClass's or RuntimeClass's name: a DNS subdomain
 CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 CLASS_NAME_MAX = 253
@@ -172,13 +185,8 @@ def parse_pod(raw: Any, problems: list[str]) -> PodSettings:
     if not isinstance(raw, dict):
         problems.append("spec.pod must be an object")
         return PodSettings()
-    node_selector = raw.get("nodeSelector")
-    if node_selector is not None and (
-        not isinstance(node_selector, dict)
-        or not all(isinstance(v, str) for v in node_selector.values())
-    ):
-        problems.append(f"{where}nodeSelector must be an object of strings")
-        node_selector = None
+    # node labels: what the Deployment's validation asks of them, said of this field
+    node_selector = _string_map(raw, "nodeSelector", where, problems, label_values=True)
     labels = _string_map(raw, "labels", where, problems, label_values=True)
     if any(k.startswith(OWN_PREFIX) or k in OPERATOR_LABELS for k in labels):
         problems.append(RESERVED_LABELS)
@@ -189,7 +197,7 @@ def parse_pod(raw: Any, problems: list[str]) -> PodSettings:
     if any(k.startswith(OWN_PREFIX) for k in account):
         problems.append(RESERVED_ACCOUNT_ANNOTATIONS)
     return PodSettings(
-        node_selector=dict(node_selector or {}),
+        node_selector=node_selector,
         tolerations=_objects(raw, "tolerations", where, problems),
         affinity=_object(raw, "affinity", where, problems),
         topology_spread=_objects(raw, "topologySpreadConstraints", where, problems),
@@ -226,7 +234,38 @@ def _requirements(raw: Mapping[str, Any], key: str, problems: list[str]) -> Requ
                 f'{where}.{part}: {bad} must be quantities such as "500m", "1Gi" or a whole number'
             )
         out[part] = dict(amounts)
+    _above_limits(where, out, problems)
     return out
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity's value ("500m", "1Gi", "2", 2, "1e3"), ``None``
+    for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    found = _QUANTITY.fullmatch(str(value))
+    if found is None:
+        return None
+    number, exponent, suffix = found.groups()
+    try:
+        scale = (
+            Decimal(10) ** int(exponent) if exponent else _SUFFIXES.get(suffix or "", Decimal(1))
+        )
+        return Decimal(number) * scale
+    except InvalidOperation:
+        return None
+
+
+def _above_limits(where: str, given: Requirements, problems: list[str]) -> None:
+    """A request above its limit: the API server refuses the Deployment, in words that
+    name its container's index (``containers[1].resources.requests``), not the field."""
+    limits, requests = given.get("limits") or {}, given.get("requests") or {}
+    for name in sorted(set(limits) & set(requests)):
+        asked, most = quantity(requests[name]), quantity(limits[name])
+        if asked is not None and most is not None and asked > most:
+            problems.append(
+                f"{where}.requests.{name} ({requests[name]}) exceeds its limit ({limits[name]})"
+            )
 
 
 def _is_quantity(value: Any) -> bool:

@@ -181,11 +181,18 @@ def paused_condition(
 
 
 def schedulable_condition(
-    pods: list[PodView], now: float, existing: list[dict[str, Any]]
+    pods: list[PodView], now: float, existing: list[dict[str, Any]], refused: str | None = None
 ) -> dict[str, Any]:
     """``PodsSchedulable``: False while the scheduler cannot place a pod, with its
     reason (``Unschedulable``, ``SchedulingGated``) and its message, which names why (no
-    node matches the selector or affinity, an untolerated taint, too few GPUs)."""
+    node matches the selector or affinity, an untolerated taint, too few GPUs); or while
+    the API server refuses to create pods (``refused``: the Deployment's words, reason
+    ``FailedCreate``)."""
+    if refused is not None:
+        message = f"pods cannot be created: {refused}"
+        return condition(
+            ConditionType.PODS_SCHEDULABLE, False, "FailedCreate", message, now, existing
+        )
     waiting = [p for p in pods if p.unscheduled is not None]
     if not waiting:
         return condition(
@@ -212,8 +219,10 @@ def build_status(
     store_problem: str | None = None,
     store_checked: bool = True,
     paused: bool = False,
+    pods_refused: str | None = None,
 ) -> dict[str, Any]:
-    """``paused``: ``spec.paused``; ``signing_key``: the sidecars' public key Secret,
+    """``paused``: ``spec.paused``; ``pods_refused``: why the API server refuses to
+    create the Deployment's pods; ``signing_key``: the sidecars' public key Secret,
     ``None`` with allowUnsigned;
     ``foreign``: children that exist under another owner (never adopted);
     ``store_problem``: why ``spec.version`` could not be checked in the model store;
@@ -267,7 +276,7 @@ def build_status(
     conditions.append(signatures_condition(signing_key, now, existing_conditions))
     conditions.append(paused_condition(paused, plan, now, existing_conditions))
 
-    conditions.append(schedulable_condition(pods, now, existing_conditions))
+    conditions.append(schedulable_condition(pods, now, existing_conditions, pods_refused))
     healthy = plan.phase is Phase.AVAILABLE and not foreign and store_problem is None
     conditions.append(
         condition(

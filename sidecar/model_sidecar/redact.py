@@ -9,11 +9,19 @@ from collections.abc import Iterable
 
 from model_rollout_contract.redact import redact
 
+# the record's own attributes that are its message: redacted once it is formatted
+_MESSAGE_PARTS = frozenset({"msg", "args", "message"})
+
 
 class RedactingFilter(logging.Filter):
-    """A handler filter that redacts each record's final message (arguments included)."""
+    """A handler filter that redacts each record's final message (arguments included),
+    its exception, and its other text: a JSON line (--log-format json) writes every
+    extra and the stack, which a text line never did."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in list(vars(record).items()):
+            if isinstance(value, str) and key not in _MESSAGE_PARTS and redact(value) != value:
+                setattr(record, key, redact(value))
         message = record.getMessage()
         cleaned = redact(message)
         if record.exc_info and not record.exc_text:

@@ -119,6 +119,8 @@ GET, PODS, EVENTS, LIST = (
     READ_CALLS["Cluster.deployments"],
 )
 PATCH = WRITE_CALLS["Cluster.patch"]
+# kubectl scale md: the owner's only (docs/autoscaling.md)
+SCALE = {Call(v, GROUP, PLURAL, "scale") for v in ("get", "update", "patch")}
 
 
 def granted(role: dict[str, Any]) -> set[Call]:
@@ -383,7 +385,17 @@ def test_the_roles_grant_exactly_the_tools_calls() -> None:
     assert granted(roles[VIEWER]) == reads
     assert granted(roles[EDITOR]) == reads | set(WRITE_CALLS.values())
     owns = {Call(v, GROUP, PLURAL) for v in ("create", "update", "delete", CONFIGURE)}
-    assert granted(roles[OWNER]) == reads | set(WRITE_CALLS.values()) | owns
+    assert granted(roles[OWNER]) == reads | set(WRITE_CALLS.values()) | owns | SCALE
+
+
+def test_the_owner_may_scale_and_the_editor_may_not() -> None:
+    """``kubectl scale md`` (docs/autoscaling.md) is the scale subresource, a resource of
+    its own to RBAC: the owner, who may set spec.replicas, may scale; the editor, whom the
+    admission policy keeps off spec.replicas, and the viewer may not (the policy does not
+    judge /scale)."""
+    roles = user_roles(ENABLED)
+    assert granted(roles[OWNER]) >= SCALE
+    assert not {c for c in granted(roles[EDITOR]) | granted(roles[VIEWER]) if c.subresource}
 
 
 def test_the_viewer_has_no_write_verbs() -> None:
@@ -504,13 +516,14 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 RESOURCES = (
     (GROUP, PLURAL, ""), (GROUP, PLURAL, "status"), ("", "pods", ""), ("", "pods", "log"),
     ("", "events", ""), ("apps", "deployments", ""), ("", "secrets", ""),
+    (GROUP, PLURAL, "scale"),
 )  # fmt: skip
 EVERY_CALL = [Call(verb, *resource) for verb in VERBS for resource in RESOURCES]
 OWNER_VERBS = (*READ_VERBS, "patch", "create", "update", "delete", CONFIGURE)
 README = {  # the README's "RBAC for the tools"
     VIEWER: {Call(v, GROUP, PLURAL) for v in READ_VERBS} | {PODS, EVENTS},
     EDITOR: {Call(v, GROUP, PLURAL) for v in (*READ_VERBS, "patch")} | {PODS, EVENTS},
-    OWNER: {Call(v, GROUP, PLURAL) for v in OWNER_VERBS} | {PODS, EVENTS},
+    OWNER: {Call(v, GROUP, PLURAL) for v in OWNER_VERBS} | {PODS, EVENTS} | SCALE,
 }
 HANG_GUARD_S = 60.0
 

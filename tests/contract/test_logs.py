@@ -38,10 +38,13 @@ def restored() -> Iterator[None]:
     """Each test's setup undone: the root logger's handlers and level, the hooks."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in logs_module.CREDENTIAL_LOGGERS}
     hooks = (sys.excepthook, threading.excepthook, logs_module._current, logs_module._program)
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, was in quiet.items():
+        logging.getLogger(name).setLevel(was)
     sys.excepthook, threading.excepthook, logs_module._current, logs_module._program = hooks
     logging.captureWarnings(False)
 
@@ -108,6 +111,22 @@ def test_an_exception_text_set_by_a_filter_is_the_one_written() -> None:
     assert line["exception"].endswith("OSError: cannot reach https://***@s3.example.com/")
 
 
+def test_credentials_in_a_records_extras_are_redacted_too() -> None:
+    """A text line never writes the extras; a JSON line writes them all, so the sidecar's
+    redaction covers them (and the stack) as it covers the message."""
+    from model_sidecar.redact import install_log_redaction
+
+    stream = io.StringIO()
+    handler = setup_logging(LogSettings("json"), "model-sidecar", stream=stream)
+    install_log_redaction([handler])
+    logging.getLogger("botocore").info(
+        "sent", extra={"url": "https://ops:hunter2@s3.example.com/b", "count": 2}, stack_info=True
+    )
+    [line] = lines(stream)
+    assert "hunter2" not in stream.getvalue()
+    assert (line["url"], line["count"]) == ("https://***@s3.example.com/b", 2)
+
+
 @pytest.mark.parametrize(
     ("level", "written"),
     [
@@ -125,6 +144,23 @@ def test_the_level_is_the_least_severe_written(level: str, written: list[str]) -
     log.warning("w")
     log.error("e")
     assert [line["level"] for line in lines(stream)] == written
+
+
+def test_debug_never_writes_the_store_libraries_credentials() -> None:
+    """At debug botocore writes each request's parameters (STS's AssumeRoleWithWebIdentity:
+    IRSA's web identity token) and each answer's body (STS's: the temporary secret
+    key). Those libraries stay at info whatever the level; the programs' own records, and
+    the libraries' info, are written."""
+    stream = json_logging("debug")
+    logging.getLogger("botocore.parsers").debug("Response body: <SecretAccessKey>wJal")
+    logging.getLogger("botocore.endpoint").debug("params: {'WebIdentityToken': 'eyJ'}")
+    logging.getLogger("boto3.resources").debug("credentials")
+    logging.getLogger("botocore.credentials").info("Found credentials from IAM Role")
+    logging.getLogger("model_sidecar.store").debug("fetching v2")
+    assert [(line["logger"], line["level"]) for line in lines(stream)] == [
+        ("botocore.credentials", "info"),
+        ("model_sidecar.store", "debug"),
+    ]
 
 
 def test_text_is_the_programs_format_as_it_always_was() -> None:

@@ -188,6 +188,46 @@ def test_a_limit_range_that_requires_limits_admits_the_pods(
             assert {"cpu", "memory"} <= set(limits), container["name"]
 
 
+def test_pods_the_api_server_refuses_are_a_condition_that_says_why(
+    control_plane: ControlPlane, namespace: str, operator: Operator
+) -> None:
+    """A priority class that does not exist: the ReplicaSet creates no pod (the API
+    server's Priority admission refuses each), so none waits for a node; the condition
+    says so in the API server's words, and clears once the class exists."""
+    admin = control_plane.kubectl
+    missing = f"serving-{uuid.uuid4().hex[:8]}"
+    admin.apply(model_deployment(
+        namespace, "typo", store=S3, replicas=1, resources={"gpu": 0, "memory": "1Gi"},
+        pod={"priorityClassName": missing},
+    ))  # fmt: skip
+
+    def refused() -> dict[str, Any] | None:
+        found = _condition(admin, namespace, "typo", "PodsSchedulable")
+        return found if found and found["reason"] == "FailedCreate" else None
+
+    condition = wait_for("PodsSchedulable=False, FailedCreate", refused, operator, timeout_s=90)
+    assert condition["status"] == "False"
+    assert condition["message"].startswith("pods cannot be created: "), condition
+    assert f"no PriorityClass with name {missing} was found" in condition["message"], condition
+    assert not _pods(admin, namespace, "typo")
+    admin.apply({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": missing}, "value": 1000,
+    })  # fmt: skip
+    try:
+        wait_for(
+            "the condition cleared",
+            lambda: (
+                (_condition(admin, namespace, "typo", "PodsSchedulable") or {}).get("reason")
+                != "FailedCreate"
+            ),
+            operator,
+            timeout_s=120,
+        )
+    finally:
+        admin("delete", "priorityclass", missing, "--wait=false")
+
+
 def test_what_the_spec_drops_leaves_the_deployment_and_the_account(
     control_plane: ControlPlane, namespace: str, operator: Operator
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from model_operator import manifests
+from model_operator.analysis_sources import pods_regex
 from model_operator.spec import parse_spec
 from model_rollout_contract.annotations import (
     DEPLOYMENT_LABEL,
@@ -142,6 +143,20 @@ def test_kubectl_scale_moves_the_deployment_and_starts_no_rollout(
     assert _replica_sets(control_plane, namespace) == replica_sets
     assert _events(control_plane, namespace).count("RolloutStarted") == 1  # the first only
     assert "Traceback" not in operator.log_path.read_text()
+
+
+def test_the_docs_keda_query_counts_this_deployments_pods_only() -> None:
+    """``pod=~"resnet-.*"`` also sums the pods of a ModelDeployment named resnet-large in
+    the namespace: the KEDA example selects the pods as the analysis queries do."""
+    blocks = re.findall(r"```yaml\n(.*?)```", AUTOSCALING_DOC.read_text(), re.DOTALL)
+    [scaled] = [yaml.safe_load(b) for b in blocks if "kind: ScaledObject" in b]
+    [trigger] = scaled["spec"]["triggers"]
+    found = re.search(r'pod=~"([^"]*)"', trigger["metadata"]["query"])
+    assert found is not None
+    pattern = found.group(1)  # PromQL's regular expressions are anchored at both ends
+    assert pattern == pods_regex("resnet")
+    assert re.fullmatch(pattern, "resnet-7f9c8d4b6-x2k4z")
+    assert not re.fullmatch(pattern, "resnet-large-7f9c8d4b6-x2k4z")
 
 
 def _hpa(namespace: str, min_replicas: int, max_replicas: int) -> dict[str, Any]:

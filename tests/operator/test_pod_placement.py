@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from model_operator import cluster
-from model_operator.manifests import SPEC_KEYS, children, deployment, labels, pod_rbac
+from model_operator.manifests import (
+    ACCOUNT_DIGEST,
+    SPEC_KEYS,
+    children,
+    deployment,
+    digest,
+    labels,
+    pod_rbac,
+)
 from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
 from model_operator.pods import PodView, pod_view
 from model_operator.spec import SpecError, parse_spec
@@ -87,7 +95,10 @@ def test_spec_pod_reaches_the_pod_template() -> None:
     meta = template["metadata"]
     assert meta["labels"]["team"] == "vision" and meta["labels"]["example.com/tier"] == "gold"
     assert meta["labels"]["serving.model-rollout.io/deployment"] == "resnet"  # still there
-    assert meta["annotations"] == {"prometheus.io/scrape": "true"}
+    assert meta["annotations"] == {
+        "prometheus.io/scrape": "true",
+        ACCOUNT_DIGEST: digest(POD["serviceAccountAnnotations"]),
+    }
     spec_obj = parse_spec(example(pod=POD)["spec"])
     [account] = [o for o in pod_rbac("resnet", "ml", spec_obj) if o["kind"] == "ServiceAccount"]
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("models")
@@ -186,6 +197,24 @@ REFUSED = {
 }
 
 
+@pytest.mark.parametrize(
+    ("node_selector", "words"),
+    [
+        ({"pool": "gpu a100"}, "spec.pod.nodeSelector: values must be label values"),
+        ({"bad key": "gpu"}, "spec.pod.nodeSelector: keys must be qualified names"),
+    ],
+)
+def test_a_node_selector_that_is_no_label_selection_is_refused_naming_it(
+    node_selector: dict[str, str], words: str
+) -> None:
+    """The CRD takes the core type's schema (any strings); the Deployment would be
+    refused in the middle of a pass (ApiRefused, every rollout step held) in words about
+    spec.template: the operator says it as for spec.pod.labels."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(example(pod={"nodeSelector": node_selector})["spec"])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
+
+
 @pytest.mark.parametrize("case", REFUSED.values(), ids=REFUSED.keys())
 def test_the_operators_own_names_are_refused_by_both_sides(case: tuple[dict, str]) -> None:
     change, words = case
@@ -237,7 +266,8 @@ def test_what_the_spec_drops_is_removed_from_the_live_deployment() -> None:
     assert template["metadata"]["labels"]["example.com/tier"] is None
     assert template["metadata"]["labels"]["team"] == "x"
     annotations = template["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": None}  # restartedAt left alone
+    mine = {k: v for k, v in annotations.items() if k != ACCOUNT_DIGEST}
+    assert mine == {"prometheus.io/scrape": None}  # restartedAt left alone
     assert not cluster._contains(live, patch)
     # applied, the next pass finds nothing to change
     applied = _merge(live, patch)
@@ -301,3 +331,151 @@ def test_a_pod_the_scheduler_cannot_place_is_a_condition_that_says_why() -> None
     from model_rollout_contract.tracks import track_keys
 
     assert pending.of_track(track_keys("acme")).unscheduled == pending.unscheduled
+
+
+def test_placement_another_tool_wrote_is_left_alone_and_costs_no_write() -> None:
+    """A mutating webhook on Deployments (Kyverno's pod policies are applied to pod
+    templates too) that adds image pull secrets or tolerations re-adds them on every
+    update: removing what the spec never gave would fight it with a write on each pass.
+    What the spec gave and dropped is still removed."""
+    live = _live(_deployment())
+    webhook = {"imagePullSecrets": [{"name": "mirror"}], "tolerations": [GPU_TOLERATION]}
+    live["spec"]["template"]["spec"].update(copy.deepcopy(webhook))
+    patch = cluster.with_removals(live, _patch(_deployment()), "Deployment")
+    assert "imagePullSecrets" not in patch["spec"]["template"]["spec"]
+    assert cluster._contains(live, patch)
+    given = _live(_deployment(pod={"tolerations": [GPU_TOLERATION]}))
+    patch = cluster.with_removals(given, _patch(_deployment()), "Deployment")
+    assert patch["spec"]["template"]["spec"]["tolerations"] is None
+
+
+def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_pods() -> None:
+    """Kubernetes matches a pod affinity term without a labelSelector with no pod at all:
+    the docs' one-pod-per-node anti-affinity would do nothing. As a topology spread
+    constraint, such a term gets the pods' selector; one with its own keeps it."""
+    term = {"topologyKey": "kubernetes.io/hostname"}
+    own = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "cache"}}}
+    affinity = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term}
+            ],
+            "requiredDuringSchedulingIgnoredDuringExecution": [term, own],
+        },
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+    }
+    rendered = pod_spec(pod={"affinity": affinity})["spec"]["affinity"]
+    mine = {"matchLabels": {"serving.model-rollout.io/deployment": "resnet"}}
+    anti = rendered["podAntiAffinity"]
+    [preferred] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"] == {**term, "labelSelector": mine}
+    assert anti["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {**term, "labelSelector": mine},
+        own,
+    ]
+    [near] = rendered["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert near == {**term, "labelSelector": mine}
+    assert affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0] == term
+
+
+@pytest.mark.parametrize(
+    ("container", "given", "words"),
+    [
+        ("sidecar", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}},
+         "spec.resources.sidecar.requests.cpu (2) exceeds its limit (1)"),
+        ("prefetch", {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}},
+         "spec.resources.prefetch.requests.memory (1Gi) exceeds its limit (512Mi)"),
+    ],
+)  # fmt: skip
+def test_a_request_above_its_limit_is_refused_naming_the_field(
+    container: str, given: dict[str, Any], words: str
+) -> None:
+    """The Deployment would be refused (``spec.template.spec.containers[1].resources
+    .requests: Invalid value``), a message that names neither the ModelDeployment's field
+    nor which container: the operator says which, as for its other checks."""
+    doc = example(resources={"gpu": 1, "memory": "16Gi", container: given})
+    with pytest.raises(SpecError) as caught:
+        parse_spec(doc["spec"])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
+    fine = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    parse_spec(example(resources={"gpu": 1, container: fine})["spec"])
+
+
+def test_a_node_selector_key_another_tool_added_is_left_alone() -> None:
+    """The node selector is a map the spec shares, as the template's labels: the keys the
+    spec drops are removed, another tool's (a webhook's architecture key) never."""
+    two = {"node.example.com/pool": "gpu", "node.example.com/zone": "a"}
+    live = _live(_deployment(pod={"nodeSelector": two}))
+    live["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/arch"] = "amd64"
+    same = cluster.with_removals(live, _patch(_deployment(pod={"nodeSelector": two})), "Deployment")
+    assert cluster._contains(live, same)
+    one = _patch(_deployment(pod={"nodeSelector": {"node.example.com/pool": "gpu"}}))
+    patch = cluster.with_removals(live, one, "Deployment")
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] == {
+        "node.example.com/pool": "gpu",
+        "node.example.com/zone": None,
+    }
+
+
+def test_a_spec_that_drops_every_pod_setting_removes_them_all() -> None:
+    live = _live(_deployment(pod=POD))
+    patch = cluster.with_removals(live, _patch(_deployment()), "Deployment")
+    template = patch["spec"]["template"]
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
+                "priorityClassName", "runtimeClassName", "imagePullSecrets"):  # fmt: skip
+        assert template["spec"][key] is None, key
+    applied = _merge(live, patch)
+    again = cluster.with_removals(applied, _patch(_deployment()), "Deployment")
+    assert cluster._contains(applied, again)
+
+
+FAILED_CREATE = {
+    "type": "ReplicaFailure",
+    "status": "True",
+    "reason": "FailedCreate",
+    "message": 'pods "resnet-7f9c-x2k" is forbidden: no PriorityClass with name serving-hgih'
+    " was found",
+}
+
+
+class _Deployments:
+    """The one GET :func:`cluster.pods_refused` makes."""
+
+    def __init__(self, conditions: list[dict[str, Any]]) -> None:
+        self.conditions = conditions
+        self.paths: list[str] = []
+
+    async def request(self, method: str, path: str, *_: Any) -> Any:
+        self.paths.append(f"{method} {path}")
+        return {"status": {"conditions": self.conditions}}
+
+
+async def test_pods_the_api_server_refuses_to_create_are_a_condition_that_says_why() -> None:
+    """A priority class that does not exist, a quota, an admission webhook: the ReplicaSet
+    creates no pod, so no pod waits for a node and PodsSchedulable said all was well.
+    The Deployment's ReplicaFailure condition says why: it is the condition's."""
+    api = _Deployments([{"type": "Available", "status": "False"}, FAILED_CREATE])
+    refused = await cluster.pods_refused(api, "ml", "resnet")  # type: ignore[arg-type]
+    assert api.paths == ["GET /apis/apps/v1/namespaces/ml/deployments/resnet"]
+    assert refused == FAILED_CREATE["message"]
+    condition = schedulable_condition([], 100.0, [], refused=refused)
+    assert (condition["status"], condition["reason"]) == ("False", "FailedCreate")
+    assert condition["message"] == f"pods cannot be created: {FAILED_CREATE['message']}"
+    healed = _Deployments([{**FAILED_CREATE, "status": "False"}])
+    assert await cluster.pods_refused(healed, "ml", "resnet") is None  # type: ignore[arg-type]
+
+
+def test_a_new_account_role_replaces_the_pods() -> None:
+    """IRSA's webhook writes the role (AWS_ROLE_ARN) into a pod when it is created: a new
+    role-arn on the ServiceAccount alone leaves every running pod on the old role, and
+    the pods a scaler adds on the new one. The template carries the account's
+    annotations' digest, so the pods are replaced as for any other spec.pod change; a
+    spec without them writes none (and one that drops them removes it)."""
+    role = "eks.amazonaws.com/role-arn"
+    one = _deployment(pod={"serviceAccountAnnotations": {role: "arn:aws:iam::1:role/a"}})
+    two = _deployment(pod={"serviceAccountAnnotations": {role: "arn:aws:iam::1:role/b"}})
+    assert one["spec"]["template"] != two["spec"]["template"]
+    assert "annotations" not in _deployment()["spec"]["template"]["metadata"]
+    patch = cluster.with_removals(_live(one), _patch(_deployment()), "Deployment")
+    [(key, removed)] = patch["spec"]["template"]["metadata"]["annotations"].items()
+    assert key.startswith(OWN_PREFIX) and removed is None
