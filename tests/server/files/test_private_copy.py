@@ -207,7 +207,7 @@ def test_the_kernel_copies_into_the_private_copy_and_a_refusal_reads_the_rest(
     monkeypatch.setattr(os, "sendfile", sendfile)
     fd = os.open(path, os.O_RDONLY)
     try:
-        copy = read_into_private_copy(fd, len(data), "model.onnx", str(path))
+        copy = read_into_private_copy(fd, len(data), "model.onnx", str(path)).copy
     finally:
         os.close(fd)
     assert calls and bytes(copy.view) == data
@@ -295,7 +295,7 @@ def test_pages_go_back_in_one_call_that_lets_the_gil_go(
     path.write_bytes(os.urandom(8 * 2**20 + 123))
     fd = os.open(path, os.O_RDONLY)
     try:
-        copy = read_into_private_copy(fd, path.stat().st_size, "model", str(path))
+        copy = read_into_private_copy(fd, path.stat().st_size, "model", str(path)).copy
     finally:
         os.close(fd)
     memfd = copy.path
@@ -325,7 +325,7 @@ def test_the_hole_is_punched_by_address_not_by_a_descriptor_number(tmp_path: Pat
     source.write_bytes(os.urandom(3 * mmap.PAGESIZE))
     fd = os.open(source, os.O_RDONLY)
     try:
-        copy = read_into_private_copy(fd, source.stat().st_size, "model", str(source))
+        copy = read_into_private_copy(fd, source.stat().st_size, "model", str(source)).copy
     finally:
         os.close(fd)
     assert copy.path is not None and copy._memfd_closer is not None
