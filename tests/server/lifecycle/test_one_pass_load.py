@@ -1,9 +1,14 @@
-"""A load reads and hashes a model file in one pass (issue 33): a file changed or cut
-short while read is refused and the serving version keeps serving."""
+"""A load reads and hashes a model file in one pass, and lets its private copy go off
+its path (issue 33): a file changed or cut short while read is refused and the serving
+version keeps serving; the swap never waits for the previous copy's release, and a next
+load waits for it before reading (released copies never pile up). Shown by the order
+of events, never by timings."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,7 @@ import pytest
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.errors import LoadRefused
 from model_server.files import private_copy
+from model_server.files.private_copy import PrivateCopy
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.load_stages import HASH_WAIT, READ_HASH
 from model_server.lifecycle.repository import ModelRepository
@@ -79,4 +85,51 @@ async def test_a_load_reports_its_read_and_hash_as_one_pass(manager: EngineManag
         assert {READ_HASH, HASH_WAIT} <= set(result.stages_s)
         assert "hash" not in result.stages_s
     finally:
+        manager.close()
+
+
+async def test_the_swap_does_not_wait_for_the_release_and_the_next_read_does(
+    manager: EngineManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v2's private copy is let go on the release thread, held there until the test
+    says: v2 is swapped in meanwhile; v3's read starts only once it is let go."""
+    events: list[str] = []
+    let_go = threading.Event()
+    real_close = PrivateCopy.close
+    holding: list[PrivateCopy] = []
+
+    def held_close(self: PrivateCopy) -> None:
+        if holding and self is holding[0]:
+            let_go.wait(10)  # a bound against a hang only
+            events.append("v2 released")
+        real_close(self)
+
+    real_read = ModelRepository.read_version
+    read_started = threading.Event()
+
+    def recorded_read(self: ModelRepository, key: str, version: str, *args: object):  # type: ignore[no-untyped-def]
+        events.append(f"{version} read")
+        read_started.set()
+        files = real_read(self, key, version, *args)  # type: ignore[arg-type]
+        if version == "v2":
+            assert files.model.private is not None
+            holding.append(files.model.private)
+        return files
+
+    monkeypatch.setattr(PrivateCopy, "close", held_close)
+    monkeypatch.setattr(ModelRepository, "read_version", recorded_read)
+    try:
+        await manager.load("mlp", "v1")
+        await manager.load("mlp", "v2")
+        events.append("v2 swapped")
+        read_started.clear()
+        v3 = asyncio.ensure_future(manager.load("mlp", "v3"))
+        # v3's read must not start while v2's copy is held (waited for a while: a read
+        # that did not wait would have started by then)
+        await asyncio.to_thread(read_started.wait, 1)
+        let_go.set()
+        await v3
+        assert events == ["v1 read", "v2 read", "v2 swapped", "v2 released", "v3 read"]
+    finally:
+        let_go.set()
         manager.close()
