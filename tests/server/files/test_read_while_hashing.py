@@ -146,3 +146,14 @@ def test_a_file_that_changes_size_midway_is_refused_reading_at_most_size_plus_on
     assert sum(asked) <= size + 1
     # the hashing thread stopped and holds no view of the copy
     assert not [t for t in threading.enumerate() if t.ident not in before and t.name == "hash"]
+
+
+@pytest.mark.parametrize("mib", [0, 1, 25, 100, 400, 4000])
+def test_chunks_are_whole_pages_a_sixteenth_of_the_file_within_bounds(mib: int) -> None:
+    """Small files in chunks small enough that the hash is never far behind; large ones
+    in few chunks (each asks for the GIL back behind the serving threads)."""
+    chunk = private_copy.chunk_bytes_for(mib * 2**20 + 123)
+    assert chunk % mmap.PAGESIZE == 0
+    assert private_copy.MIN_CHUNK_BYTES <= chunk <= private_copy.CHUNK_BYTES
+    if private_copy.MIN_CHUNK_BYTES < mib * 2**20 // 16 < private_copy.CHUNK_BYTES:
+        assert chunk <= mib * 2**20 // 16

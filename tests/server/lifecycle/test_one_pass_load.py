@@ -44,6 +44,7 @@ def change_v2_after_its_first_chunk(
     """v2's file is rewritten (``rewrite``) or cut short (``shrink``) once its first
     chunk is in the private copy."""
     monkeypatch.setattr(private_copy, "CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(private_copy, "MIN_CHUNK_BYTES", CHUNK)
     path = root / "mlp" / "v2" / "model.onnx"
     assert path.stat().st_size > 2 * CHUNK
     real = os.sendfile
