@@ -16,12 +16,17 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import logging
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from model_server.files.chunk_hasher import ChunkHasher, Hash
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,14 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 
 
 _MADVISE = _libc_madvise()
+_MADV_POPULATE_READ = 22  # Linux's value; the mmap module names it on 3.13+ only
+# a model file is read and hashed a chunk at a time: a chunk is hashed while the next
+# is read, and the hash is left at most one chunk behind after the last byte. At most
+# CHUNK_BYTES (few chunks: each asks for the GIL back twice, behind serving threads),
+# a sixteenth of the file for smaller ones, at least MIN_CHUNK_BYTES (25 MiB on a
+# 2-core VM, idle: 34 ms read then hashed, 28 in 8 MiB chunks, 22 in 2 MiB ones)
+CHUNK_BYTES = 8 * 2**20
+MIN_CHUNK_BYTES = 2**20
 
 
 def punch_hole(mapping: mmap.mmap) -> None:
@@ -134,58 +147,140 @@ def _still_viewed(mapping: mmap.mmap) -> bool:
     return False
 
 
-def read_into_private_copy(fd: int, size: int, name: str, shown: str) -> PrivateCopy:
+@dataclass(frozen=True)
+class HashedCopy:
+    """A private copy, the sha256 of its bytes, and where the time went: ``read_s``
+    until its last byte was in (hashing alongside), ``hash_wait_s`` after that, waiting
+    for the hash to catch up."""
+
+    copy: PrivateCopy
+    sha256: str
+    read_s: float
+    hash_wait_s: float
+
+
+def read_into_private_copy(
+    fd: int,
+    size: int,
+    name: str,
+    shown: str,
+    *,
+    chunk_bytes: int | None = None,
+    new_hash: Callable[[], Hash] = hashlib.sha256,
+) -> HashedCopy:
     """The ``size`` bytes of the open regular file ``fd`` (its ``fstat`` size), read
-    once into a new memfd. ``OSError`` if the file does not hold exactly ``size`` bytes
-    when read (it changed meanwhile). Once read, the memfd is made read-only for its
-    owner (mode 0400: no other process of this user can open it for writing through
-    ``/proc``) and sealed against growing or shrinking."""
+    once into a new memfd, ``chunk_bytes`` (:func:`chunk_bytes_for` the size) at a
+    time, each chunk hashed on another thread as soon as it is in the memfd
+    (:class:`ChunkHasher`): the digest is of the private copy's bytes, never of the
+    file. ``OSError`` if the file does not hold exactly ``size`` bytes when read (it
+    changed meanwhile: at most ``size`` + 1 bytes are read). The memfd is read-only
+    for its owner (mode 0400, from before its first byte: no other process of this
+    user can open it for writing through ``/proc``, only this descriptor writes) and
+    sealed against growing or shrinking once sized."""
+    started = time.perf_counter()
     if size == 0:
         extra = os.read(fd, 1)
         if extra:
             raise OSError(f"{shown} grew while it was read")
-        return PrivateCopy(memoryview(b""))
+        digest = new_hash().hexdigest()
+        return HashedCopy(PrivateCopy(memoryview(b"")), digest, time.perf_counter() - started, 0.0)
     memfd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
+        os.fchmod(memfd, 0o400)  # the descriptor was opened for writing: it still may
         os.ftruncate(memfd, size)
-        copied = _send(fd, memfd, size)  # the kernel fills the memfd: no page faults
-        # mapped with its pages (one call, not a fault per page when hashed and loaded)
-        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if copied else 0)
-        mapping = mmap.mmap(memfd, size, flags=flags)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
     except BaseException:
         os.close(memfd)
         raise
     closer = weakref.finalize(mapping, os.close, memfd)  # once the last view of it is gone
-    got = copied
-    with os.fdopen(fd, "rb", buffering=0, closefd=False) as source, memoryview(mapping) as view:
-        while got < size:
-            n = source.readinto(view[got:])
-            if not n:
-                break
-            got += n
-        grown = bool(os.pread(fd, 1, size))
-        if got != size or grown:
-            raise OSError(f"{shown} changed size while it was read ({size} bytes at its fstat)")
-        os.fchmod(memfd, 0o400)
-        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+    with memoryview(mapping) as view:
+        hasher = ChunkHasher(view, new_hash)
+        try:
+            chunk = chunk_bytes or chunk_bytes_for(size)
+            got = _fill(fd, memfd, mapping, size, chunk, hasher)
+            grown = bool(os.pread(fd, 1, size))
+            if got != size or grown:
+                raise OSError(f"{shown} changed size while it was read ({size} bytes at its fstat)")
+            read = time.perf_counter()
+            digest = hasher.finish()
+        except BaseException:
+            hasher.abandon()  # no view of the mapping left on its thread
+            raise
+        hash_wait = time.perf_counter() - read
         readonly = view.toreadonly()
-    return PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)
+    copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)
+    return HashedCopy(copy, digest, read - started, hash_wait)
 
 
-def _send(fd: int, memfd: int, size: int) -> int:
-    """Copy what ``sendfile`` copies of the file's first ``size`` bytes into the memfd,
-    in the kernel (the GIL let go): on a VM, filling fresh pages through a mapping took
-    a fault per page (48 ms for 25 MiB against 28 ms; bench/results/NOTES.md). Returns
-    the bytes copied, fewer than ``size`` if the file shrank or the kernel would not
-    (then the rest is read through the mapping)."""
+def chunk_bytes_for(size: int) -> int:
+    """The chunk a file of ``size`` bytes is read and hashed by: a sixteenth of it,
+    whole pages, within ``MIN_CHUNK_BYTES`` and ``CHUNK_BYTES``."""
+    sixteenth = size // 16 - size // 16 % mmap.PAGESIZE
+    return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, sixteenth))
+
+
+def _fill(
+    fd: int, memfd: int, mapping: mmap.mmap, size: int, chunk_bytes: int, hasher: ChunkHasher
+) -> int:
+    """Copy the file's first ``size`` bytes into the memfd a chunk at a time, each handed
+    to ``hasher`` once in; returns the bytes copied (fewer if the file shrank).
+
+    Each chunk is copied by ``sendfile``, in the kernel (the GIL let go): on a VM,
+    filling fresh pages through a mapping took a fault per page (48 ms for 25 MiB
+    against 28 ms; bench/results/NOTES.md); its pages are then mapped in one call
+    (``MADV_POPULATE_READ``, not a fault per page when hashed and loaded). Where the
+    kernel will not ``sendfile``, the rest is read through the mapping."""
     got = 0
-    try:
+    send = True
+    populate = _Populate(mapping)
+    with (
+        os.fdopen(fd, "rb", buffering=0, closefd=False) as source,
+        memoryview(mapping) as view,
+    ):
         while got < size:
-            n = os.sendfile(memfd, fd, got, size - got)
-            if not n:
+            end = min(size, got + chunk_bytes)
+            start = got
+            if send:
+                try:
+                    while got < end:  # the memfd's offset follows: it is written in order
+                        n = os.sendfile(memfd, fd, got, end - got)
+                        if not n:
+                            break
+                        got += n
+                except OSError as exc:  # a file system that cannot splice: read the rest
+                    log.debug("sendfile into the private copy refused: %s", exc)
+                    send = False
+                    os.lseek(fd, got, os.SEEK_SET)  # sendfile at an offset leaves it alone
+                populate(start, got)
+            if not send:
+                while got < end:
+                    n = source.readinto(view[got:end])
+                    if not n:
+                        break
+                    got += n
+            hasher.filled(start, got)
+            if got < end:  # the file ended early
                 break
-            got += n
-    except OSError as exc:  # a file system that cannot splice: read the rest instead
-        log.debug("sendfile into the private copy refused: %s", exc)
-    os.lseek(fd, got, os.SEEK_SET)  # sendfile at an offset leaves the file's own alone
     return got
+
+
+class _Populate:
+    """Maps a range of a fresh mapping's pages in one call made with the GIL released
+    (``MADV_POPULATE_READ``, Linux 5.14); does nothing, from the first refusal on,
+    where the kernel will not (each page then faults in when first read)."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self._address: int | None = None
+        self._madvise = _MADVISE
+        if _MADVISE is not None and len(mapping):
+            anchor = ctypes.c_char.from_buffer(mapping)  # an export, for the address only
+            self._address = ctypes.addressof(anchor)
+            del anchor
+
+    def __call__(self, start: int, end: int) -> None:
+        if self._madvise is None or self._address is None or end <= start:
+            return
+        first = start - start % mmap.PAGESIZE
+        if self._madvise(self._address + first, end - first, _MADV_POPULATE_READ) != 0:
+            self._address = None

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from model_server.files.private_copy import PrivateCopy, read_into_private_copy
+from model_server.files.private_copy import HashedCopy, read_into_private_copy
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO put in the file's place makes the open return instead of hang; it
@@ -97,9 +97,9 @@ def read_regular(directory: int, name: str, shown: str, limit: int | None = None
         os.close(fd)
 
 
-def read_regular_private(directory: int, name: str, shown: str) -> PrivateCopy:
+def read_regular_private(directory: int, name: str, shown: str) -> HashedCopy:
     """Like :func:`read_regular` with no limit, into a :class:`PrivateCopy` (model files:
-    large bytes that are read and let go without holding the GIL)."""
+    large bytes that are read and let go without holding the GIL), hashed as it is read."""
     fd = _open_below(directory, name, _FILE_FLAGS, shown)
     try:
         status = os.fstat(fd)

@@ -15,13 +15,17 @@ from collections.abc import Iterator, Mapping
 # the stages a load can report, in the order they run (a backend reports its own
 # among these: ONNX Runtime ``cache``, ``optimize``, ``session``, ``row_estimate``;
 # torch ``parse``, ``upload``, ``bind``)
-READ = "read"  # the model file (and manifest, golden set) into the private copy
-HASH = "hash"  # sha256 of the model's bytes, checked against the expected digest
+# the wait for an earlier load's private copy to be let go (on the release thread, once
+# its engine held its own), when it had not been yet: copies never pile up
+RELEASE = "release"
+# the model file into its private copy, its sha256 computed alongside, chunk by chunk
+READ_HASH = "read_hash"
+HASH_WAIT = "hash_wait"  # after the model's last byte was read, the wait for its sha256
+READ = "read"  # the manifest and golden set beside the model file
 GOLDEN_PARSE = "golden_parse"  # the golden set's digest checked and its arrays read
 ENGINE = "engine"  # the backend's load, less the stages it reports itself
 WARM_UP = "warm_up"  # the warm-up inference(s)
 GOLDEN = "golden"  # the golden set's inputs run and their answers compared
-RELEASE = "release"  # the private copy let go once the engine holds its own
 SWAP = "swap"  # the new version installed as the serving one, and reported
 OTHER = "other"  # the rest of the load's duration: hand-offs and waits between stages
 

@@ -7,6 +7,7 @@ file, so files of two builds are never mixed."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,6 @@ from model_rollout_contract.manifest import (
     MODEL_FILE_NAMES,
     Manifest,
     ManifestError,
-    sha256_bytes,
 )
 from model_rollout_contract.names import InvalidName, ModelKey, check_name, is_valid_name
 from model_rollout_contract.versions import sorted_versions
@@ -31,7 +31,7 @@ from model_server.files.trusted_files import (
     read_regular_private,
     relative_parts,
 )
-from model_server.lifecycle.load_stages import HASH, READ, LoadStages
+from model_server.lifecycle.load_stages import HASH_WAIT, READ, READ_HASH, LoadStages
 
 # CURRENT and TRAFFIC are a line of JSON or a name: a larger one is not the sidecar's
 SMALL_FILE_LIMIT = 64 * 1024
@@ -214,13 +214,11 @@ class ModelRepository:
 
 def _read_model(directory: int, name: str, shown: Path, stages: LoadStages) -> ModelFile:
     """The model file ``name`` of the open ``directory``, read once into its private copy
-    and hashed (each step's time in ``stages``)."""
-    with stages.stage(READ):
-        copy = read_regular_private(directory, name, str(shown))
-    try:
-        with stages.stage(HASH):
-            digest = sha256_bytes(copy.view)
-    except BaseException:
-        copy.close()
-        raise
-    return ModelFile(shown, copy.view, digest, copy)
+    and hashed as it is read (``read_hash``, then ``hash_wait`` for the hash to catch up
+    after the last byte, in ``stages``)."""
+    started = time.perf_counter()
+    hashed = read_regular_private(directory, name, str(shown))
+    took = time.perf_counter() - started
+    stages.add(READ_HASH, max(0.0, took - hashed.hash_wait_s))
+    stages.add(HASH_WAIT, hashed.hash_wait_s)
+    return ModelFile(shown, hashed.copy.view, hashed.sha256, hashed.copy)

@@ -73,7 +73,7 @@ async def test_http_and_socket_answer_swaps_with_the_same_fields(
     assert over_http.pop("status") == "ok" and over_socket.pop("ok") is True
     # a load says where its time went (the same in a socket's reply); a pointer swap has
     # no stages
-    assert set(over_http.pop("stages_ms")) >= {"read", "hash", "warm_up", "swap", "other"}
+    assert set(over_http.pop("stages_ms")) >= {"read_hash", "hash_wait", "warm_up", "swap", "other"}
     assert set(over_http) == set(over_socket) == {"model", "from", "to", "duration_ms", "instant"}
     assert (over_http["to"], over_socket["to"]) == ("v2", "v1")
     health = await (await client.get("/v1/models/mlp/health")).json()

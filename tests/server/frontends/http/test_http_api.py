@@ -395,7 +395,7 @@ async def test_a_load_says_where_its_time_went(client: TestClient) -> None:
     body = await response.json()
     stages = body["stages_ms"]
     # the server's own timing of each stage, and what lay between them, add up to the load
-    assert {"read", "hash", "warm_up", "release", "swap", "other"} <= set(stages)
+    assert {"read_hash", "hash_wait", "warm_up", "swap", "other"} <= set(stages)
     assert {"session", "row_estimate"} & set(stages)  # the ONNX Runtime backend's own
     assert all(ms >= 0 for ms in stages.values())
     assert abs(sum(stages.values()) - body["duration_ms"]) < 0.05
