@@ -99,5 +99,6 @@ async def test_rollout_and_rollback_under_load_lose_nothing(
             "StoreReachable": "True",
             "SignaturesVerified": "True",
             "PodsSchedulable": "True",
+            "Paused": "False",
             "Ready": "True",
         }

@@ -110,12 +110,19 @@ async def _until(probe: Callable[[], Any]) -> Any:
 
 
 async def _reports(
-    core: Any, namespace: str, name: str, until: Callable[[SidecarReport], bool]
+    core: Any,
+    namespace: str,
+    name: str,
+    annotations: dict[str, str | None],
+    until: Callable[[SidecarReport], bool],
 ) -> list[SidecarReport]:
-    """The pod's default-track reports as a watch sees them, each change once, up to
-    the first for which ``until`` holds."""
+    """Set ``annotations`` on the pod; its default-track reports as a watch sees them
+    from just before that, each change once, up to the first for which ``until`` holds.
+    (The pod is read before the patch: read after it, a sidecar quicker than the read
+    has already left the report the steps start from.)"""
     response = await core.read_namespaced_pod(name, namespace, _preload_content=False)
     pod = json.loads(await response.read())
+    await _set(core, namespace, name, annotations)
     seen: list[SidecarReport] = []
 
     async def follow() -> list[SidecarReport]:
@@ -183,8 +190,9 @@ async def test_a_simulated_node_runs_the_operators_pods_and_their_sidecars_repor
     name = pods[0]["metadata"]["name"]
     keys = track_keys()
 
-    await _set(core, namespace, name, {keys.target: "v2", keys.previous: "v1"})
-    seen = await _reports(core, namespace, name, lambda r: r.serving == "v2")
+    seen = await _reports(
+        core, namespace, name, {keys.target: "v2", keys.previous: "v1"}, lambda r: r.serving == "v2"
+    )
     steps = [(r.target, r.serving, r.state) for r in seen]
     assert steps == [
         ("v1", "v1", SidecarState.OK), ("v2", "v1", SidecarState.FETCHING),
@@ -193,20 +201,27 @@ async def test_a_simulated_node_runs_the_operators_pods_and_their_sidecars_repor
     assert seen[-1].retained == ("v1",) and seen[-1].target_seen_at == seen[1].target_seen_at
     assert seen[-1].target_seen_at != seen[0].target_seen_at
 
-    await _set(core, namespace, name, {keys.target: "v1"})  # still loaded: a pointer swap
-    seen = await _reports(core, namespace, name, lambda r: r.serving == "v1")
+    seen = await _reports(
+        core, namespace, name, {keys.target: "v1"}, lambda r: r.serving == "v1"
+    )  # still loaded: a pointer swap
     assert [(r.serving, r.state) for r in seen] == [("v2", "ok"), ("v1", "ok")]
     assert seen[-1].retained == ("v2",)
 
-    await _set(core, namespace, name, {keys.target: "v3"})
-    seen = await _reports(core, namespace, name, lambda r: r.state is SidecarState.REFUSED)
+    seen = await _reports(
+        core, namespace, name, {keys.target: "v3"}, lambda r: r.state is SidecarState.REFUSED
+    )
     assert [r.state for r in seen[1:]] == [SidecarState.FETCHING, SidecarState.REFUSED]
     refused = seen[-1]
     assert (refused.target, refused.serving, refused.code) == ("v3", "v1", "bad_signature")
     assert refused.reason == "bad_signature: mlp:v3: manifest signature does not verify"
 
-    await _set(core, namespace, name, {keys.target: "v1", TRAFFIC_POLICY: "{not json"})
-    seen = await _reports(core, namespace, name, lambda r: r.code == "bad_policy")
+    seen = await _reports(
+        core,
+        namespace,
+        name,
+        {keys.target: "v1", TRAFFIC_POLICY: "{not json"},
+        lambda r: r.code == "bad_policy",
+    )
     assert (seen[-1].serving, seen[-1].state) == ("v1", SidecarState.OK)
     assert seen[-1].reason and "ignored" in seen[-1].reason
     other = pods[1]["metadata"]["name"]  # the other pod's sidecar has nothing new to say

@@ -176,6 +176,7 @@ def test_a_chunked_load_gives_identical_weights(
     engine.close()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_an_engine_says_where_its_load_went(device: str, tmp_path: Path) -> None:
     """The load pipeline reports these stages (load_stages): parse, upload, bind."""
     engine = TorchBackend(device).load(ModelFile.read(add_version(tmp_path, "m", "v1", 1).path))
