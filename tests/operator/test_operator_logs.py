@@ -5,7 +5,6 @@ least severe written; a refusal at start is one JSON line."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,17 +20,7 @@ from tests.support.control_plane_operator import (
     new_namespace,
     wait_for,
 )
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    """Every line parsed as JSON: a line that is not JSON fails the test."""
-    parsed = []
-    for line in text.splitlines():
-        try:
-            parsed.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise AssertionError(f"not a JSON line: {line!r}\nin:\n{text}") from None
-    return parsed
+from tests.support.log_lines import json_lines
 
 
 def settled_with(

@@ -5,28 +5,13 @@ text they always were."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from model_rollout_e2e.processes import ServerProcess, free_port
+from tests.support.log_lines import TEXT_LINE, json_lines
 from tests.support.server import add_version
-
-TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: .*")
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    """Every line of the output parsed as JSON: a line that is not JSON fails the test."""
-    parsed = []
-    for line in text.splitlines():
-        try:
-            parsed.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise AssertionError(f"not a JSON line: {line!r}\nin:\n{text}") from None
-    return parsed
 
 
 def served_and_stopped(tmp_path: Path, *flags: str) -> str:

@@ -4,27 +4,12 @@ one JSON line; without the flag the lines are the text they always were."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from model_sidecar.store import LocalStore
+from tests.support.log_lines import TEXT_LINE, json_lines
 from tests.support.sidecar import Keys, make_keys, publish_versions, sidecar_cli
-
-TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: .*")
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    """Every line parsed as JSON: a line that is not JSON fails the test."""
-    parsed = []
-    for line in text.splitlines():
-        try:
-            parsed.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise AssertionError(f"not a JSON line: {line!r}\nin:\n{text}") from None
-    return parsed
 
 
 def pre_pull(
