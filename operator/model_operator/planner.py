@@ -963,6 +963,22 @@ class _Tick:
             )
         return self.full()
 
+    def _start_batch(self, pods: list[PodView], label: str | None = None) -> None:
+        """Point ``pods`` at the version as the next batch (``label``: the event's name
+        for it, else ``batch <n>``)."""
+        self.retarget(pods)
+        self.state = replace(
+            self.state,
+            batch=self.state.batch + 1,
+            batch_in_flight=True,
+            batch_started_at=self.now,
+            blocked_since=None,
+        )
+        named = label or f"batch {self.state.batch}"
+        self.events.append(
+            Event("BatchStarted", f"{named}: {[p.name for p in pods]} -> {self.version}")
+        )
+
     def full(self) -> Plan:
         """A fully promoted rollout: every pod not yet on the version moves now, as
         ``maxConcurrentLoads`` allows, each as soon as a load ends (no batches)."""
@@ -981,20 +997,7 @@ class _Tick:
         waiting = sorted((p for p in remaining if p.name not in self.moved), key=_readiness_order)
         moving = self._admit(waiting, self.version)
         if moving:
-            self.retarget(moving)
-            self.state = replace(
-                self.state,
-                batch=self.state.batch + 1,
-                batch_in_flight=True,
-                batch_started_at=self.now,
-                blocked_since=None,
-            )
-            self.events.append(
-                Event(
-                    "BatchStarted",
-                    f"full promotion: {[p.name for p in moving]} -> {self.version}",
-                )
-            )
+            self._start_batch(moving, "full promotion")
         serving = sum(p.serves(self.version) for p in self.pods)
         left = len(waiting) - len(moving)
         return self.plan(
@@ -1074,20 +1077,7 @@ class _Tick:
                 "WaitingForLoads",
                 f"batch {self.state.batch + 1} waits: {self._waiting_for_loads()}",
             )
-        self.retarget(batch)
-        self.state = replace(
-            self.state,
-            batch=self.state.batch + 1,
-            batch_in_flight=True,
-            batch_started_at=self.now,
-            blocked_since=None,
-        )
-        self.events.append(
-            Event(
-                "BatchStarted",
-                f"batch {self.state.batch}: {[p.name for p in batch]} -> {self.version}",
-            )
-        )
+        self._start_batch(batch)
         return self.plan(
             self._progress_phase(),
             "BatchLoading",
