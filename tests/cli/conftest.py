@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from model_rollout_e2e.control_plane import ControlPlane
-from tests.support.cli import Admin, install_tools, namespace_of_its_own
+from tests.support.cli import Admin, install_tools
+from tests.support.namespaces import namespace_of_its_own
 
 
 @pytest.fixture(scope="module")

@@ -54,10 +54,10 @@ from tests.support.cli import (
     flaky_proxy,
     intercepting_proxy,
     kubeconfig_through,
-    namespace_of_its_own,
     run_tool,
     user_roles,
 )
+from tests.support.namespaces import namespace_of_its_own
 from tests.support.sidecar import make_keys
 
 STATUS = {

@@ -59,12 +59,12 @@ from tests.support.cli import (
     bound_user,
     intercepting_proxy,
     kubeconfig_through,
-    namespace_of_its_own,
     run_tool,
     user_roles,
 )
 from tests.support.control_plane_operator import install_chart, role_without
 from tests.support.helm_chart import lint_chart
+from tests.support.namespaces import namespace_of_its_own
 from tests.support.sidecar import make_keys
 
 K8S_VERSION = "1.37.0"  # as tests/deploy/test_manifests.py

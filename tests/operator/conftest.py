@@ -1,9 +1,10 @@
 """The operator tests' fixtures on the session's real control plane: the chart's
-operator identity (installed once per module) and a namespace no operator runs for."""
+operator identity (installed once per module), a namespace of the test's own, and a
+namespace no operator runs for."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,29 @@ from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.node_agent import NodeAgent
 from tests.support.control_plane_operator import install_chart
+from tests.support.namespaces import namespace_of_its_own
 from tests.support.rollout_cluster import RolloutCluster, rollout_cluster
 
 
 @pytest.fixture(scope="module")
 def operator_identity(control_plane: ControlPlane) -> Identity:
     return install_chart(control_plane)
+
+
+@pytest.fixture
+def namespace(
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    operator_identity: Identity,
+    node_agents: Callable[..., NodeAgent],
+) -> Iterator[str]:
+    """A namespace of the test's own, named after its module, deleted with what the test
+    left in it before the test's nodes are (it asks for ``node_agents`` so that pytest
+    tears it down first): pods of a Deployment left behind never reach a later test's
+    node, where they would take its GPUs."""
+    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    with namespace_of_its_own(control_plane, prefix.replace("_", "-")[:40]) as name:
+        yield name
 
 
 @pytest.fixture

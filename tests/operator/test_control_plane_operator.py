@@ -41,10 +41,10 @@ from tests.support.control_plane_operator import (
     described,
     get,
     model_deployment,
-    new_namespace,
     received_at,
     replica_identity,
     role_without,
+    settled_on,
     status_writes,
     wait_for,
     writes_of,
@@ -57,11 +57,6 @@ CHILDREN = (
     ("poddisruptionbudget", "mlp"),
     ("serviceaccount", "model-sidecar-mlp"),
 )
-
-
-@pytest.fixture
-def namespace(control_plane: ControlPlane, operator_identity: Identity) -> str:
-    return new_namespace(control_plane.kubectl)
 
 
 @pytest.fixture
@@ -408,8 +403,8 @@ def test_a_paused_leader_that_lost_its_lease_writes_nothing_when_it_wakes(
         _apply_md(control_plane, namespace, replicas=4, store={"url": "s3://models/resnet50"},
                   canary={"percent": 50, "pauseSeconds": 3600})  # fmt: skip
         any_op = replicas[names[0]]
-        wait_for("v1 everywhere", lambda: _status(control_plane, namespace).get("versions")
-                 == {"v1": 4} and _holder(control_plane) in replicas, any_op)  # fmt: skip
+        wait_for("v1 everywhere", lambda: settled_on(_status(control_plane, namespace), "v1", 4)
+                 and _holder(control_plane) in replicas, any_op)  # fmt: skip
         leader = str(_holder(control_plane))
         standby = next(name for name in names if name != leader)
         old = replicas[leader]

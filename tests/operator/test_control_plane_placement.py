@@ -22,18 +22,12 @@ from tests.support.control_plane_operator import (
     Operator,
     get,
     model_deployment,
-    new_namespace,
     wait_for,
 )
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 S3 = {"url": "s3://models/resnet50"}  # no claim to bind: only the placement decides
-
-
-@pytest.fixture
-def namespace(control_plane: ControlPlane, operator_identity: Identity) -> str:
-    return new_namespace(control_plane.kubectl, "place")
 
 
 @pytest.fixture

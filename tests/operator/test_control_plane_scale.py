@@ -30,17 +30,12 @@ from tests.support.control_plane_operator import (
     ReportingSidecars,
     get,
     model_deployment,
-    new_namespace,
+    settled_on,
     wait_for,
 )
 
 GROUP_VERSION = "serving.model-rollout.io/v1alpha1"
 AUTOSCALING_DOC = Path(__file__).resolve().parents[2] / "docs" / "autoscaling.md"
-
-
-@pytest.fixture
-def namespace(control_plane: ControlPlane, operator_identity: Identity) -> str:
-    return new_namespace(control_plane.kubectl, "scale")
 
 
 @pytest.fixture
@@ -254,7 +249,7 @@ def test_a_pod_a_scaler_adds_mid_rollout_starts_on_the_version_its_stage_wants(
             rollout={"batchSize": 1, "jitterSeconds": 3600},
         ))  # fmt: skip
         wait_for("v1 everywhere",
-                 lambda: _status(control_plane, namespace).get("versions") == {"v1": 4},
+                 lambda: settled_on(_status(control_plane, namespace), "v1", 4),
                  operator)  # fmt: skip
         admin("patch", "md", "mlp", "-n", namespace, "--type=merge", "-p",
               '{"spec": {"version": "v2"}}')  # fmt: skip

@@ -42,11 +42,11 @@ from tests.support.cli import (
     bound_user,
     install_sidecar_policy,
     install_tools,
-    namespace_of_its_own,
     run_tool,
 )
 from tests.support.control_plane_operator import Operator, install_chart, model_deployment
 from tests.support.crd_validation import ResourceSchema
+from tests.support.namespaces import namespace_of_its_own
 from tests.support.sidecar import make_keys
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,19 +17,17 @@ from tests.support.control_plane_operator import (
     Operator,
     get,
     model_deployment,
-    new_namespace,
     wait_for,
 )
 from tests.support.log_lines import json_lines
 
 
 def settled_with(
-    control_plane: ControlPlane, identity: Identity, tmp_path: Path, *flags: str
-) -> tuple[str, str]:
-    """An operator run until it has written a new ModelDeployment's status, then
-    stopped: the namespace and everything the process wrote."""
+    control_plane: ControlPlane, identity: Identity, namespace: str, tmp_path: Path, *flags: str
+) -> str:
+    """Everything an operator wrote, run in ``namespace`` until it has written a new
+    ModelDeployment's status, then stopped."""
     admin = control_plane.kubectl
-    namespace = new_namespace(admin, "logs")
     operator = Operator(identity.kubeconfig, namespace, tmp_path / "op.log", extra=flags)
     operator.start()
     try:
@@ -43,14 +41,14 @@ def settled_with(
         wait_for("the status", settled, operator)
     finally:
         operator.stop()
-    return namespace, operator.log_path.read_text()
+    return operator.log_path.read_text()
 
 
 def test_json_lines_only_and_kopfs_object_lines_name_the_resource(
-    control_plane: ControlPlane, operator_identity: Identity, tmp_path: Path
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str, tmp_path: Path
 ) -> None:
-    namespace, output = settled_with(
-        control_plane, operator_identity, tmp_path, "--log-format", "json"
+    output = settled_with(
+        control_plane, operator_identity, namespace, tmp_path, "--log-format", "json"
     )
     lines = json_lines(output)
     assert {line["level"] for line in lines} <= {"info", "warning", "error", "critical"}
@@ -64,10 +62,10 @@ def test_json_lines_only_and_kopfs_object_lines_name_the_resource(
 
 
 def test_the_level_asked_for_is_the_least_severe_written(
-    control_plane: ControlPlane, operator_identity: Identity, tmp_path: Path
+    control_plane: ControlPlane, operator_identity: Identity, namespace: str, tmp_path: Path
 ) -> None:
-    _, output = settled_with(
-        control_plane, operator_identity, tmp_path,
+    output = settled_with(
+        control_plane, operator_identity, namespace, tmp_path,
         "--log-format", "json", "--log-level", "warning",
     )  # fmt: skip
     assert all(line["level"] != "info" for line in json_lines(output)), output

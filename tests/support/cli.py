@@ -17,8 +17,7 @@ import json
 import os
 import ssl
 import sys
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.processes import free_port, wait_until
 from tests.support.helm_chart import RELEASE, render_chart
+from tests.support.namespaces import namespace_of_its_own
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "model-rollout"
@@ -137,17 +137,6 @@ def install_editor_policy(cluster: ControlPlane) -> None:
             lambda: EDITOR_POLICY_DENIAL in editor.kubectl.run(*probe).err,
             60, interval_s=0.5, what="the editor policy to be enforced",
         )  # fmt: skip
-
-
-@contextlib.contextmanager
-def namespace_of_its_own(cluster: ControlPlane, prefix: str) -> Iterator[str]:
-    """A new namespace, deleted afterwards with whatever the test left in it."""
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        cluster.kubectl.run("delete", "namespace", name, "--wait=false")
 
 
 def bound_user(

@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from model_rollout_e2e.processes import ChildProcess, wait_until
 __all__ = [
     "CHART", "CRD", "NAMESPACE", "OPERATOR_ACCOUNT", "OPERATOR_ROLE", "RBAC_KINDS", "RELEASE",
     "Operator", "chart_rbac", "chart_role", "get", "install_chart", "model_deployment",
-    "new_namespace", "role_without", "status_writes", "wait_for",
+    "role_without", "settled_on", "status_writes", "wait_for",
 ]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +70,6 @@ def role_without(verb: str, resource: str, name: str) -> dict[str, Any]:
             {**rule, "resources": [resource], "verbs": [v for v in rule["verbs"] if v != verb]}
         )
     return {**role, "rules": rules}
-
-
-def new_namespace(admin: Kubectl, prefix: str = "op") -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    admin("create", "namespace", name)
-    return name
 
 
 def model_deployment(namespace: str, name: str = "mlp", **spec: Any) -> dict[str, Any]:
@@ -119,6 +112,17 @@ def wait_for(what: str, predicate: Any, operator: ChildProcess, timeout_s: float
         return wait_until(predicate, timeout_s, interval_s=0.3, what=what)
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\noperator log:\n{operator.log_tail(40)}") from None
+
+
+def settled_on(status: dict[str, Any], version: str, pods: int) -> bool:
+    """The rollout to ``version`` is complete on ``pods`` pods: they serve it and it is the
+    stable version (pods serving it before the rollout completes do not make it stable: a
+    version edit then is a first deployment, with no canary)."""
+    return (
+        status.get("currentVersion") == version
+        and status.get("phase") == "Available"
+        and status.get("versions") == {version: pods}
+    )
 
 
 def get(admin: Kubectl, *args: str) -> dict[str, Any] | None:
