@@ -11,7 +11,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from model_rollout_contract.annotations import CHANGE_CAUSE, full_promotion_id, promotion_id
+from model_rollout_contract.annotations import (
+    CHANGE_CAUSE,
+    FULL_PROMOTION_SUFFIX,
+    PROMOTE,
+    full_promotion_id,
+    promotion_id,
+)
 from model_rollout_contract.states import CanaryStep, Phase, RolloutResult, RolloutStage
 from model_rollout_contract.tracks import TrackKeys
 
@@ -173,6 +179,9 @@ def promote(
     """``full``: skip what remains of the rollout (the canary hold and its analysis, the
     remaining batches and their jitter). A paused resource is resumed, as by Argo's."""
     md, own = _read(cluster, name, track)
+    template = dict((md.get("status") or {}).get("templateRollout") or {})
+    if track is None and template.get("stage") in (RolloutStage.CANARY, RolloutStage.BATCHES):
+        return _promote_template(cluster, name, md, template, how, full)
     rollout = _rollout(md)
     spec = md.get("spec") or {}
     phase = (md.get("status") or {}).get("phase")
@@ -215,6 +224,39 @@ def promote(
         return OK
     known = _current_entry_known(md)
     return _report(_follow(cluster, name, version, known, how, track=track), how.out)
+
+
+def _promote_template(
+    cluster: Cluster,
+    name: str,
+    md: dict[str, Any],
+    template: dict[str, Any],
+    how: Follow,
+    full: bool,
+) -> int:
+    """Promote a pod template's rollout (an image change): its canary, or with ``full``
+    every remaining pod at once. It is followed by ``status --watch``, not waited for."""
+    canary = template.get("stage") == RolloutStage.CANARY
+    if not full and not canary:
+        raise CliError(f"nothing to promote: {name}'s pod template rollout is past its "
+                       "canary (--full moves every remaining pod)", NOTHING_TO_DO)  # fmt: skip
+    if not full and not ((md.get("spec") or {}).get("canary") or {}).get("manualPromote"):
+        raise CliError(
+            f"{name}'s canary promotes itself after canary.pauseSeconds; the promote "
+            "annotation is read with canary.manualPromote: true",
+            NOTHING_TO_DO,
+        )
+    value = str(template.get("promoteWith")) + (FULL_PROMOTION_SUFFIX if full else "")
+    resume = unpause_patch(md)
+    cluster.patch(name, {"metadata": {"annotations": {PROMOTE: value}}, **resume})
+    target = (template.get("to") or {}).get("deployment")
+    what_of = "fully promoted" if full else "canary promoted"
+    print(
+        f"{described(name, None)}: pod template rollout to {target} {what_of} ({PROMOTE}={value})"
+        + (f"; {name} resumed (spec.paused: false)" if resume else ""),
+        file=how.out,
+    )
+    return OK
 
 
 def abort(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:

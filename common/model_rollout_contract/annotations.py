@@ -36,6 +36,9 @@ CHANGE_CAUSE = f"{DOMAIN}/change-cause"
 
 # labels the operator puts on what it creates
 DEPLOYMENT_LABEL = f"{DOMAIN}/deployment"  # on pods: the ModelDeployment they belong to
+# on the pods of a pod template's Deployment after the first (<name>-<digest>): the digest's
+# head, so that the operator tells which template a pod runs (none: the first Deployment's)
+TEMPLATE_LABEL = f"{DOMAIN}/template"
 MODEL_LABEL = f"{DOMAIN}/model"
 
 

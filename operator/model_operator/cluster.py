@@ -151,6 +151,30 @@ def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) ->
     return patch
 
 
+async def scale_deployment(
+    api: KubeClient, namespace: str, name: str, owner_uid: str, replicas: int
+) -> bool:
+    """Set the pods of an existing Deployment this resource controls (its template left
+    as it is: an older pod template's Deployment during a template rollout). ``False``:
+    there is none to scale."""
+    path = f"{collection('Deployment', namespace)}/{name}"
+    live = await api.request("GET", path)
+    if live is None or _controller_uid(live) != owner_uid:
+        return False
+    if (live.get("spec") or {}).get("replicas") != replicas:
+        await api.merge_patch(path, {"spec": {"replicas": replicas}})
+    return True
+
+
+async def delete_deployment(api: KubeClient, namespace: str, name: str, owner_uid: str) -> None:
+    """Delete a Deployment this resource controls (one no pod template needs any more),
+    its pods with it; one it does not control, or gone already, is left."""
+    path = f"{collection('Deployment', namespace)}/{name}"
+    live = await api.request("GET", path)
+    if live is not None and _controller_uid(live) == owner_uid:
+        await api.request("DELETE", path, {"propagationPolicy": "Background"})
+
+
 async def pods_refused(api: KubeClient, namespace: str, name: str) -> str | None:
     """Why the API server refuses the Deployment's pods (a priority class that does not
     exist, a quota, an admission webhook), as its ``ReplicaFailure`` condition says; no

@@ -71,6 +71,7 @@ from .status import (
     without_nulls,
 )
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
+from .template_pass import TemplatePass, plan_templates
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -349,10 +350,18 @@ async def reconcile_pass(
     pins: dict[str | None, Mapping[str, int]] = {None: gate.pins}
     for t in spec.tenant_models:  # a tenant track's new pins reach the ConfigMap next pass
         pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
+    templates = plan_templates(name, namespace, spec, status, pods, annotations.get(PROMOTE))
+    rendered = templates.rendered()
+    if templates.holds_versions() and stable:  # one kind of rollout at a time
+        spec = replace(spec, version=stable)
     objects = [
         adopted(o, body)
         for o in children(name, namespace, spec, stable or spec.version, tenant_versions, pins)
+        if o["kind"] != "Deployment"
     ]
+    if rendered is not None:
+        objects.append(adopted(templates.deployment(rendered, namespace, spec), body))
     applied = digest(objects)
     events: list[Event] = []
     foreign = list(status.get("foreignChildren") or [])
@@ -369,10 +378,13 @@ async def reconcile_pass(
             events.append(Event("ForeignObject", message, warning=True))
         foreign = now_foreign
 
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
+    await _scale_templates(api, namespace, str(meta.get("uid") or ""), templates, rendered,
+                           check_children)  # fmt: skip
     # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
     refused = (
-        await cluster.pods_refused(api, namespace, name) if len(pods) < spec.replicas else None
+        await cluster.pods_refused(api, namespace, rendered or name)
+        if len(pods) < spec.replicas
+        else None
     )
     own = await _track_pass(
         spec, status, DEFAULT_TRACK, pods, namespace, name, api, generation, annotations,
@@ -383,15 +395,17 @@ async def reconcile_pass(
     if spec.allow_unsigned and not was_unsigned(_conditions(status)):
         events.append(Event(UNSIGNED_REASON, UNSIGNED_MESSAGE, warning=True))
     new_status = own.status
+    events += templates.plan.events
+    templates.write(new_status, _conditions(status), time.time())
     new_status["appliedHash"] = applied
     new_status["selector"] = selector_text(name)  # the scale subresource's labelSelectorPath
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = gate.verified
     new_status[PINS_FIELD] = gate.pins
-    wakes = [own.wake_in]
+    wakes = [own.wake_in, templates.plan.wake_in]
     if new_status.get("currentVersion") != stable:  # children follow the new stable: now,
         wakes.append(0.0)  # in the rollout's own time, not at the next (idle) resync
-    cleared = list(own.cleared)
+    cleared = list(own.cleared) + ([PROMOTE] if templates.plan.promotion_used else [])
 
     tenants_after: dict[str, Any] = {}
     for tenant in spec.tenant_models:
@@ -420,6 +434,25 @@ async def reconcile_pass(
     if gate.problem is not None:
         wake_in = min(wake_in or STORE_RETRY_S, STORE_RETRY_S)
     return Pass(new_status, wake_in, tuple(events), tuple(cleared))
+
+
+async def _scale_templates(
+    api: KubeClient,
+    namespace: str,
+    uid: str,
+    templates: TemplatePass,
+    rendered: str | None,
+    check_children: bool,
+) -> None:
+    """The pod templates' Deployments other than the one rendered (applied whole with the
+    other children): scaled as the template plan says, and those it retires deleted."""
+    plan = templates.plan
+    if plan.state is not None or plan.events or plan.retired or check_children:
+        for deployment, replicas in plan.replicas.items():
+            if deployment != rendered:
+                await cluster.scale_deployment(api, namespace, deployment, uid, replicas)
+    for deployment in plan.retired:
+        await cluster.delete_deployment(api, namespace, deployment, uid)
 
 
 PINS_FIELD = "pinnedSequences"  # .status (and each tenant's entry): version -> sequence

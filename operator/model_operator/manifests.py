@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from model_rollout_contract import argv, defaults
-from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL
+from model_rollout_contract.annotations import DEPLOYMENT_LABEL, DOMAIN, MODEL_LABEL, TEMPLATE_LABEL
 from model_rollout_contract.cli import SIDECAR_ENV_PREFIX, env_name
 from model_rollout_contract.defaults import SERVER_GRPC_PORT, SERVER_PORT, SIDECAR_METRICS_PORT
 from model_rollout_contract.pins import pins_text
@@ -406,7 +406,23 @@ def _max_rows(spec: ModelDeploymentSpec) -> tuple[tuple[str, int], ...]:
     return tuple((key, rows) for key, rows in configured if rows)
 
 
-def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str, Any]:
+def deployment_name(name: str, template: str | None) -> str:
+    """The Deployment of a pod template: the ModelDeployment's name for the first, else
+    ``<name>-<template>`` (its digest's head, :data:`TEMPLATE_LABEL` on its pods)."""
+    return f"{name}-{template}" if template else name
+
+
+def template_digest(name: str, namespace: str, spec: ModelDeploymentSpec) -> str:
+    """The digest of the pod template ``spec`` renders (without a template label): a
+    change of it is a template rollout (:mod:`.template_rollout`)."""
+    return digest(deployment(name, namespace, spec)["spec"]["template"])
+
+
+def deployment(
+    name: str, namespace: str, spec: ModelDeploymentSpec, template: str | None = None
+) -> dict[str, Any]:
+    """The Deployment of the pod template ``spec`` renders; ``template``: its label, for
+    any Deployment but the first (:func:`deployment_name`)."""
     volumes, mounts = _volumes(name, spec)
     control_mount = {"name": "control", "mountPath": argv.CONTROL_DIR}
     api_mount = {"name": API_ACCESS_VOLUME, "mountPath": API_ACCESS_DIR, "readOnly": True}
@@ -454,13 +470,20 @@ def deployment(name: str, namespace: str, spec: ModelDeploymentSpec) -> dict[str
     )
     volumes += tenant_volumes
     pod_labels = labels(name, spec)
+    own_selector = selector(name)
+    if template:
+        pod_labels[TEMPLATE_LABEL] = own_selector[TEMPLATE_LABEL] = template
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
+        "metadata": {
+            "name": deployment_name(name, template),
+            "namespace": namespace,
+            "labels": pod_labels,
+        },
         "spec": {
             "replicas": spec.replicas,
-            "selector": {"matchLabels": selector(name)},
+            "selector": {"matchLabels": own_selector},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxUnavailable": spec.rollout.max_unavailable, "maxSurge": 1},

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from model_rollout_contract.annotations import TEMPLATE_LABEL
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import SidecarState
 from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
@@ -34,6 +35,8 @@ class PodView:
     annotations: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     # the scheduler cannot place it: its PodScheduled condition's (reason, message)
     unscheduled: tuple[str, str] | None = None
+    # its TEMPLATE_LABEL: which pod template's Deployment it belongs to (template_rollout)
+    template: str | None = None
 
     def of_track(self, keys: TrackKeys) -> PodView:
         """The same pod as one track's rollout sees it: that track's target, policy and
@@ -41,7 +44,7 @@ class PodView:
         if keys == DEFAULT_TRACK:
             return self
         view = _view(self.name, dict(self.annotations), self.ready, self.ip, keys, self.created_at)
-        return replace(view, unscheduled=self.unscheduled)
+        return replace(view, unscheduled=self.unscheduled, template=self.template)
 
     def holds(self, version: str) -> bool:
         """Swapping to ``version`` is a pointer swap: the server has it loaded."""
@@ -81,7 +84,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         DEFAULT_TRACK,
         _epoch(meta.get("creationTimestamp")),
     )
-    return replace(view, unscheduled=unscheduled(conditions))
+    template = (meta.get("labels") or {}).get(TEMPLATE_LABEL)
+    return replace(view, unscheduled=unscheduled(conditions), template=template)
 
 
 def unscheduled(conditions: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -125,3 +125,23 @@ def test_a_promote_in_the_shadow_step_says_what_it_does(full: bool) -> None:
         assert "fully promoted" in said and "shadow step skipped with no check passed" in said
     else:
         assert "canary of v3 approved" in said and "promoted" not in said.split("(")[0], said
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_promote_during_an_image_change_promotes_the_pod_template_rollout(full: bool) -> None:
+    """An image change is a rollout of the pod template: ``promote`` writes that rollout's
+    id (its canary, or ``--full`` every pod), not a version's."""
+    md = resource({"stage": "complete"})
+    md["spec"]["canary"] = {"percent": 25, "manualPromote": True}
+    md["status"]["templateRollout"] = {
+        "kind": "template", "stage": "canary", "to": {"deployment": "mlp-0123456789"},
+        "promoteWith": "mlp-0123456789@1700000000",
+    }  # fmt: skip
+    cluster = OneResource(md)
+    out = io.StringIO()
+    code = promote(cluster, "mlp", Follow(out=out), full=full)  # type: ignore[arg-type]
+    value = "mlp-0123456789@1700000000" + ("+full" if full else "")
+    assert code == 0 and cluster.patches == [
+        {"metadata": {"annotations": {"serving.model-rollout.io/promote": value}}}
+    ]
+    assert "pod template rollout to mlp-0123456789" in out.getvalue()

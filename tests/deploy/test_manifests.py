@@ -143,7 +143,17 @@ def test_chart_rbac_is_least_privilege() -> None:
     docs = rendered_chart()
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     verbs = {verb for role in roles.values() for rule in role["rules"] for verb in rule["verbs"]}
-    assert "delete" not in verbs and "*" not in verbs and "deletecollection" not in verbs
+    assert "*" not in verbs and "deletecollection" not in verbs
+    # delete: only the Deployment of a pod template no rollout or rollback needs any more
+    deleted = {
+        (group, resource)
+        for role in roles.values()
+        for rule in role["rules"]
+        if "delete" in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert deleted == {("apps", "deployments")}
     # secrets: only get, for the store credentials a ModelDeployment names; never listed,
     # watched or written
     secret_verbs = {
