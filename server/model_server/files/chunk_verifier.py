@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from model_rollout_contract.manifest import Chunks, Manifest
 from model_server.files.chunk_hasher import Hash
 
-# threads that hash chunks at once: enough to keep up with the read into the private
-# copy on a host with cores to spare, few enough to leave cores to serving
-WORKERS = min(4, os.cpu_count() or 1)
+# threads that hash chunks at once: a core is left to the read into the private copy
+# (sendfile copies on the reading thread), and at most 4, to leave cores to serving;
+# on 2 cores that is 1, as fast as one stream (the read is the floor there)
+WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
 class Mismatch(Exception):
