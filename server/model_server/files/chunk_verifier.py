@@ -18,8 +18,9 @@ from model_rollout_contract.manifest import Chunks, Manifest
 from model_server.files.chunk_hasher import Hash
 
 # threads that hash chunks at once: a core is left to the read into the private copy
-# (sendfile copies on the reading thread), and at most 4, to leave cores to serving;
-# on 2 cores that is 1, as fast as one stream (the read is the floor there)
+# (sendfile copies on the reading thread), and at most 4, to leave cores to serving.
+# With 1 (2 cores, where the read is the floor) the file is hashed as one stream instead
+# (:func:`~.private_copy.read_into_private_copy`): whole chunks would start later.
 WORKERS = max(1, min(4, (os.cpu_count() or 1) - 1))
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from model_server.files import chunk_verifier
 from model_server.files.chunk_hasher import ChunkHasher, Hash
 from model_server.files.chunk_verifier import ChunkVerifier, ExpectedBytes
 
@@ -193,9 +194,13 @@ def read_into_private_copy(
     user can open it for writing through ``/proc``, only this descriptor writes) and
     sealed against growing or shrinking once sized.
 
-    With ``expected`` (the manifest's chunk digests: :meth:`ExpectedBytes.of`) the
-    chunks are checked instead, on several threads (:class:`ChunkVerifier`), and a
-    size or a chunk that differs raises :class:`~.chunk_verifier.Mismatch`."""
+    With ``expected`` (the manifest's chunk digests: :meth:`ExpectedBytes.of`) a size
+    that differs raises :class:`~.chunk_verifier.Mismatch` before anything is read, and
+    where there are threads to spare (``chunk_verifier.WORKERS`` > 1) the chunks are
+    checked instead of the whole file's sha256, on several threads
+    (:class:`ChunkVerifier`; a chunk that differs raises ``Mismatch``). With one, a
+    stream of whole chunks would only start later than this one: the file is hashed
+    whole and its digest is the caller's to compare, as without chunk digests."""
     started = time.perf_counter()
     if expected is not None:
         expected.check_size(size, shown)
@@ -218,9 +223,9 @@ def read_into_private_copy(
     try:
         with memoryview(mapping) as view:
             hasher: _Check = (
-                ChunkHasher(view, new_hash)
-                if expected is None
-                else ChunkVerifier(view, expected, shown, new_hash=new_hash)
+                ChunkVerifier(view, expected, shown, new_hash=new_hash)
+                if expected is not None and chunk_verifier.WORKERS > 1
+                else ChunkHasher(view, new_hash)
             )
             try:
                 chunk = chunk_bytes or chunk_bytes_for(size)

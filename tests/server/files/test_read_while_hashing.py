@@ -219,6 +219,7 @@ def test_chunks_are_checked_on_several_threads_at_once(
 def test_with_chunk_digests_the_file_is_never_hashed_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
     path = tmp_path / "model.onnx"
     data = os.urandom(2 * MIB)
     path.write_bytes(data)
@@ -245,8 +246,11 @@ def test_with_chunk_digests_the_file_is_never_hashed_whole(
 
 
 @pytest.mark.parametrize(("offset", "chunk"), [(MIB + 123, 1), (3 * MIB + 2, 3)])
-def test_a_flipped_byte_is_refused_by_its_chunk(tmp_path: Path, offset: int, chunk: int) -> None:
+def test_a_flipped_byte_is_refused_by_its_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset: int, chunk: int
+) -> None:
     """In a middle chunk, and in the last, partial one."""
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
     path = tmp_path / "model.onnx"
     data = bytearray(os.urandom(3 * MIB + 5))
     expected = expected_of(bytes(data))

@@ -12,7 +12,7 @@ import pytest
 from model_rollout_contract.manifest import MANIFEST_NAME, Manifest
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.errors import LoadRefused
-from model_server.files import private_copy
+from model_server.files import chunk_verifier, private_copy
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.load_stages import HASH_WAIT, READ_HASH
 from model_server.lifecycle.repository import ModelRepository
@@ -21,6 +21,12 @@ from model_server.observability.metrics import ServerMetrics
 from tests.support.server import add_version
 
 MIB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks are checked on 2 threads, whatever this machine's cores."""
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
 
 
 @pytest.fixture
@@ -39,6 +45,14 @@ def manager(tmp_path: Path) -> EngineManager:
 
 def manifest_of(root: Path, version: str) -> Manifest:
     return Manifest.from_bytes((root / "mlp" / version / MANIFEST_NAME).read_bytes())
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 def checks_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -72,6 +86,26 @@ async def test_chunk_digests_check_the_file_and_old_manifests_hash_it_whole(
         manager.close()
 
 
+async def test_without_threads_to_spare_the_file_is_hashed_whole_and_still_checked(
+    manager: EngineManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One hashing thread (2 cores): one stream starts sooner than whole chunks would;
+    its digest is compared with the manifest's, which the chunks are signed with."""
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 1)
+    made = checks_made(monkeypatch)
+    path = tmp_path / "mlp" / "v2" / "model.onnx"
+    try:
+        await manager.load("mlp", "v3")
+        assert made == ["stream"]
+        flip_byte(path, MIB + 123)
+        with pytest.raises(LoadRefused, match=r"sha256 of model\.onnx is"):
+            await manager.load("mlp", "v2")
+        current = manager.slot("mlp").current
+        assert current is not None and current.version == "v3"
+    finally:
+        manager.close()
+
+
 @pytest.mark.parametrize(("where", "chunk"), [("middle", 1), ("last", 4)])
 async def test_a_flipped_byte_is_refused_by_its_chunk_and_the_old_version_serves(
     manager: EngineManager, tmp_path: Path, where: str, chunk: int
@@ -83,11 +117,7 @@ async def test_a_flipped_byte_is_refused_by_its_chunk_and_the_old_version_serves
     offset = MIB + 123 if where == "middle" else size - 3
     try:
         await manager.load("mlp", "v1")
-        with open(path, "r+b") as f:
-            f.seek(offset)
-            byte = f.read(1)
-            f.seek(offset)
-            f.write(bytes([byte[0] ^ 0x01]))
+        flip_byte(path, offset)
         with pytest.raises(LoadRefused) as refused:
             await manager.load("mlp", "v2")
         assert f"(chunk {chunk} of 5)" in refused.value.message
