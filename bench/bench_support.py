@@ -39,12 +39,16 @@ def write_json(out: str | Path, report: Any) -> Path:
     return path
 
 
-def publish_sized(root: Path, model: str, version: str, seed: int, size: str) -> Path:
-    """``model:version``, a :data:`DEPTH`-layer MLP of one of :data:`SIZES`."""
+def publish_sized(
+    root: Path, model: str, version: str, seed: int, size: str, chunk_size: int | None = None
+) -> Path:
+    """``model:version``, a :data:`DEPTH`-layer MLP of one of :data:`SIZES` (its manifest
+    with the file's digest per ``chunk_size`` bytes if given)."""
     in_dim, hidden = SIZES[size]
     path, _ = publish_mlp(
-        root, model, version, seed, in_dim=in_dim, hidden=hidden, out_dim=OUT_DIM, depth=DEPTH
-    )
+        root, model, version, seed, chunk_size,
+        in_dim=in_dim, hidden=hidden, out_dim=OUT_DIM, depth=DEPTH,
+    )  # fmt: skip
     return path
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from model_rollout_contract.manifest import Manifest, sha256_file
+from model_rollout_contract.manifest import Manifest, sha256_file, sha256_file_chunked
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
@@ -119,12 +119,17 @@ def write_mlp(
 
 
 def publish_mlp(
-    root: Path, model: str, version: str, seed: int, **dims: int
+    root: Path, model: str, version: str, seed: int, chunk_size: int | None = None, **dims: int
 ) -> tuple[Path, MlpWeights]:
     """An MLP at ``root/model/version/model.onnx`` with its (unsigned) manifest beside it,
-    which the server needs to check the file's digest; ``dims``: :func:`write_mlp`'s."""
+    which the server needs to check the file's digest, with its digest per ``chunk_size``
+    bytes if given; ``dims``: :func:`write_mlp`'s."""
     path = root / model / version / "model.onnx"
     weights = write_mlp(path, seed, **dims)
-    manifest = Manifest(model, version, path.name, sha256_file(path), path.stat().st_size)
+    digest, chunks = sha256_file_chunked(path, chunk_size) if chunk_size else (None, None)
+    manifest = Manifest(
+        model, version, path.name, digest or sha256_file(path), path.stat().st_size,
+        chunks=chunks,
+    )  # fmt: skip
     (path.parent / "manifest.json").write_bytes(manifest.to_bytes())
     return path, weights

@@ -205,7 +205,7 @@ class Fetcher:
                         sequences.check(model_dir, model, version, manifest.sequence, pinned)
                         for expected in manifest.files():
                             with version_dir.open_read(expected.file) as f:
-                                self.verifier.file(f, expected)
+                                self.verifier.file(f, expected, manifest.chunks_of(expected))
                     except (FileNotFoundError, VerificationError, VolumeError) as exc:
                         log.warning("local copy of %s:%s is not usable: %s", model, version, exc)
                         return None
@@ -326,7 +326,7 @@ class Fetcher:
                             key = object_key(model, version, expected.file)
                             size += self._download(key, work, expected, cancelled)
                             with work.open_read(expected.file) as f:
-                                self.verifier.file(f, expected)
+                                self.verifier.file(f, expected, manifest.chunks_of(expected))
                         work.write_atomic(MANIFEST_NAME, data)
                         work.write_atomic(SIGNATURE_NAME, signature or b"")
                     with root.model_dir(model, create=True) as model_dir:

@@ -12,6 +12,9 @@ clock), and even when this machine's clock is behind the last publisher's (the +
 With ``golden`` (a golden set, :mod:`.golden` checks it first) the manifest names
 ``golden.npz`` with its digest and size, so the signature covers it too.
 
+The manifest holds the model file's sha256 per ``chunk_size`` bytes beside its whole-file
+sha256 (both from one read of the file), so a server may verify it on several threads.
+
 A store writes one object at a time. A new version's manifest goes last: its presence
 marks the version complete. A replaced version's manifest and signature go *first*, so
 that a fetch between the writes meets a manifest written moments ago that does not match
@@ -30,6 +33,7 @@ from pathlib import Path
 from model_rollout_contract.canary import GOLDEN_FILE
 from model_rollout_contract.layout import object_key
 from model_rollout_contract.manifest import (
+    DEFAULT_CHUNK_SIZE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MODEL_FILE_NAMES,
@@ -38,6 +42,7 @@ from model_rollout_contract.manifest import (
     Manifest,
     ManifestError,
     sha256_file,
+    sha256_file_chunked,
 )
 from model_rollout_contract.names import check_model_key, check_name
 
@@ -71,6 +76,7 @@ def publish(
     *,
     force: bool = False,
     golden: Path | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> Manifest:
     """Raises ``BadGolden`` (before anything is written) for a golden set a server could
     not run, ``PublishRefused`` for a version published already (without ``force``)."""
@@ -86,11 +92,12 @@ def publish(
             f"{model}:{version} is published already in {store.description}; "
             "pass --force to replace it (a version is normally never changed)"
         )
+    digest, chunks = sha256_file_chunked(file, chunk_size)
     manifest = Manifest(
         model=model,
         version=version,
         file=name,
-        sha256=sha256_file(file),
+        sha256=digest,
         size=file.stat().st_size,
         precision=precision,
         shapes=read_model_io(file).shapes() if name == "model.onnx" else {},
@@ -105,6 +112,7 @@ def publish(
         golden=(
             FileRef(GOLDEN_FILE, sha256_file(golden), golden.stat().st_size) if golden else None
         ),
+        chunks=chunks,
     )
     data = manifest.to_bytes()
     signature = sign(load_private_key(key_path), data)

@@ -20,7 +20,14 @@ from typing import BinaryIO
 
 from model_rollout_contract.canary import MAX_GOLDEN_BYTES
 from model_rollout_contract.layout import FILE_STORE_SCOPE
-from model_rollout_contract.manifest import FileRef, Manifest, ManifestError, sha256_stream
+from model_rollout_contract.manifest import (
+    Chunks,
+    FileRef,
+    Manifest,
+    ManifestError,
+    sha256_stream,
+    sha256_stream_chunked,
+)
 
 from .errors import KeysUnreadable, VerificationError
 from .signing import Ed25519PublicKey, TrustedKeys, is_valid
@@ -107,9 +114,11 @@ class Verifier:
             )
         return manifest
 
-    def file(self, stream: BinaryIO, expected: FileRef) -> None:
+    def file(self, stream: BinaryIO, expected: FileRef, chunks: Chunks | None = None) -> None:
         """Size and digest of an open file the manifest names (the model, the golden
-        set), opened without following links."""
+        set), opened without following links; with ``chunks`` (:meth:`Manifest.chunks_of`)
+        each chunk's digest too, in the same read: the server may check the chunks alone,
+        so chunks that disagree with the whole-file digest never reach it."""
         name = expected.file
         size = os.fstat(stream.fileno()).st_size
         if size != expected.size:
@@ -118,7 +127,18 @@ class Verifier:
                 f"{name} has {size} bytes, manifest says {expected.size} (truncated download?)",
             )
         stream.seek(0)
-        digest = sha256_stream(stream)
+        if chunks is None:
+            digest = sha256_stream(stream)
+        else:
+            digest, found = sha256_stream_chunked(stream, chunks.size)
+            for index, (got, wanted) in enumerate(zip(found.sha256, chunks.sha256, strict=True)):
+                if got != wanted:
+                    start, end = chunks.span(index, size)
+                    raise VerificationError(
+                        "digest_mismatch",
+                        f"{name} bytes {start}-{end} (chunk {index} of {len(chunks.sha256)}) "
+                        f"have sha256 {got}, the manifest's chunk says {wanted}",
+                    )
         if digest != expected.sha256:
             raise VerificationError(
                 "digest_mismatch",

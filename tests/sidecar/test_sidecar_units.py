@@ -6,6 +6,7 @@ import json
 import os
 import random
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from pathlib import Path
@@ -19,12 +20,18 @@ from model_rollout_contract.annotations import (
     format_downward_annotations,
     parse_downward_annotations,
 )
-from model_rollout_contract.manifest import Manifest
+from model_rollout_contract.manifest import (
+    Chunks,
+    Manifest,
+    sha256_file,
+    sha256_file_chunked,
+)
 from model_sidecar.errors import VerificationError
 from model_sidecar.init_mode import pre_pull, predecessor
 from model_sidecar.kube import API_BACKOFF, RETRY_AFTER_MAX_S, retry_after_seconds
+from model_sidecar.publish import publish
 from model_sidecar.retry import Backoff
-from model_sidecar.signing import load_public_key
+from model_sidecar.signing import load_private_key, load_public_key, sign
 from model_sidecar.store import LocalStore, open_store, read_object
 from model_sidecar.target import TargetSource
 from model_sidecar.verify import Verifier
@@ -93,8 +100,6 @@ def test_file_checks(tmp_path: Path) -> None:
     verifier = Verifier((), "file:")
     good = tmp_path / "model.onnx"
     good.write_bytes(b"hello")
-    from model_rollout_contract.manifest import sha256_file
-
     manifest = Manifest("mlp", "v1", "model.onnx", sha256_file(good), 5)
 
     def check() -> None:
@@ -108,6 +113,83 @@ def test_file_checks(tmp_path: Path) -> None:
     good.write_bytes(b"HELLO")
     with pytest.raises(VerificationError, match="does not match"):
         check()
+
+
+MIB = 2**20
+
+
+def test_file_checks_by_chunks_refuse_chunks_that_disagree_with_the_whole_digest(
+    tmp_path: Path,
+) -> None:
+    """The server may check a file by its chunks alone: the sidecar checks both, so a
+    manifest whose chunks describe other bytes than its sha256 never reaches it."""
+    verifier = Verifier((), "file:")
+    path = tmp_path / "model.engine"
+    data = os.urandom(2 * MIB + 5)
+    other = bytearray(data)
+    other[MIB + 7] ^= 1  # a byte of the middle chunk
+    path.write_bytes(other)
+    _, chunks_of_other = sha256_file_chunked(path, MIB)
+    path.write_bytes(data)
+    whole, chunks = sha256_file_chunked(path, MIB)
+
+    def check(chunks: Chunks, whole: str = whole) -> None:
+        ref = Manifest("mlp", "v1", "model.engine", whole, len(data), chunks=chunks).files()[0]
+        with path.open("rb") as f:
+            verifier.file(f, ref, chunks)
+
+    check(chunks)
+    with pytest.raises(VerificationError, match="chunk 1 of 3") as info:
+        check(chunks_of_other)  # the whole file's digest matches, a chunk's does not
+    assert info.value.reason == "digest_mismatch"
+    with pytest.raises(VerificationError, match="does not match") as info:
+        check(chunks, "0" * 64)  # each chunk matches, the whole file's digest does not
+    assert info.value.reason == "digest_mismatch"
+
+
+def test_publish_writes_chunks_that_verify(tmp_path: Path) -> None:
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    model = tmp_path / "build" / "model.engine"
+    model.parent.mkdir()
+    model.write_bytes(os.urandom(2 * MIB + 5))
+    published = publish(store, "mlp", "v1", model, keys.private, chunk_size=MIB)
+    data = read_object(store, "mlp/v1/manifest.json", 1 << 20)
+    signature = read_object(store, "mlp/v1/manifest.sig", 1024)
+    verifier = Verifier((load_public_key(keys.public.read_bytes()),), store.scope)
+    manifest = verifier.manifest("mlp", "v1", data, signature)
+    assert manifest == published
+    assert manifest.chunks is not None and len(manifest.chunks.sha256) == 3
+    assert (manifest.sha256, manifest.chunks) == sha256_file_chunked(model, MIB)
+    with model.open("rb") as f:
+        verifier.file(f, manifest.files()[0], manifest.chunks_of(manifest.files()[0]))
+    # by default, in chunks of 8 MiB: one for a small file
+    small = tmp_path / "build" / "small.engine"
+    small.write_bytes(b"x" * 10)
+    default = publish(store, "mlp", "v2", small, keys.private)
+    assert default.chunks == Chunks(8 * MIB, (sha256_file(small),))
+
+
+async def test_a_signed_manifest_whose_chunks_disagree_with_its_digest_is_refused(
+    tmp_path: Path,
+) -> None:
+    keys = make_keys(tmp_path / "keys")
+    store = LocalStore(tmp_path / "store")
+    model = tmp_path / "build" / "model.engine"
+    model.parent.mkdir()
+    model.write_bytes(os.urandom(2 * MIB + 5))
+    published = publish(store, "mlp", "v1", model, keys.private, chunk_size=MIB)
+    assert published.chunks is not None
+    wrong = list(published.chunks.sha256)
+    wrong[2] = "0" * 64  # the last, partial chunk
+    forged = replace(published, chunks=Chunks(MIB, tuple(wrong))).to_bytes()
+    store.write("mlp/v1/manifest.json", forged)
+    store.write("mlp/v1/manifest.sig", sign(load_private_key(keys.private), forged))
+    fetcher = make_fetcher(store, keys, tmp_path / "volume", publish_window_s=0)
+    with pytest.raises(VerificationError, match="chunk 2 of 3") as info:
+        await fetcher.fetch("mlp", "v1")
+    assert info.value.reason == "digest_mismatch"
+    assert not (tmp_path / "volume" / "mlp" / "v1").exists()
 
 
 async def test_init_pulls_target_and_previous_and_skips_present(tmp_path: Path) -> None:

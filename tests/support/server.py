@@ -20,7 +20,13 @@ from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_rollout_contract.canary import GOLDEN_FILE
-from model_rollout_contract.manifest import MANIFEST_NAME, Manifest, sha256_bytes, sha256_file
+from model_rollout_contract.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    sha256_bytes,
+    sha256_file,
+    sha256_file_chunked,
+)
 from model_rollout_e2e.loadgen import v2_body
 from model_rollout_e2e.onnx_models import INPUT_NAME, MlpWeights, reference_forward, write_mlp
 from model_server.backends.base import ModelFile
@@ -44,28 +50,36 @@ class Version:
 
 
 def add_version(
-    root: Path, model: str, version: str, seed: int, manifest: bool = True, **dims: int
+    root: Path,
+    model: str,
+    version: str,
+    seed: int,
+    manifest: bool = True,
+    chunk_size: int | None = None,
+    **dims: int,
 ) -> Version:
     path = root / model / version / "model.onnx"
     weights = write_mlp(path, seed, in_dim=IN_DIM, **dims)
-    digest = write_manifest(path) if manifest else sha256_file(path)
+    digest = write_manifest(path, chunk_size) if manifest else sha256_file(path)
     return Version(version, path, weights, digest)
 
 
-def write_manifest(path: Path) -> str:
+def write_manifest(path: Path, chunk_size: int | None = None) -> str:
     """The contract's manifest beside the model file at ``<root>/[<tenant>/]<model>/
     <version>/<file>``, describing its bytes as they are (the server loads no version
-    without one, or a digest in the request); returns the file's digest."""
-    digest = sha256_file(path)
+    without one, or a digest in the request), with their sha256 per ``chunk_size`` bytes
+    if given; returns the file's digest."""
+    digest, chunks = sha256_file_chunked(path, chunk_size) if chunk_size else (None, None)
     m = Manifest(
         model=path.parent.parent.name,
         version=path.parent.name,
         file=path.name,
-        sha256=digest,
+        sha256=digest or sha256_file(path),
         size=path.stat().st_size,
+        chunks=chunks,
     )
     (path.parent / "manifest.json").write_bytes(m.to_bytes())
-    return digest
+    return m.sha256
 
 
 def golden_npz(

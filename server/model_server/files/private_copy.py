@@ -25,8 +25,11 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
+from model_server.files import chunk_verifier
 from model_server.files.chunk_hasher import ChunkHasher, Hash
+from model_server.files.chunk_verifier import ChunkVerifier, ExpectedBytes
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +150,23 @@ def _still_viewed(mapping: mmap.mmap) -> bool:
     return False
 
 
+class _Check(Protocol):
+    """What checks the private copy as it fills: :class:`ChunkHasher` (one sha256
+    stream) or :class:`ChunkVerifier` (the manifest's chunk digests, in parallel)."""
+
+    def filled(self, start: int, end: int) -> None: ...
+
+    def finish(self) -> str: ...
+
+    def abandon(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class HashedCopy:
-    """A private copy, the sha256 of its bytes, and where the time went: ``read_s``
-    until its last byte was in (hashing alongside), ``hash_wait_s`` after that, waiting
-    for the hash to catch up."""
+    """A private copy, the sha256 of its bytes (computed, or the manifest's once every
+    chunk matched its signed digest), and where the time went: ``read_s`` until its last
+    byte was in (hashing alongside), ``hash_wait_s`` after that, waiting for the hash to
+    catch up."""
 
     copy: PrivateCopy
     sha256: str
@@ -167,6 +182,7 @@ def read_into_private_copy(
     *,
     chunk_bytes: int | None = None,
     new_hash: Callable[[], Hash] = hashlib.sha256,
+    expected: ExpectedBytes | None = None,
 ) -> HashedCopy:
     """The ``size`` bytes of the open regular file ``fd`` (its ``fstat`` size), read
     once into a new memfd, ``chunk_bytes`` (:func:`chunk_bytes_for` the size) at a
@@ -176,8 +192,18 @@ def read_into_private_copy(
     changed meanwhile: at most ``size`` + 1 bytes are read). The memfd is read-only
     for its owner (mode 0400, from before its first byte: no other process of this
     user can open it for writing through ``/proc``, only this descriptor writes) and
-    sealed against growing or shrinking once sized."""
+    sealed against growing or shrinking once sized.
+
+    With ``expected`` (the manifest's chunk digests: :meth:`ExpectedBytes.of`) a size
+    that differs raises :class:`~.chunk_verifier.Mismatch` before anything is read, and
+    where there are threads to spare (``chunk_verifier.WORKERS`` > 1) the chunks are
+    checked instead of the whole file's sha256, on several threads
+    (:class:`ChunkVerifier`; a chunk that differs raises ``Mismatch``). With one, a
+    stream of whole chunks would only start later than this one: the file is hashed
+    whole and its digest is the caller's to compare, as without chunk digests."""
     started = time.perf_counter()
+    if expected is not None:
+        expected.check_size(size, shown)
     if size == 0:
         extra = os.read(fd, 1)
         if extra:
@@ -194,21 +220,31 @@ def read_into_private_copy(
         os.close(memfd)
         raise
     closer = weakref.finalize(mapping, os.close, memfd)  # once the last view of it is gone
-    with memoryview(mapping) as view:
-        hasher = ChunkHasher(view, new_hash)
-        try:
-            chunk = chunk_bytes or chunk_bytes_for(size)
-            got = _fill(fd, memfd, mapping, size, chunk, hasher)
-            grown = bool(os.pread(fd, 1, size))
-            if got != size or grown:
-                raise OSError(f"{shown} changed size while it was read ({size} bytes at its fstat)")
-            read = time.perf_counter()
-            digest = hasher.finish()
-        except BaseException:
-            hasher.abandon()  # no view of the mapping left on its thread
-            raise
-        hash_wait = time.perf_counter() - read
-        readonly = view.toreadonly()
+    try:
+        with memoryview(mapping) as view:
+            hasher: _Check = (
+                ChunkVerifier(view, expected, shown, new_hash=new_hash)
+                if expected is not None and chunk_verifier.WORKERS > 1
+                else ChunkHasher(view, new_hash)
+            )
+            try:
+                chunk = chunk_bytes or chunk_bytes_for(size)
+                got = _fill(fd, memfd, mapping, size, chunk, hasher)
+                grown = bool(os.pread(fd, 1, size))
+                if got != size or grown:
+                    raise OSError(
+                        f"{shown} changed size while it was read ({size} bytes at its fstat)"
+                    )
+                read = time.perf_counter()
+                digest = hasher.finish()
+            except BaseException:
+                hasher.abandon()  # no view of the mapping left on its thread
+                raise
+            hash_wait = time.perf_counter() - read
+            readonly = view.toreadonly()
+    except BaseException:  # refused: the copy goes here, not wherever the error is dropped
+        PrivateCopy(memoryview(b""), None, mapping, closer).close()
+        raise
     copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)
     return HashedCopy(copy, digest, read - started, hash_wait)
 
@@ -221,7 +257,7 @@ def chunk_bytes_for(size: int) -> int:
 
 
 def _fill(
-    fd: int, memfd: int, mapping: mmap.mmap, size: int, chunk_bytes: int, hasher: ChunkHasher
+    fd: int, memfd: int, mapping: mmap.mmap, size: int, chunk_bytes: int, hasher: _Check
 ) -> int:
     """Copy the file's first ``size`` bytes into the memfd a chunk at a time, each handed
     to ``hasher`` once in; returns the bytes copied (fewer if the file shrank).

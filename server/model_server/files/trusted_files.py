@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
+from model_server.files.chunk_verifier import ExpectedBytes
 from model_server.files.private_copy import HashedCopy, read_into_private_copy
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -97,15 +98,18 @@ def read_regular(directory: int, name: str, shown: str, limit: int | None = None
         os.close(fd)
 
 
-def read_regular_private(directory: int, name: str, shown: str) -> HashedCopy:
+def read_regular_private(
+    directory: int, name: str, shown: str, expected: ExpectedBytes | None = None
+) -> HashedCopy:
     """Like :func:`read_regular` with no limit, into a :class:`PrivateCopy` (model files:
-    large bytes that are read and let go without holding the GIL), hashed as it is read."""
+    large bytes that are read and let go without holding the GIL), hashed as it is read
+    (checked against ``expected``'s chunk digests where given)."""
     fd = _open_below(directory, name, _FILE_FLAGS, shown)
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise UntrustedPath(f"{shown} is not a regular file")
-        return read_into_private_copy(fd, status.st_size, name, shown)
+        return read_into_private_copy(fd, status.st_size, name, shown, expected=expected)
     finally:
         os.close(fd)
 

@@ -1,6 +1,8 @@
 """How a new version gets into memory: read the model file once (inside the trusted
 repository, no link followed), hash those bytes and check them against the expected
-digest (the caller's, else the version's manifest: a version with neither is refused),
+digest (the caller's, else the version's manifest: a version with neither is refused;
+where the manifest has chunk digests, the bytes are checked by them instead, and the
+digest they are signed with is the file's),
 load the same bytes, warm up, and answer the golden set its manifest names (read
 and checked against the manifest's digest like the model). Every step runs on the
 loader's threads, never on the event loop or an inference thread, and any failure is a

@@ -19,8 +19,9 @@ from collections.abc import Iterator, Mapping
 # its engine held its own), when it had not been yet: copies never pile up
 RELEASE = "release"
 # the model file into its private copy, its sha256 computed alongside, chunk by chunk
+# (or its manifest's chunk digests checked, on several threads)
 READ_HASH = "read_hash"
-HASH_WAIT = "hash_wait"  # after the model's last byte was read, the wait for its sha256
+HASH_WAIT = "hash_wait"  # after the model's last byte was read, the wait for its check
 READ = "read"  # the manifest and golden set beside the model file
 GOLDEN_PARSE = "golden_parse"  # the golden set's digest checked and its arrays read
 ENGINE = "engine"  # the backend's load, less the stages it reports itself

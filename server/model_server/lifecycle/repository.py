@@ -3,7 +3,9 @@
 Model files are read through :mod:`.trusted_files`: no link below the root is followed,
 and the bytes handed to a backend are the very bytes that were hashed. A version's
 manifest and the golden set it names are read from the same open directory as its model
-file, so files of two builds are never mixed."""
+file, so files of two builds are never mixed. The manifest is read first: where it has
+chunk digests of the model file, the file is checked by them as it is read
+(:mod:`.chunk_verifier`), not hashed whole."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from model_rollout_contract.names import InvalidName, ModelKey, check_name, is_v
 from model_rollout_contract.versions import sorted_versions
 from model_server.backends.base import ModelFile
 from model_server.errors import BadRequest, Forbidden, LoadRefused, VersionNotFound
+from model_server.files.chunk_verifier import ExpectedBytes, Mismatch
 from model_server.files.trusted_files import (
     UntrustedPath,
     check_regular,
@@ -118,15 +121,18 @@ class ModelRepository:
         except InvalidName as exc:
             raise BadRequest(str(exc)) from exc
         shown = self.root.joinpath(*parts)
+        what = f"{key}:{version}"
         try:
             with open_directory(self.root, parts) as directory:
+                with stages.stage(READ):
+                    manifest = _manifest(directory, shown, what)
                 for name in MODEL_FILE_NAMES:
                     try:
-                        model = _read_model(directory, name, shown / name, stages)
+                        model = _read_model(directory, name, shown / name, stages, manifest, what)
                     except FileNotFoundError:
                         continue
                     with stages.stage(READ):
-                        return self._beside_or_release(directory, shown, model, f"{key}:{version}")
+                        return self._golden_or_release(directory, shown, model, manifest, what)
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError):
@@ -136,29 +142,23 @@ class ModelRepository:
         raise VersionNotFound(f"model {key!r} has no version {version!r} in {self.root}")
 
     @classmethod
-    def _beside_or_release(
-        cls, directory: int, shown: Path, model: ModelFile, what: str
+    def _golden_or_release(
+        cls, directory: int, shown: Path, model: ModelFile, manifest: Manifest | None, what: str
     ) -> VersionFiles:
-        """:meth:`_beside`; if that refuses the version, its model bytes go here (the
+        """:meth:`_golden`; if that refuses the version, its model bytes go here (the
         reading thread), not with the error wherever it ends."""
         try:
-            return cls._beside(directory, shown, model, what)
+            return cls._golden(directory, shown, model, manifest, what)
         except BaseException:
             model.release()
             raise
 
     @staticmethod
-    def _beside(directory: int, shown: Path, model: ModelFile, what: str) -> VersionFiles:
-        """``model`` with the manifest and golden set of its open ``directory``."""
-        try:
-            raw = read_regular(directory, MANIFEST_NAME, str(shown / MANIFEST_NAME))
-        except FileNotFoundError:
-            return VersionFiles(model, None)
-        try:
-            manifest = Manifest.from_bytes(raw)
-        except ManifestError as exc:
-            raise BadRequest(f"{what}: {exc}") from exc
-        if manifest.golden is None:
+    def _golden(
+        directory: int, shown: Path, model: ModelFile, manifest: Manifest | None, what: str
+    ) -> VersionFiles:
+        """``model`` with its manifest and the golden set beside it in ``directory``."""
+        if manifest is None or manifest.golden is None:
             return VersionFiles(model, manifest)
         try:
             golden = read_regular(directory, GOLDEN_FILE, str(shown / GOLDEN_FILE))
@@ -178,9 +178,11 @@ class ModelRepository:
         stages = stages or LoadStages()
         try:
             with open_directory(self.root, parts[:-1]) as directory:
-                model = _read_model(directory, parts[-1], path, stages)
                 with stages.stage(READ):
-                    return self._beside_or_release(directory, path.parent, model, what)
+                    manifest = _manifest(directory, path.parent, what)
+                model = _read_model(directory, parts[-1], path, stages, manifest, what)
+                with stages.stage(READ):
+                    return self._golden_or_release(directory, path.parent, model, manifest, what)
         except UntrustedPath as exc:
             raise Forbidden(str(exc)) from exc
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -212,12 +214,35 @@ class ModelRepository:
         return parts
 
 
-def _read_model(directory: int, name: str, shown: Path, stages: LoadStages) -> ModelFile:
+def _manifest(directory: int, shown: Path, what: str) -> Manifest | None:
+    """The manifest in the open version ``directory``, or None if it has none."""
+    try:
+        raw = read_regular(directory, MANIFEST_NAME, str(shown / MANIFEST_NAME))
+    except FileNotFoundError:
+        return None
+    try:
+        return Manifest.from_bytes(raw)
+    except ManifestError as exc:
+        raise BadRequest(f"{what}: {exc}") from exc
+
+
+def _read_model(
+    directory: int,
+    name: str,
+    shown: Path,
+    stages: LoadStages,
+    manifest: Manifest | None,
+    what: str,
+) -> ModelFile:
     """The model file ``name`` of the open ``directory``, read once into its private copy
-    and hashed as it is read (``read_hash``, then ``hash_wait`` for the hash to catch up
-    after the last byte, in ``stages``)."""
+    and hashed as it is read, or checked by ``manifest``'s chunk digests where it has
+    them (``read_hash``, then ``hash_wait`` for the hash to catch up after the last
+    byte, in ``stages``); a size or chunk that differs from the manifest's is refused."""
     started = time.perf_counter()
-    hashed = read_regular_private(directory, name, str(shown))
+    try:
+        hashed = read_regular_private(directory, name, str(shown), ExpectedBytes.of(manifest, name))
+    except Mismatch as exc:
+        raise LoadRefused(f"{what}: {exc}") from exc
     took = time.perf_counter() - started
     stages.add(READ_HASH, max(0.0, took - hashed.hash_wait_s))
     stages.add(HASH_WAIT, hashed.hash_wait_s)

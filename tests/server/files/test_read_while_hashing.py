@@ -7,15 +7,21 @@ timings."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import itertools
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from model_server.files import private_copy
+from model_rollout_contract.manifest import sha256_stream_chunked
+from model_server.files import chunk_verifier, private_copy
+from model_server.files.chunk_verifier import ExpectedBytes, Mismatch
 from model_server.files.private_copy import read_into_private_copy
 
 CHUNK = 4096
@@ -157,3 +163,115 @@ def test_chunks_are_whole_pages_a_sixteenth_of_the_file_within_bounds(mib: int) 
     assert private_copy.MIN_CHUNK_BYTES <= chunk <= private_copy.CHUNK_BYTES
     if private_copy.MIN_CHUNK_BYTES < mib * 2**20 // 16 < private_copy.CHUNK_BYTES:
         assert chunk <= mib * 2**20 // 16
+
+
+# --- checked by the manifest's chunk digests (one sha256 stream cannot be split) ---
+
+MIB = 2**20
+
+
+def expected_of(data: bytes, chunk: int = MIB) -> ExpectedBytes:
+    whole, chunks = sha256_stream_chunked(io.BytesIO(data), chunk)
+    return ExpectedBytes(len(data), whole, chunks)
+
+
+class BarrierHash:
+    """sha256 whose first updates (as many as the barrier's parties) wait for one
+    another: they pass only if that many chunks are hashed at once (the timeout is a
+    bound against a hang only)."""
+
+    def __init__(self, barrier: threading.Barrier, order: Iterator[int], threads: set[str]):
+        self._real = hashlib.sha256()
+        self._barrier = barrier
+        self._order = order
+        self._threads = threads
+
+    def update(self, data: memoryview, /) -> None:
+        self._threads.add(threading.current_thread().name)
+        if next(self._order) < self._barrier.parties:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self._barrier.wait(timeout=5)
+        self._real.update(data)
+
+    def hexdigest(self) -> str:
+        return self._real.hexdigest()
+
+
+def test_chunks_are_checked_on_several_threads_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "model.onnx"
+    data = os.urandom(3 * MIB + 5)
+    path.write_bytes(data)
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
+    barrier, order, threads = threading.Barrier(2), itertools.count(), set[str]()
+    hashed_copy = read(
+        path, chunk_bytes=MIB, expected=expected_of(data),
+        new_hash=lambda: BarrierHash(barrier, order, threads),
+    )  # fmt: skip
+    assert not barrier.broken  # two chunks were hashed at the same time
+    assert len(threads) == 2 and all(t.startswith("verify") for t in threads)
+    assert hashed_copy.sha256 == hashlib.sha256(data).hexdigest()  # the manifest's
+    assert bytes(hashed_copy.copy.view) == data
+    hashed_copy.copy.close()
+
+
+def test_with_chunk_digests_the_file_is_never_hashed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
+    path = tmp_path / "model.onnx"
+    data = os.urandom(2 * MIB)
+    path.write_bytes(data)
+    lengths: list[int] = []
+
+    class Recording:
+        def __init__(self) -> None:
+            self._real = hashlib.sha256()
+
+        def update(self, data: memoryview, /) -> None:
+            lengths.append(len(data))
+            self._real.update(data)
+
+        def hexdigest(self) -> str:
+            return self._real.hexdigest()
+
+    def no_stream(*args: object) -> None:
+        raise AssertionError("hashed as one stream")
+
+    monkeypatch.setattr(private_copy, "ChunkHasher", no_stream)
+    hashed_copy = read(path, chunk_bytes=MIB // 4, expected=expected_of(data), new_hash=Recording)
+    assert sorted(lengths) == [MIB, MIB]  # each chunk once, as a whole
+    hashed_copy.copy.close()
+
+
+@pytest.mark.parametrize(("offset", "chunk"), [(MIB + 123, 1), (3 * MIB + 2, 3)])
+def test_a_flipped_byte_is_refused_by_its_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset: int, chunk: int
+) -> None:
+    """In a middle chunk, and in the last, partial one."""
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)
+    path = tmp_path / "model.onnx"
+    data = bytearray(os.urandom(3 * MIB + 5))
+    expected = expected_of(bytes(data))
+    data[offset] ^= 0x40
+    path.write_bytes(data)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(Mismatch, match=rf"bytes \d+-\d+ \(chunk {chunk} of 4\)"):
+        read(path, chunk_bytes=MIB, expected=expected)
+    # the hashing threads stopped and hold no view of the copy
+    assert not [t for t in threading.enumerate() if t.ident not in before]
+
+
+@pytest.mark.parametrize("change", [-1, 1])
+def test_a_file_of_another_size_than_its_manifest_s_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: int
+) -> None:
+    path = tmp_path / "model.onnx"
+    data = os.urandom(2 * MIB + 5)
+    path.write_bytes(data[:change] if change < 0 else data + b"x")
+    copied: list[int] = []
+    monkeypatch.setattr(os, "sendfile", lambda *args: copied.append(1))
+    with pytest.raises(Mismatch, match=f"has {len(data) + change} bytes, its manifest says"):
+        read(path, expected=expected_of(data))
+    assert copied == []
