@@ -220,7 +220,18 @@ def render(
             "Serving:     " + "  ".join(f"{v}: {n} pods" for v, n in by_version(versions, md))
         )
     rollout = status.get("rollout") or {}
-    if reason == "AwaitingPromotion" and rollout.get("toVersion"):
+    template: dict[str, Any] = dict(status.get("templateRollout") or {})
+    if template:
+        moving = [dict(template.get(end) or {}).get("deployment", "-") for end in ("from", "to")]
+        lines.append(
+            f"Template:    {moving[0]} -> {moving[1]}"
+            f"   ({template.get('stage', '-')}, {template.get('wanted', 0)} pods wanted; "
+            "an image change)"
+        )
+    if reason == "AwaitingPromotion" and template.get("promoteWith"):
+        value = str(template["promoteWith"])
+        lines.append(f"Promote:     kubectl model promote {name}   ({PROMOTE}={value})")
+    elif reason == "AwaitingPromotion" and rollout.get("toVersion"):
         value = promotion_id(str(rollout["toVersion"]), float(rollout.get("startedAt") or 0))
         lines.append(f"Promote:     kubectl model promote {name}   ({PROMOTE}={value})")
     step = canary_step_text(rollout)

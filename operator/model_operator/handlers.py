@@ -71,7 +71,7 @@ from .status import (
     without_nulls,
 )
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
-from .template_pass import TemplatePass, plan_templates
+from .template_pass import TemplatePass, held_version, plan_templates
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -351,17 +351,20 @@ async def reconcile_pass(
     for t in spec.tenant_models:  # a tenant track's new pins reach the ConfigMap next pass
         pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
-    templates = plan_templates(name, namespace, spec, status, pods, annotations.get(PROMOTE))
+    templates = await plan_templates(
+        api, name, namespace, spec, status, pods, annotations.get(PROMOTE)
+    )
     rendered = templates.rendered()
-    if templates.holds_versions() and stable:  # one kind of rollout at a time
-        spec = replace(spec, version=stable)
-    objects = [
-        adopted(o, body)
-        for o in children(name, namespace, spec, stable or spec.version, tenant_versions, pins)
-        if o["kind"] != "Deployment"
-    ]
-    if rendered is not None:
-        objects.append(adopted(templates.deployment(rendered, namespace, spec), body))
+    if templates.holds_versions():  # one kind of rollout at a time: versions wait, a retry too
+        spec = replace(spec, version=held_version(status) or spec.version)
+        annotations = {k: v for k, v in annotations.items() if k != RETRY}
+    objects = []  # in their order; the Deployment: the one that runs the spec's template
+    for child in children(name, namespace, spec, stable or spec.version, tenant_versions, pins):
+        if child["kind"] == "Deployment":
+            if rendered is None:
+                continue
+            child = templates.deployment(rendered, namespace, spec)
+        objects.append(adopted(child, body))
     applied = digest(objects)
     events: list[Event] = []
     foreign = list(status.get("foreignChildren") or [])
@@ -382,7 +385,7 @@ async def reconcile_pass(
                            check_children)  # fmt: skip
     # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
     refused = (
-        await cluster.pods_refused(api, namespace, rendered or name)
+        await cluster.pods_refused(api, namespace, rendered or templates.plan.stable.deployment)
         if len(pods) < spec.replicas
         else None
     )
@@ -411,7 +414,7 @@ async def reconcile_pass(
     for tenant in spec.tenant_models:
         passed = await _tenant_pass(
             body, spec, tenant, tenants_before.get(tenant.track) or {}, pods, namespace, name,
-            memo, generation, annotations, logger,
+            memo, generation, annotations, logger, hold=templates.holds_versions(),
         )  # fmt: skip
         tenants_after[tenant.track] = passed.status
         events += passed.events
@@ -447,7 +450,7 @@ async def _scale_templates(
     """The pod templates' Deployments other than the one rendered (applied whole with the
     other children): scaled as the template plan says, and those it retires deleted."""
     plan = templates.plan
-    if plan.state is not None or plan.events or plan.retired or check_children:
+    if templates.scales(check_children):
         for deployment, replicas in plan.replicas.items():
             if deployment != rendered:
                 await cluster.scale_deployment(api, namespace, deployment, uid, replicas)
@@ -621,11 +624,14 @@ async def _tenant_pass(
     generation: int | None,
     annotations: dict[str, str],
     logger: kopf.Logger,
+    hold: bool = False,
 ) -> TrackPass:
     """A tenant model's own rollout, which never touches another track's annotations; its
     refusal (a version not in the store) is its own status, not the resource's. Its
-    events name the tenant."""
+    events name the tenant. ``hold``: a template rollout runs; its version waits."""
     own = track_spec(spec, tenant)
+    if hold:
+        own = replace(own, version=held_version(status) or own.version)
     label = f"tenant {tenant.tenant}, model {tenant.model} ({tenant.track})"
     gate = await _store_gate(memo, _config(memo).check_store, namespace, own, status, logger)
     if gate.missing is not None:

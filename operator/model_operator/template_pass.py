@@ -11,6 +11,8 @@ from typing import Any
 
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
+from . import cluster
+from .kube_client import KubeClient
 from .manifests import deployment, template_digest
 from .pods import PodView
 from .spec import ModelDeploymentSpec
@@ -27,6 +29,7 @@ _rng = random.SystemRandom()
 TEMPLATE_FIELD = "template"  # .status: the stable pod template (TemplateRef)
 PREVIOUS_TEMPLATE_FIELD = "previousTemplate"  # the one before: kept for a rollback
 TEMPLATE_ROLLOUT_FIELD = "templateRollout"  # the template rollout under way, if any
+DRAINING_FIELD = "templateDraining"  # Deployments whose pods go as others are ready
 _ROLLING_STAGES = (RolloutStage.CANARY, RolloutStage.BATCHES)
 
 
@@ -51,27 +54,45 @@ class TemplatePass:
         state = self.plan.state
         return state is not None and state.stage != FAILED
 
+    def scales(self, check_children: bool) -> bool:
+        """Are the Deployments not rendered whole to be scaled this pass? Always while a
+        template moves or waits, or one drains; else at the periodic check."""
+        plan = self.plan
+        return bool(
+            plan.state is not None
+            or plan.draining
+            or plan.retired
+            or plan.events
+            or self.rendered() != plan.stable.deployment
+            or check_children
+        )
+
     def deployment(
         self, rendered: str, namespace: str, spec: ModelDeploymentSpec
     ) -> dict[str, Any]:
         """The Deployment ``rendered`` with the pods the plan gives it."""
-        label = None if rendered == self.name else rendered.removeprefix(f"{self.name}-")
-        body = deployment(self.name, namespace, spec, label)
+        body = deployment(self.name, namespace, spec, _label(self.name, rendered))
         body["spec"]["replicas"] = self.plan.replicas.get(rendered, spec.replicas)
         return body
 
     def write(self, status: dict[str, Any], existing: list[dict[str, Any]], now: float) -> None:
         """The plan's part of ``status``: the templates, the rollout (``kind: template``),
-        and while it decides them, the phase, message and conditions."""
+        and while one runs (or failed) the phase, message and conditions; a template that
+        waits adds to the message only (the version rollout's phase stands)."""
         plan = self.plan
         status[TEMPLATE_FIELD] = plan.stable.to_status()
-        status.pop(PREVIOUS_TEMPLATE_FIELD, None)
-        status.pop(TEMPLATE_ROLLOUT_FIELD, None)
+        for key in (PREVIOUS_TEMPLATE_FIELD, TEMPLATE_ROLLOUT_FIELD, DRAINING_FIELD):
+            status.pop(key, None)
         if plan.previous is not None:
             status[PREVIOUS_TEMPLATE_FIELD] = plan.previous.to_status()
         if plan.state is not None:
             status[TEMPLATE_ROLLOUT_FIELD] = plan.state.to_status()
+        if plan.draining:
+            status[DRAINING_FIELD] = list(plan.draining)
         if plan.phase is None:
+            if plan.message:
+                before = str(status.get("message") or "")
+                status["message"] = f"{before}; {plan.message}" if before else plan.message
             return
         status["phase"] = str(plan.phase)
         status["message"] = plan.message
@@ -93,23 +114,62 @@ class TemplatePass:
                 now,
                 existing,
             ),
+            ConditionType.READY: condition(
+                ConditionType.READY, False, plan.reason, plan.message, now, existing
+            ),
         }
         kept = [c for c in status.get("conditions") or [] if c.get("type") not in changed]
         status["conditions"] = [*kept, *changed.values()]
 
 
-def plan_templates(
+def held_version(status: dict[str, Any]) -> str | None:
+    """The version a track stays on while a template rollout runs: the one its rollout
+    (if any, even a failed one) is about, else its stable version."""
+    rollout = rollout_from_status(status.get("rollout"))
+    return rollout.to_version if rollout is not None else status.get("currentVersion")
+
+
+def _version_rolling(status: dict[str, Any]) -> bool:
+    """Does a version rollout run, of the deployment's model or of a tenant's?"""
+    tenants = status.get("tenants")
+    tracks = [status, *(t for t in (tenants.values() if isinstance(tenants, dict) else ()))]
+    for track in tracks:
+        if not isinstance(track, dict):
+            continue
+        rollout = rollout_from_status(track.get("rollout"))
+        if rollout is not None and rollout.stage in _ROLLING_STAGES:
+            return True
+    return False
+
+
+def _draining(status: dict[str, Any]) -> tuple[str, ...]:
+    raw = status.get(DRAINING_FIELD)
+    return tuple(d for d in raw if isinstance(d, str)) if isinstance(raw, list) else ()
+
+
+def _label(name: str, deployment_name: str) -> str | None:
+    """The template label of a Deployment's pods (none: the first Deployment's)."""
+    return None if deployment_name == name else deployment_name.removeprefix(f"{name}-")
+
+
+async def plan_templates(
+    api: KubeClient,
     name: str,
     namespace: str,
     spec: ModelDeploymentSpec,
     status: dict[str, Any],
     pods: list[PodView],
     promoted: str | None,
-    now: float | None = None,
 ) -> TemplatePass:
-    """The template plan for this pass, from the status the last pass left."""
-    rollout = rollout_from_status(status.get("rollout"))
-    version_rolling = rollout is not None and rollout.stage in _ROLLING_STAGES
+    """The template plan for this pass, from the status the last pass left (and, while
+    the target has fewer pods than it asks, why the API server refuses them)."""
+    state = TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD))
+    refused = None
+    if state is not None and state.stage != FAILED:
+        label = _label(name, state.target.deployment)
+        present = sum(1 for p in pods if p.template == label)
+        if present < min(state.wanted, spec.replicas):
+            refused = await cluster.pods_refused(api, namespace, state.target.deployment)
     digest = template_digest(name, namespace, spec)
     plan = plan_template(
         name,
@@ -117,11 +177,14 @@ def plan_templates(
         digest,
         TemplateRef.from_status(status.get(TEMPLATE_FIELD)),
         TemplateRef.from_status(status.get(PREVIOUS_TEMPLATE_FIELD)),
-        TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD)),
+        state,
         pods,
-        time.time() if now is None else now,
+        time.time(),
         _rng,
         promoted,
-        version_rolling,
+        _version_rolling(status),
+        _draining(status),
+        refused,
+        first_deployment=status.get("currentVersion") is None,
     )
     return TemplatePass(name, digest, plan)

@@ -16,11 +16,19 @@ PodDisruptionBudget); a new pod not yet ready is a load, capped by
 * ``batches``: ``batchSize``/``batchPercent`` more pods at a time, a jitter between;
 * complete: every pod on the new template: it becomes the stable one, the old Deployment
   stays at zero pods for a rollback (an edit of the template back), older ones go;
-* ``failed``: a new pod not ready within ``progressDeadlineSeconds``: the candidate is
-  scaled to zero (the stable pods never left) until the template changes again.
+* ``failed``: no more new pods ready for ``progressDeadlineSeconds`` (a pod that does not
+  start, a refused one): the stable Deployment is scaled back up and the candidate
+  *drains*, until the template changes again.
 
-It waits while a version rollout runs, and a version rollout waits while it runs (one
-kind of rollout at a time: each counts its loads alone). Pure, as :mod:`.planner`.
+A Deployment that has pods but is neither the stable one nor the candidate (a candidate
+abandoned by an edit back or to a third template, a failed one, one an earlier operator
+left) drains: it keeps only as many pods as the stable and candidate Deployments lack
+ready ones, so an edit back never takes away ready pods before others replace them, and
+is deleted once empty (unless it is the previous template's, kept for a rollback).
+
+It waits while a version rollout runs (of any track), and version rollouts wait while it
+runs (one kind of rollout at a time: each counts its loads alone). ``spec.paused`` holds
+it where it is, its deadline too. Pure, as :mod:`.planner`.
 """
 
 from __future__ import annotations
@@ -78,6 +86,8 @@ class TemplateRollout:
     batch: int = 0
     next_batch_at: float = 0.0
     message: str = ""  # why it failed
+    progress_at: float = 0.0  # the last time the target had more pods ready, or asked more
+    ready_seen: int = 0  # the target's ready pods then
 
     @property
     def id(self) -> str:
@@ -96,24 +106,22 @@ class TemplateRollout:
             "batch": self.batch,
             "nextBatchAt": self.next_batch_at,
             "message": self.message,
+            "progressAt": self.progress_at,
+            "readySeen": self.ready_seen,
             "promoteWith": self.id,
         }
 
     @classmethod
     def from_status(cls, raw: object) -> TemplateRollout | None:
         """The stored state (``None`` for none, or one this operator cannot read: an edit
-        of the status must not stop a pass; the next pass starts it again)."""
+        of the status must not stop a pass)."""
         if not isinstance(raw, dict):
             return None
         source = TemplateRef.from_status(raw.get("from"))
         target = TemplateRef.from_status(raw.get("to"))
+        if source is None or target is None or raw.get("stage") not in (CANARY, BATCHES, FAILED):
+            return None
         try:
-            if (
-                source is None
-                or target is None
-                or raw.get("stage") not in (CANARY, BATCHES, FAILED)
-            ):
-                return None
             ready = raw.get("canaryReadyAt")
             return cls(
                 source,
@@ -125,6 +133,8 @@ class TemplateRollout:
                 int(raw.get("batch") or 0),
                 float(raw.get("nextBatchAt") or 0.0),
                 str(raw.get("message") or ""),
+                float(raw["progressAt"] if "progressAt" in raw else raw["startedAt"]),
+                int(raw.get("readySeen") or 0),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -136,7 +146,8 @@ class TemplatePlan:
     previous: TemplateRef | None
     state: TemplateRollout | None
     replicas: dict[str, int]  # Deployment -> the pods it should have
-    retired: tuple[str, ...] = ()  # Deployments no longer kept (neither stable nor previous)
+    retired: tuple[str, ...] = ()  # empty Deployments no template needs: deleted
+    draining: tuple[str, ...] = ()  # Deployments whose pods go as others are ready
     events: tuple[Event, ...] = ()
     phase: Phase | None = None  # None: no template rollout decides the phase
     reason: str = ""
@@ -156,11 +167,9 @@ def deployment_for(
     return f"{name}-{digest[:10]}"
 
 
-def pods_of(name: str, deployment: str, pods: list[PodView]) -> list[PodView]:
-    """The pods of ``deployment`` (its template's label; none for the Deployment named
-    after the ModelDeployment)."""
-    label = None if deployment == name else deployment.removeprefix(f"{name}-")
-    return [p for p in pods if p.template == label]
+def deployment_of(name: str, pod: PodView) -> str:
+    """The Deployment a pod belongs to, by its template label (none: the first one's)."""
+    return name if pod.template is None else f"{name}-{pod.template}"
 
 
 def plan_template(
@@ -175,70 +184,111 @@ def plan_template(
     rng: random.Random,
     promoted: str | None,
     version_rolling: bool,
+    draining: tuple[str, ...] = (),
+    refused: str | None = None,
+    first_deployment: bool = False,
 ) -> TemplatePlan:
     """What each Deployment of the ModelDeployment ``name`` should run, for the pod
-    template ``digest`` the spec renders now."""
-    replicas = spec.replicas
+    template ``digest`` the spec renders now. ``draining``: those the last pass left
+    draining; ``refused``: why the API server refuses the target's pods, if it does;
+    ``first_deployment``: no version was ever served by all pods (nothing to keep
+    serving: a new template replaces the stable one's in place, as a first deployment's
+    version moves every pod at once; a fix of pods that cannot start waits for nothing)."""
     if stable is None:  # the first pass (or one of an operator that kept no template)
         stable = TemplateRef(name, digest)
+    if first_deployment and state is None and digest != stable.digest:
+        stable = replace(stable, digest=digest)
+    events: list[Event] = []
+    abandoned: list[str] = []
     if state is not None and state.target.digest != digest:
-        events = (
+        events.append(
             Event(
                 "TemplateRolloutAbandoned",
-                f"pods of {state.target.deployment} go: the template changed again",
-            ),
+                f"pods of {state.target.deployment} go as {stable.deployment}'s are ready: "
+                "the pod template changed again",
+            )
         )
-        kept = {stable.deployment, previous.deployment if previous else None}
-        abandoned = () if state.target.deployment in kept else (state.target.deployment,)
-        if digest == stable.digest:  # edited back: the stable pods never left
-            plan = _steady(stable, previous, replicas)
-            return replace(plan, events=events, retired=abandoned)
-        plan = plan_template(
-            name, spec, digest, stable, previous, None, pods, now, rng, promoted, version_rolling
-        )
-        return replace(plan, events=(*events, *plan.events), retired=abandoned)
-    if state is None:
-        if digest == stable.digest:
-            return _steady(stable, previous, replicas)
+        abandoned.append(state.target.deployment)
+        state = None
+    plan: TemplatePlan
+    if state is None and digest == stable.digest:
+        plan = TemplatePlan(stable, previous, None, {stable.deployment: spec.replicas})
+    elif state is None:
         target = TemplateRef(deployment_for(name, digest, stable, previous), digest)
         if version_rolling or spec.paused:
-            why = "the version rollout running" if version_rolling else "spec.paused"
-            return replace(
-                _steady(stable, previous, replicas, {target.deployment: 0}),
-                phase=Phase.PROGRESSING,
+            why = "a version rollout to end" if version_rolling else "spec.paused"
+            plan = TemplatePlan(
+                stable, previous, None, {stable.deployment: spec.replicas},
                 reason=WAITING_REASON,
                 message=f"the new pod template ({target.deployment}) waits for {why}",
+            )  # fmt: skip
+        else:
+            canary = spec.canary_pods()
+            staged = 0 < canary < spec.replicas
+            state = TemplateRollout(
+                stable,
+                target,
+                CANARY if staged else BATCHES,
+                now,
+                canary if staged else min(spec.replicas, spec.rollout.batch(spec.replicas)),
+                batch=0 if staged else 1,
+                progress_at=now,
             )
-        canary = spec.canary_pods()
-        state = TemplateRollout(
-            stable,
-            target,
-            CANARY if 0 < canary < replicas else BATCHES,
-            now,
-            canary if 0 < canary < replicas else min(replicas, spec.rollout.batch(replicas)),
-            batch=0 if 0 < canary < replicas else 1,
-        )
-        started = Event(
-            STARTED_EVENT,
-            f"pods move from {stable.deployment} to {target.deployment} (pod template "
-            f"{digest})"
-            + (f" with a {spec.canary.percent}% canary" if state.stage == CANARY else ""),
-        )
-        plan = _Step(name, spec, state, stable, previous, pods, now, rng, promoted).run()
-        return replace(plan, events=(started, *plan.events))
-    return _Step(name, spec, state, stable, previous, pods, now, rng, promoted).run()
+            events.append(
+                Event(
+                    STARTED_EVENT,
+                    f"pods move from {stable.deployment} to {target.deployment} (pod template "
+                    f"{digest})" + (f" with a {spec.canary.percent}% canary" if staged else ""),
+                )
+            )
+    if state is not None:
+        plan = _Step(name, spec, state, stable, previous, pods, now, rng, promoted, refused).run()
+    return _drain(name, spec, plan, pods, (*draining, *abandoned), events)
 
 
-def _steady(
-    stable: TemplateRef,
-    previous: TemplateRef | None,
-    replicas: int,
-    others: dict[str, int] | None = None,
+def _drain(
+    name: str,
+    spec: ModelDeploymentSpec,
+    plan: TemplatePlan,
+    pods: list[PodView],
+    draining: tuple[str, ...],
+    events: list[Event],
 ) -> TemplatePlan:
-    wanted = {**(others or {}), stable.deployment: replicas}
-    if previous is not None and previous.deployment != stable.deployment:
-        wanted.setdefault(previous.deployment, 0)
-    return TemplatePlan(stable, previous, None, wanted)
+    """``plan`` with every other Deployment that has pods (or drained last pass) kept at
+    what the serving ones lack in ready pods, and those empty retired."""
+    serving = {plan.stable.deployment}
+    if plan.state is not None and plan.state.stage != FAILED:
+        serving.add(plan.state.target.deployment)
+    counts: dict[str, list[PodView]] = {}
+    for pod in pods:
+        counts.setdefault(deployment_of(name, pod), []).append(pod)
+    others = sorted({*draining, *counts} - serving)
+    if plan.state is not None and plan.state.stage == FAILED:
+        others = sorted({*others, plan.state.target.deployment} - serving)
+    ready = sum(p.ready for d in serving for p in counts.get(d, []))
+    budget = max(0, spec.replicas - ready)
+    replicas = dict(plan.replicas)
+    still: list[str] = []
+    retired = [d for d in plan.retired if not counts.get(d)]  # one with pods drains first
+    kept = {plan.stable.deployment, plan.previous.deployment if plan.previous else None}
+    if plan.state is not None:
+        kept.add(plan.state.target.deployment)
+    for deployment in others:
+        present = len(counts.get(deployment, []))
+        keep = min(present, budget)
+        budget -= keep
+        replicas[deployment] = keep
+        if present:
+            still.append(deployment)
+        elif deployment not in kept:
+            retired.append(deployment)
+    return replace(
+        plan,
+        replicas=replicas,
+        retired=tuple(retired),
+        draining=tuple(still),
+        events=(*events, *plan.events),
+    )
 
 
 class _Step:
@@ -255,12 +305,12 @@ class _Step:
         now: float,
         rng: random.Random,
         promoted: str | None,
+        refused: str | None,
     ) -> None:
         self.spec, self.state, self.stable, self.previous = spec, state, stable, previous
-        self.now, self.rng, self.promoted = now, rng, promoted
-        self.new = pods_of(name, state.target.deployment, pods)
-        new = {p.name for p in self.new}
-        self.old = [p for p in pods if p.name not in new]
+        self.now, self.rng, self.promoted, self.refused = now, rng, promoted, refused
+        self.new = [p for p in pods if deployment_of(name, p) == state.target.deployment]
+        self.old = [p for p in pods if deployment_of(name, p) == stable.deployment]
         self.events: list[Event] = []
         self.promotion_used = False
 
@@ -268,27 +318,33 @@ class _Step:
         if self.state.stage == FAILED:
             return self._plan(Phase.DEGRADED, FAILED_REASON, self.state.message, 0)
         ready = sum(p.ready for p in self.new)
-        starting = [p for p in self.new if not p.ready]
-        if overdue := self._overdue(starting):
-            return self._fail(overdue)
+        self._progress(ready)
         replicas = self.spec.replicas
-        if ready >= replicas and len(self.old) == 0:
-            return self._complete()
         full = self.promoted == f"{self.state.id}{FULL_PROMOTION_SUFFIX}"
         if full and self.state.wanted < replicas:
             self.promotion_used = True
-            self.state = replace(self.state, stage=BATCHES, wanted=replicas)
+            self.state = replace(self.state, stage=BATCHES, wanted=replicas, progress_at=self.now)
             self.events.append(Event("FullPromotion", f"{self.state.target.deployment}: all pods"))
+        if self.state.stage == BATCHES and ready >= replicas and not self.old:
+            return self._complete()
+        if overdue := self._overdue(ready):
+            return self._fail(overdue)
         if self.state.stage == CANARY:
             return self._canary(ready)
         return self._batches(ready)
 
+    def _progress(self, ready: int) -> None:
+        """A new pod ready (or a pause: its deadline waits) is progress."""
+        if ready > self.state.ready_seen or self.spec.paused:
+            self.state = replace(self.state, progress_at=self.now)
+        self.state = replace(self.state, ready_seen=ready)
+
     def _canary(self, ready: int) -> TemplatePlan:
-        wanted = self.state.wanted
+        wanted = min(self.state.wanted, self.spec.replicas)
         if ready < wanted:
             return self._plan(
                 Phase.CANARY, "CanaryLoading", f"{ready}/{wanted} canary pods of "
-                f"{self.state.target.deployment} ready", ready,
+                f"{self.state.target.deployment} ready" + self._refusal(), ready,
             )  # fmt: skip
         if self.state.canary_ready_at is None:
             self.state = replace(self.state, canary_ready_at=self.now)
@@ -315,15 +371,15 @@ class _Step:
                 wake_in=left,
             )  # fmt: skip
         self.events.append(Event("CanaryPromoted", f"{self.state.target.deployment} moves on"))
-        self.state = replace(self.state, stage=BATCHES)
+        self.state = replace(self.state, stage=BATCHES, progress_at=self.now)
         return self._next_batch(ready)
 
     def _batches(self, ready: int) -> TemplatePlan:
-        if ready < self.state.wanted:
+        if ready < min(self.state.wanted, self.spec.replicas):
             return self._plan(
                 Phase.PROGRESSING, "BatchLoading",
                 f"batch {self.state.batch}: {ready}/{self.state.wanted} pods of "
-                f"{self.state.target.deployment} ready", ready,
+                f"{self.state.target.deployment} ready" + self._refusal(), ready,
             )  # fmt: skip
         return self._next_batch(ready)
 
@@ -351,8 +407,9 @@ class _Step:
             )  # fmt: skip
         wanted = min(replicas, self.state.wanted + self.spec.rollout.batch(replicas))
         self.state = replace(
-            self.state, wanted=wanted, batch=self.state.batch + 1, next_batch_at=0.0
-        )
+            self.state, wanted=wanted, batch=self.state.batch + 1, next_batch_at=0.0,
+            progress_at=self.now,
+        )  # fmt: skip
         self.events.append(
             Event("BatchStarted", f"batch {self.state.batch}: {self.state.target.deployment} "
                   f"to {wanted} pods")
@@ -363,19 +420,24 @@ class _Step:
             f"{self.state.target.deployment} ready", ready,
         )  # fmt: skip
 
-    def _overdue(self, starting: list[PodView]) -> str | None:
+    def _refusal(self) -> str:
+        return f" (the API server refuses its pods: {self.refused})" if self.refused else ""
+
+    def _overdue(self, ready: int) -> str | None:
+        """No new pod ready for ``progressDeadlineSeconds`` while some are wanted."""
         deadline = self.spec.rollout.progress_deadline_seconds
-        late = [
-            p.name
-            for p in starting
-            if self.now - (p.created_at if p.created_at is not None else self.state.started_at)
-            > deadline
-        ]
-        if not late:
+        if ready >= min(self.state.wanted, self.spec.replicas):
             return None
-        why = {p.unscheduled[1] for p in starting if p.name in late and p.unscheduled}
-        return f"pods of {self.state.target.deployment} not ready after {deadline:.0f}s: {late}" + (
-            f" ({'; '.join(sorted(why))})" if why else ""
+        if self.now - self.state.progress_at <= deadline:
+            return None
+        starting = [p for p in self.new if not p.ready]
+        why = sorted({p.unscheduled[1] for p in starting if p.unscheduled})
+        if self.refused:
+            why.append(f"the API server refuses its pods: {self.refused}")
+        return (
+            f"no more pods of {self.state.target.deployment} ready for {deadline:.0f}s "
+            f"({ready}/{self.state.wanted}; starting: {[p.name for p in starting]})"
+            + (f": {'; '.join(why)}" if why else "")
         )
 
     def _fail(self, message: str) -> TemplatePlan:
@@ -397,7 +459,7 @@ class _Step:
             if known is not None and known.deployment not in wanted
         )
         return TemplatePlan(
-            target, source, None, wanted, retired, tuple(self.events),
+            target, source, None, wanted, retired, (), tuple(self.events),
             promotion_used=self.promotion_used,
         )  # fmt: skip
 
@@ -410,26 +472,32 @@ class _Step:
         wake_in: float | None = None,
     ) -> TemplatePlan:
         """The Deployments' sizes for this step: the target as many pods as wanted (new
-        ones only as ``maxConcurrentLoads`` allows), the stable one fewer by those ready."""
+        ones only as ``maxConcurrentLoads`` allows), the stable one fewer by those ready,
+        and during the canary never none (an unpromoted canary serves not alone)."""
+        replicas = self.spec.replicas
         cap = self.spec.rollout.max_concurrent_loads
-        target = self.state.wanted
+        target = min(self.state.wanted, replicas)
         if cap:  # never more than ``cap`` starting, and none that started taken away
             target = min(target, max(len(self.new), ready + cap))
-        stable = max(0, self.spec.replicas - ready)
-        replicas = {self.state.target.deployment: target, self.stable.deployment: stable}
+        stable = max(0, replicas - ready)
+        if self.state.stage == CANARY:
+            stable = max(stable, min(1, replicas))
+        sizes = {self.stable.deployment: stable}
+        if self.state.stage != FAILED:
+            sizes[self.state.target.deployment] = target
         deadline = self.spec.rollout.progress_deadline_seconds
-        if self.state.stage != FAILED and any(not p.ready for p in self.new):
-            wake_in = min(wake_in or deadline, deadline)
+        if self.state.stage != FAILED and ready < target:
+            left = max(0.0, self.state.progress_at + deadline - self.now) + 0.5
+            wake_in = min(wake_in if wake_in is not None else left, left)
         return TemplatePlan(
             self.stable,
             self.previous,
             self.state,
-            replicas,
-            (),
-            tuple(self.events),
-            phase,
-            reason,
-            f"pod template rollout: {message}",
-            wake_in,
-            self.promotion_used,
+            sizes,
+            events=tuple(self.events),
+            phase=phase,
+            reason=reason,
+            message=f"pod template rollout: {message}",
+            wake_in=wake_in,
+            promotion_used=self.promotion_used,
         )

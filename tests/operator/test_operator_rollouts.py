@@ -575,8 +575,9 @@ async def test_a_pod_that_never_turns_ready_fails_the_rollout_at_its_deadline(
     assert degraded["status"] == "True" and degraded["reason"] == "RolloutFailed"
 
 
-async def _sidecar_args(cluster: RolloutCluster) -> list[list[str]]:
-    [deployment] = await cluster.items("deployments")
+async def _sidecar_args(cluster: RolloutCluster, name: str = "mlp") -> list[list[str]]:
+    """The sidecars' arguments in the pod template of the Deployment ``name``."""
+    [deployment] = [d for d in await cluster.items("deployments") if d["metadata"]["name"] == name]
     pod = deployment["spec"]["template"]["spec"]
     return [
         c["args"] for c in [*pod["initContainers"], *pod["containers"]] if c["name"] != "server"
@@ -613,10 +614,13 @@ async def test_pods_run_unsigned_only_when_the_spec_says_so_and_then_it_shows(
     status = await cluster.wait(
         lambda s: condition(s, "SignaturesVerified").get("status") == "True"
     )
-    async with asyncio.timeout(60):  # the Deployment's template, as the pass that wrote it
-        while any("--allow-unsigned" in args for args in await _sidecar_args(cluster)):
-            await asyncio.sleep(0.1)
-    for args in await _sidecar_args(cluster):
+    # new sidecar flags are a new pod template: its rollout ends on a Deployment of its own
+    status = await cluster.wait(
+        lambda s: (
+            s.get("template", {}).get("deployment", "mlp") != "mlp" and not s.get("templateRollout")
+        )
+    )
+    for args in await _sidecar_args(cluster, status["template"]["deployment"]):
         assert "--allow-unsigned" not in args and "--public-key" in args
     warnings = await cluster.events_of("AllowUnsigned", 1)
     assert [e.get("type") for e in warnings] == ["Warning"], warnings  # once, when it started

@@ -115,10 +115,20 @@ def test_all_new_pods_ready_and_the_old_gone_complete_it() -> None:
     assert [e.reason for e in plan.events] == ["TemplateRolloutComplete"]
 
 
-def test_a_template_edited_back_mid_rollout_ends_it_and_retires_the_candidate() -> None:
-    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1)
-    plan = step(spec(), state, pods(3, 1), digest=OLD)
-    assert plan.state is None and plan.replicas == {"mlp": 4} and plan.retired == (TARGET,)
+def test_an_edit_back_mid_rollout_keeps_the_candidates_ready_pods_until_replaced() -> None:
+    """Edited back at 3 new pods ready of 4: the stable Deployment goes back to 4, and the
+    candidate keeps as many pods as it lacks ready ones, then is deleted once empty."""
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=4, batch=2)
+    plan = step(spec(), state, pods(1, 3), digest=OLD)
+    assert plan.state is None and plan.replicas == {"mlp": 4, TARGET: 3}
+    assert plan.draining == (TARGET,) and plan.retired == ()
+    later = step(spec(), None, pods(4, 1, new_ready=1)[:4] + pods(0, 1), digest=OLD)
+    assert later.replicas == {"mlp": 4, TARGET: 0}
+    done = plan_template(
+        "mlp", spec(), OLD, STABLE, None, None, pods(4, 0), 0.0, random.Random(1), None, False,
+        draining=(TARGET,),
+    )  # fmt: skip
+    assert done.retired == (TARGET,) and done.draining == () and done.replicas[TARGET] == 0
 
 
 def test_an_edit_back_after_completion_reuses_the_old_deployment() -> None:
@@ -131,19 +141,87 @@ def test_an_edit_back_after_completion_reuses_the_old_deployment() -> None:
     assert plan.replicas == {"mlp": 1, TARGET: 4}
 
 
-def test_a_new_pod_not_ready_by_the_deadline_fails_it_and_keeps_the_stable_pods() -> None:
+def test_no_progress_by_the_deadline_fails_it_and_the_ready_pods_go_only_as_replaced() -> None:
+    given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    state = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=4, batch=3, progress_at=10.0,
+        ready_seen=3,
+    )  # fmt: skip
+    plan = step(given, state, pods(1, 4, new_ready=3), now=50.0)
+    assert plan.state is not None and plan.state.stage == FAILED
+    assert plan.phase is Phase.DEGRADED and "new-3" in plan.message
+    assert plan.replicas == {"mlp": 4, TARGET: 3}  # 1 stable pod ready: 3 still serve
+    again = step(given, plan.state, pods(4, 3), now=60.0)  # the stable pods back, ready
+    assert again.replicas == {"mlp": 4, TARGET: 0} and again.phase is Phase.DEGRADED
+
+
+def test_a_pod_unready_long_after_its_creation_fails_nothing_while_others_progress() -> None:
+    given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    state = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=3, batch=2, progress_at=90.0,
+        ready_seen=2,
+    )  # fmt: skip
+    plan = step(given, state, pods(2, 3, new_ready=2, created_at=0.0), now=100.0)
+    assert plan.state is not None and plan.state.stage == BATCHES
+
+
+def test_pods_the_api_server_refuses_are_said_and_fail_it_at_the_deadline() -> None:
     given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
     state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1)
-    plan = step(given, state, pods(4, 1, new_ready=0, created_at=10.0), now=50.0)
-    assert plan.state is not None and plan.state.stage == FAILED
-    assert plan.replicas == {TARGET: 0, "mlp": 4} and plan.phase is Phase.DEGRADED
-    again = step(given, plan.state, pods(4, 0), now=60.0)
-    assert again.replicas == {TARGET: 0, "mlp": 4} and again.phase is Phase.DEGRADED
+    quota = "exceeded quota: gpu"
+    waiting = plan_template(
+        "mlp", given, NEW, STABLE, None, state, pods(4, 0), 10.0, random.Random(1), None,
+        False, refused=quota,
+    )  # fmt: skip
+    assert quota in waiting.message and waiting.phase is Phase.CANARY
+    failed = plan_template(
+        "mlp", given, NEW, STABLE, None, state, pods(4, 0), 40.0, random.Random(1), None,
+        False, refused=quota,
+    )  # fmt: skip
+    assert failed.state is not None and failed.state.stage == FAILED and quota in failed.message
+
+
+def test_a_pause_holds_the_deadline() -> None:
+    given = spec(paused=True, rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1)
+    plan = step(given, state, pods(4, 1, new_ready=0), now=500.0)
+    assert plan.state is not None and plan.state.stage == CANARY
+
+
+def test_scaled_down_to_its_canary_it_keeps_a_stable_pod_and_waits_for_the_promotion() -> None:
+    given = spec(replicas=1, canary={"percent": 25, "manualPromote": True})
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1)
+    plan = step(given, state, pods(1, 1))
+    assert plan.state is not None and plan.state.stage == CANARY
+    assert plan.replicas == {"mlp": 1, TARGET: 1} and plan.reason == "AwaitingPromotion"
+
+
+def test_a_third_template_after_an_edit_back_to_the_previous_drains_the_previous() -> None:
+    """Stable A, previous P: edited to P (a rollout to P's Deployment), then to C: P's
+    pods drain as C's are ready, and nothing is left behind to block the completion."""
+    previous = TemplateRef("mlp-pppppppppp", "p" * 16)
+    state = TemplateRollout(STABLE, previous, BATCHES, 0.0, wanted=4, batch=2)
+    third = "c" * 16
+    seen = [PodView(f"a-{i}", ready=True) for i in range(2)] + [
+        PodView(f"p-{i}", ready=True, template="pppppppppp") for i in range(2)
+    ]
+    plan = plan_template(
+        "mlp", spec(), third, STABLE, previous, state, seen, 0.0, random.Random(1), None, False
+    )
+    assert plan.state is not None and plan.state.target.digest == third
+    assert plan.replicas["mlp-pppppppppp"] == 2 and plan.draining == ("mlp-pppppppppp",)
+    done = [PodView(f"c-{i}", ready=True, template=third[:10]) for i in range(4)]
+    finished = replace(plan.state, stage=BATCHES, wanted=4)
+    plan = plan_template(
+        "mlp", spec(), third, STABLE, previous, finished, done, 1.0, random.Random(1), None,
+        False, draining=plan.draining,
+    )  # fmt: skip
+    assert plan.state is None and plan.stable.digest == third
 
 
 def test_a_version_rollout_running_holds_the_new_template() -> None:
     plan = step(spec(), None, pods(4, 0), version_rolling=True)
-    assert plan.state is None and plan.replicas == {"mlp": 4, TARGET: 0}
+    assert plan.state is None and plan.replicas == {"mlp": 4} and plan.phase is None
     assert plan.reason == "TemplateRolloutWaiting"
 
 
@@ -152,3 +230,15 @@ def test_the_state_survives_the_status() -> None:
     assert TemplateRollout.from_status(state.to_status()) == state
     assert TemplateRollout.from_status({"stage": "nonsense"}) is None
     assert TemplateRollout.from_status(replace(state, stage="x").to_status()) is None
+
+
+def test_before_a_first_deployment_completes_a_new_template_replaces_the_stable_in_place() -> None:
+    """Pods that cannot start (a missing toleration) keep the first deployment from
+    completing; the fixed template must not wait for it: it is applied to the stable
+    Deployment at once."""
+    plan = plan_template(
+        "mlp", spec(), NEW, STABLE, None, None, pods(1, 0), 0.0, random.Random(1), None,
+        True, first_deployment=True,
+    )  # fmt: skip
+    assert plan.state is None and plan.stable == TemplateRef("mlp", NEW)
+    assert plan.replicas == {"mlp": 4} and plan.phase is None
