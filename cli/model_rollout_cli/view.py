@@ -220,9 +220,11 @@ def render(
             "Serving:     " + "  ".join(f"{v}: {n} pods" for v, n in by_version(versions, md))
         )
     rollout = status.get("rollout") or {}
-    template: dict[str, Any] = dict(status.get("templateRollout") or {})
+    raw_template = status.get("templateRollout")
+    template: dict[str, Any] = raw_template if isinstance(raw_template, dict) else {}
     if template:
-        moving = [dict(template.get(end) or {}).get("deployment", "-") for end in ("from", "to")]
+        ends = [template.get(end) for end in ("from", "to")]
+        moving = [end.get("deployment", "-") if isinstance(end, dict) else "-" for end in ends]
         lines.append(
             f"Template:    {moving[0]} -> {moving[1]}"
             f"   ({template.get('stage', '-')}, {template.get('wanted', 0)} pods wanted; "

@@ -71,7 +71,7 @@ from .status import (
     without_nulls,
 )
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
-from .template_pass import TemplatePass, held_version, plan_templates
+from .template_pass import TemplatePass, held_version, plan_templates, without_retries
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -357,7 +357,7 @@ async def reconcile_pass(
     rendered = templates.rendered()
     if templates.holds_versions():  # one kind of rollout at a time: versions wait, a retry too
         spec = replace(spec, version=held_version(status) or spec.version)
-        annotations = {k: v for k, v in annotations.items() if k != RETRY}
+        annotations = without_retries(annotations)
     objects = []  # in their order; the Deployment: the one that runs the spec's template
     for child in children(name, namespace, spec, stable or spec.version, tenant_versions, pins):
         if child["kind"] == "Deployment":

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from model_rollout_contract.annotations import RETRY
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
@@ -89,7 +90,10 @@ class TemplatePass:
             status[TEMPLATE_ROLLOUT_FIELD] = plan.state.to_status()
         if plan.draining:
             status[DRAINING_FIELD] = list(plan.draining)
-        if plan.phase is None:
+        rollout = rollout_from_status(status.get("rollout"))
+        versions_move = rollout is not None and rollout.stage in _ROLLING_STAGES
+        if plan.phase is None or (plan.phase is Phase.DEGRADED and versions_move):
+            # a failed template's state stays, and says so, beside a version rollout's
             if plan.message:
                 before = str(status.get("message") or "")
                 status["message"] = f"{before}; {plan.message}" if before else plan.message
@@ -127,6 +131,12 @@ def held_version(status: dict[str, Any]) -> str | None:
     (if any, even a failed one) is about, else its stable version."""
     rollout = rollout_from_status(status.get("rollout"))
     return rollout.to_version if rollout is not None else status.get("currentVersion")
+
+
+def without_retries(annotations: dict[str, str]) -> dict[str, str]:
+    """``annotations`` without any track's retry (``retry``, ``retry.<track>``): while a
+    template rollout runs, a retry waits for it (kept on the resource, not acted on)."""
+    return {k: v for k, v in annotations.items() if k != RETRY and not k.startswith(f"{RETRY}.")}
 
 
 def _version_rolling(status: dict[str, Any]) -> bool:

@@ -86,8 +86,11 @@ class TemplateRollout:
     batch: int = 0
     next_batch_at: float = 0.0
     message: str = ""  # why it failed
-    progress_at: float = 0.0  # the last time the target had more pods ready, or asked more
-    ready_seen: int = 0  # the target's ready pods then
+    # the last time the target had every pod it asks ready, or more ready than ever since
+    # (a pod that flaps is no progress), or a step started, or spec.paused held it
+    progress_at: float = 0.0
+    ready_seen: int = 0  # the most target pods ready since it last had all it asks
+    paused_at: float | None = None  # when spec.paused began to hold it
 
     @property
     def id(self) -> str:
@@ -108,6 +111,7 @@ class TemplateRollout:
             "message": self.message,
             "progressAt": self.progress_at,
             "readySeen": self.ready_seen,
+            "pausedAt": self.paused_at,
             "promoteWith": self.id,
         }
 
@@ -123,6 +127,7 @@ class TemplateRollout:
             return None
         try:
             ready = raw.get("canaryReadyAt")
+            paused = raw.get("pausedAt")
             return cls(
                 source,
                 target,
@@ -135,6 +140,7 @@ class TemplateRollout:
                 str(raw.get("message") or ""),
                 float(raw["progressAt"] if "progressAt" in raw else raw["startedAt"]),
                 int(raw.get("readySeen") or 0),
+                float(paused) if paused is not None else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -224,13 +230,15 @@ def plan_template(
             )  # fmt: skip
         else:
             canary = spec.canary_pods()
-            staged = 0 < canary < spec.replicas
+            staged = canary > 0  # a stable pod stays beside it, even with replicas: 1
             state = TemplateRollout(
                 stable,
                 target,
                 CANARY if staged else BATCHES,
                 now,
-                canary if staged else min(spec.replicas, spec.rollout.batch(spec.replicas)),
+                min(canary, spec.replicas)
+                if staged
+                else min(spec.replicas, spec.rollout.batch(spec.replicas)),
                 batch=0 if staged else 1,
                 progress_at=now,
             )
@@ -273,15 +281,21 @@ def _drain(
     kept = {plan.stable.deployment, plan.previous.deployment if plan.previous else None}
     if plan.state is not None:
         kept.add(plan.state.target.deployment)
-    for deployment in others:
-        present = len(counts.get(deployment, []))
-        keep = min(present, budget)
+    for deployment in others:  # ready pods only: one that is not ready serves nobody
+        present = counts.get(deployment, [])
+        keep = min(sum(p.ready for p in present), budget)
         budget -= keep
         replicas[deployment] = keep
         if present:
             still.append(deployment)
         elif deployment not in kept:
             retired.append(deployment)
+    cap = spec.rollout.max_concurrent_loads
+    if cap and still:  # unwinding: the stable's new pods are loads too
+        starting = sum(not p.ready for d in serving for p in counts.get(d, []))
+        own = counts.get(plan.stable.deployment, [])
+        grown = len(own) + max(0, cap - starting)
+        replicas[plan.stable.deployment] = min(replicas[plan.stable.deployment], grown)
     return replace(
         plan,
         replicas=replicas,
@@ -334,10 +348,28 @@ class _Step:
         return self._batches(ready)
 
     def _progress(self, ready: int) -> None:
-        """A new pod ready (or a pause: its deadline waits) is progress."""
-        if ready > self.state.ready_seen or self.spec.paused:
-            self.state = replace(self.state, progress_at=self.now)
-        self.state = replace(self.state, ready_seen=ready)
+        """The deadline's clock: it runs only while pods are awaited, and a pod ready
+        again after it flapped does not reset it. ``spec.paused`` stops every clock (the
+        deadline, the canary's pause, the jitter); on resume each goes on from there."""
+        state = self.state
+        if self.spec.paused:
+            paused_at = state.paused_at if state.paused_at is not None else self.now
+            self.state = replace(state, progress_at=self.now, paused_at=paused_at)
+            return
+        if state.paused_at is not None:
+            held = self.now - state.paused_at
+            state = replace(
+                state,
+                paused_at=None,
+                progress_at=self.now,
+                canary_ready_at=None
+                if state.canary_ready_at is None
+                else state.canary_ready_at + held,
+                next_batch_at=state.next_batch_at + held if state.next_batch_at else 0.0,
+            )
+        if ready >= min(state.wanted, self.spec.replicas) or ready > state.ready_seen:
+            state = replace(state, progress_at=self.now, ready_seen=ready)
+        self.state = state
 
     def _canary(self, ready: int) -> TemplatePlan:
         wanted = min(self.state.wanted, self.spec.replicas)

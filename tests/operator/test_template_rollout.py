@@ -10,6 +10,7 @@ from typing import Any
 
 from model_operator.pods import PodView
 from model_operator.spec import ModelDeploymentSpec, parse_spec
+from model_operator.template_pass import without_retries
 from model_operator.template_rollout import (
     BATCHES,
     CANARY,
@@ -242,3 +243,72 @@ def test_before_a_first_deployment_completes_a_new_template_replaces_the_stable_
     )  # fmt: skip
     assert plan.state is None and plan.stable == TemplateRef("mlp", NEW)
     assert plan.replicas == {"mlp": 4} and plan.phase is None
+
+
+def test_a_held_canary_whose_pod_restarts_long_after_is_given_the_whole_deadline() -> None:
+    """Held for a promotion for hours: the deadline runs only while pods are awaited, so
+    a canary pod that restarts then does not fail the rollout at once."""
+    given = spec(canary={"percent": 25, "manualPromote": True},
+                 rollout={"batchSize": 1, "progressDeadlineSeconds": 600})  # fmt: skip
+    state = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1, canary_ready_at=10.0,
+        progress_at=10.0, ready_seen=1,
+    )  # fmt: skip
+    held = step(given, state, pods(3, 1), now=7200.0)
+    assert held.reason == "AwaitingPromotion" and held.state is not None
+    restarted = step(given, held.state, pods(3, 1, new_ready=0), now=7230.0)
+    assert restarted.state is not None and restarted.state.stage == CANARY
+
+
+def test_a_pod_that_flaps_ready_makes_no_progress() -> None:
+    given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    state = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=2, batch=2, progress_at=0.0,
+        ready_seen=1,
+    )  # fmt: skip
+    down = step(given, state, pods(3, 2, new_ready=0), now=10.0)
+    assert down.state is not None
+    up_again = step(given, down.state, pods(3, 2, new_ready=1), now=20.0)
+    assert up_again.state is not None and up_again.state.progress_at == 0.0
+    late = step(given, up_again.state, pods(3, 2, new_ready=1), now=40.0)
+    assert late.state is not None and late.state.stage == FAILED
+
+
+def test_one_replica_still_gets_its_canary_beside_the_stable_pod() -> None:
+    given = spec(replicas=1, canary={"percent": 25, "manualPromote": True})
+    plan = step(given, None, pods(1, 0))
+    assert plan.state is not None and plan.state.stage == CANARY
+    assert plan.replicas == {"mlp": 1, TARGET: 1}
+
+
+def test_draining_keeps_ready_pods_only() -> None:
+    """Abandoned with 1 ready pod and 2 crash-looping: the stable lacks 3 ready pods, yet
+    only the ready one stays (the broken ones would take the room its pods need)."""
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=3, batch=2)
+    plan = step(spec(), state, pods(1, 3, new_ready=1), digest=OLD)
+    assert plan.replicas == {"mlp": 4, TARGET: 1}
+
+
+def test_the_stable_deployment_grows_back_under_max_concurrent_loads() -> None:
+    given = spec(rollout={"batchSize": 1, "maxConcurrentLoads": 1})
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=3, batch=3)
+    plan = step(given, state, pods(1, 3), digest=OLD)
+    assert plan.replicas == {"mlp": 2, TARGET: 3}  # one new stable pod at a time
+
+
+def test_a_pause_stops_the_canarys_pause_too() -> None:
+    given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    state = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1, canary_ready_at=0.0
+    )
+    paused = step(replace(given, paused=True), state, pods(3, 1), now=10.0)
+    assert paused.state is not None and paused.state.paused_at == 10.0
+    resumed = step(given, paused.state, pods(3, 1), now=100.0)  # 90 s later: 10 s held
+    assert resumed.reason == "CanaryPause" and resumed.state is not None
+    assert resumed.state.canary_ready_at == 90.0
+
+
+def test_every_tracks_retry_waits_for_a_template_rollout() -> None:
+    kept = {"serving.model-rollout.io/promote": "mlp-x@1", "other": "1"}
+    retries = {"serving.model-rollout.io/retry": "v2", "serving.model-rollout.io/retry.acme": "v3"}
+    assert without_retries({**kept, **retries}) == kept
