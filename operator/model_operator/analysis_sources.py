@@ -90,8 +90,10 @@ async def scrape(
 _SELECT = '{namespace="{namespace}",pod=~"{pods}",model="{model}",version="{version}"'
 # a Deployment's pods are named <deployment>-<pod-template-hash>-<5 characters>, and the
 # hash has no "-": so "mlp" does not match the pods of a deployment "mlp-b" (PromQL
-# anchors a regular expression at both ends)
-POD_NAME_TEMPLATE = "{deployment}-[a-z0-9]{1,10}-[a-z0-9]{5}"
+# anchors a regular expression at both ends). A ModelDeployment's Deployments are "mlp"
+# and, after a change of its pod template, "mlp-<10 hex digits>" (template_rollout.py):
+# the pods of each are its own
+POD_NAME_TEMPLATE = "{deployment}(-[a-f0-9]{10})?-[a-z0-9]{1,10}-[a-z0-9]{5}"
 
 
 def _increase(metric: str, extra: str = "") -> str:
@@ -128,7 +130,8 @@ class QueryError(Exception):
 
 def pods_regex(deployment: str) -> str:
     """The PromQL regular expression (as written inside a string literal) of the names
-    of the Deployment's pods; a "." of the name matches only itself."""
+    of the ModelDeployment's pods (those of each of its pod templates' Deployments); a "."
+    of the name matches only itself."""
     return POD_NAME_TEMPLATE.replace("{deployment}", deployment.replace(".", "\\\\."))
 
 

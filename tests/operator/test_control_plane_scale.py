@@ -151,6 +151,7 @@ def test_the_docs_keda_query_counts_this_deployments_pods_only() -> None:
     pattern = found.group(1)  # PromQL's regular expressions are anchored at both ends
     assert pattern == pods_regex("resnet")
     assert re.fullmatch(pattern, "resnet-7f9c8d4b6-x2k4z")
+    assert re.fullmatch(pattern, "resnet-7806968c9d-7f9c8d4b6-x2k4z")  # a later template's
     assert not re.fullmatch(pattern, "resnet-large-7f9c8d4b6-x2k4z")
 
 
