@@ -145,3 +145,24 @@ def test_promote_during_an_image_change_promotes_the_pod_template_rollout(full: 
         {"metadata": {"annotations": {"serving.model-rollout.io/promote": value}}}
     ]
     assert "pod template rollout to mlp-0123456789" in out.getvalue()
+
+
+def test_status_shows_the_template_rollout_and_its_own_promote_value() -> None:
+    """A template canary awaiting its promotion: the command to run names the template
+    rollout's id, not a version's (which the operator would ignore); a malformed
+    templateRollout is shown as unknown, never a crash."""
+    md = resource({"stage": "complete"})
+    md["status"]["conditions"] = [
+        {"type": "Progressing", "status": "True", "reason": "AwaitingPromotion"}
+    ]
+    md["status"]["templateRollout"] = {
+        "kind": "template", "stage": "canary", "wanted": 1,
+        "from": {"deployment": "mlp"}, "to": {"deployment": "mlp-0123456789"},
+        "promoteWith": "mlp-0123456789@1700000000",
+    }  # fmt: skip
+    shown = lines(md)
+    assert "Template:    mlp -> mlp-0123456789   (canary, 1 pods wanted; an image change)" in shown
+    [promote_line] = [line for line in shown if line.startswith("Promote:")]
+    assert promote_line.endswith("(serving.model-rollout.io/promote=mlp-0123456789@1700000000)")
+    md["status"]["templateRollout"] = {"from": "x", "to": ["y"]}
+    assert any(line.startswith("Template:    - -> -") for line in lines(md))
