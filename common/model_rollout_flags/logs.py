@@ -100,15 +100,26 @@ class JsonLines(JsonFormatter):
             static_fields=dict(fields or {}),
             json_ensure_ascii=False,
         )
+        self._line_fields = dict(fields or {})
 
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
-        log_data["time"] = rfc3339(record.created)
-        log_data["level"] = record.levelname.lower()
-        log_data["logger"] = record.name
-        log_data["message"] = record.message
+        """The line's own fields first; an extra of the same name (a library's
+        ``extra={"level": ...}``) is kept as ``extra.<name>``, never in their place."""
+        own = {
+            "time": rfc3339(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.message,
+            **self._line_fields,
+        }
+        log_data.update(own)
         super().add_fields(log_data, record, message_dict)
+        for key, value in own.items():
+            if log_data.get(key) != value:
+                log_data[f"extra.{key}"] = log_data[key]
+                log_data[key] = value
 
     def format(self, record: logging.LogRecord) -> str:
         """The exception's text is the record's ``exc_text`` when a filter has set it

@@ -175,11 +175,17 @@ async def delete_deployment(api: KubeClient, namespace: str, name: str, owner_ui
         await api.request("DELETE", path, {"propagationPolicy": "Background"})
 
 
-async def pods_refused(api: KubeClient, namespace: str, name: str) -> str | None:
+async def pods_refused(
+    api: KubeClient, namespace: str, name: str, owner_uid: str | None
+) -> str | None:
     """Why the API server refuses the Deployment's pods (a priority class that does not
     exist, a quota, an admission webhook), as its ``ReplicaFailure`` condition says; no
-    such pod waits for a node, so only the Deployment tells. ``None``: none refused."""
+    such pod waits for a node, so only the Deployment tells. ``None``: none refused, or
+    the Deployment of that name is not this resource's (``owner_uid``'s: another tool's,
+    whose refusals are not these pods')."""
     live = await api.request("GET", f"{collection('Deployment', namespace)}/{name}")
+    if live is not None and _controller_uid(live) != owner_uid:
+        return None
     for found in ((live or {}).get("status") or {}).get("conditions") or []:
         if found.get("type") == "ReplicaFailure" and found.get("status") == "True":
             return str(found.get("message") or found.get("reason") or "FailedCreate")

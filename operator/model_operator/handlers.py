@@ -352,7 +352,7 @@ async def reconcile_pass(
         pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
     templates = await plan_templates(
-        api, name, namespace, spec, status, pods, annotations.get(PROMOTE)
+        api, name, namespace, spec, status, pods, annotations.get(PROMOTE), meta.get("uid")
     )
     rendered = templates.rendered()
     if templates.holds_versions():  # one kind of rollout at a time: versions wait, a retry too
@@ -385,7 +385,9 @@ async def reconcile_pass(
                            check_children)  # fmt: skip
     # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
     refused = (
-        await cluster.pods_refused(api, namespace, rendered or templates.plan.stable.deployment)
+        await cluster.pods_refused(
+            api, namespace, rendered or templates.plan.stable.deployment, meta.get("uid")
+        )
         if len(pods) < spec.replicas
         else None
     )

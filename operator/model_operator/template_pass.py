@@ -170,16 +170,18 @@ async def plan_templates(
     status: dict[str, Any],
     pods: list[PodView],
     promoted: str | None,
+    uid: str | None = None,
 ) -> TemplatePass:
     """The template plan for this pass, from the status the last pass left (and, while
-    the target has fewer pods than it asks, why the API server refuses them)."""
+    the target has fewer pods than it asks, why the API server refuses them: ``uid``,
+    the ModelDeployment's, owns the target)."""
     state = TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD))
     refused = None
     if state is not None and state.stage != FAILED:
         label = _label(name, state.target.deployment)
         present = sum(1 for p in pods if p.template == label)
         if present < min(state.wanted, spec.replicas):
-            refused = await cluster.pods_refused(api, namespace, state.target.deployment)
+            refused = await cluster.pods_refused(api, namespace, state.target.deployment, uid)
     digest = template_digest(name, namespace, spec)
     plan = plan_template(
         name,

@@ -79,6 +79,24 @@ def test_a_json_line_carries_time_level_logger_message_and_extras() -> None:
     }
 
 
+def test_an_extra_named_as_a_lines_own_field_never_replaces_it() -> None:
+    """A library's ``extra={"level": ...}`` (or time, logger, message, or a field every
+    line carries) is kept under ``extra.<name>``: a log pipeline keys on these."""
+    stream = json_logging(fields={"pod": "mlp-0"})
+    logging.getLogger("lib").warning(
+        "it", extra={"level": "fake", "time": "t0", "logger": "other", "pod": "elsewhere"}
+    )
+    [line] = lines(stream)
+    assert (line["level"], line["logger"], line["message"], line["pod"]) == (
+        "warning", "lib", "it", "mlp-0",
+    )  # fmt: skip
+    assert RFC3339_UTC.fullmatch(line["time"]), line["time"]
+    assert (line["extra.level"], line["extra.time"], line["extra.logger"]) == (
+        "fake", "t0", "other",
+    )  # fmt: skip
+    assert line["extra.pod"] == "elsewhere"
+
+
 def test_an_exception_is_one_json_line_with_its_traceback_as_a_field() -> None:
     stream = json_logging()
     try:

@@ -441,13 +441,15 @@ FAILED_CREATE = {
 class _Deployments:
     """The one GET :func:`cluster.pods_refused` makes."""
 
-    def __init__(self, conditions: list[dict[str, Any]]) -> None:
+    def __init__(self, conditions: list[dict[str, Any]], owner: str = "md-uid") -> None:
         self.conditions = conditions
+        self.owner = owner
         self.paths: list[str] = []
 
     async def request(self, method: str, path: str, *_: Any) -> Any:
         self.paths.append(f"{method} {path}")
-        return {"status": {"conditions": self.conditions}}
+        refs = [{"controller": True, "uid": self.owner}]
+        return {"metadata": {"ownerReferences": refs}, "status": {"conditions": self.conditions}}
 
 
 async def test_pods_the_api_server_refuses_to_create_are_a_condition_that_says_why() -> None:
@@ -455,14 +457,16 @@ async def test_pods_the_api_server_refuses_to_create_are_a_condition_that_says_w
     creates no pod, so no pod waits for a node and PodsSchedulable said all was well.
     The Deployment's ReplicaFailure condition says why: it is the condition's."""
     api = _Deployments([{"type": "Available", "status": "False"}, FAILED_CREATE])
-    refused = await cluster.pods_refused(api, "ml", "resnet")  # type: ignore[arg-type]
+    refused = await cluster.pods_refused(api, "ml", "resnet", "md-uid")  # type: ignore[arg-type]
     assert api.paths == ["GET /apis/apps/v1/namespaces/ml/deployments/resnet"]
     assert refused == FAILED_CREATE["message"]
     condition = schedulable_condition([], 100.0, [], refused=refused)
     assert (condition["status"], condition["reason"]) == ("False", "FailedCreate")
     assert condition["message"] == f"pods cannot be created: {FAILED_CREATE['message']}"
     healed = _Deployments([{**FAILED_CREATE, "status": "False"}])
-    assert await cluster.pods_refused(healed, "ml", "resnet") is None  # type: ignore[arg-type]
+    assert await cluster.pods_refused(healed, "ml", "resnet", "md-uid") is None  # type: ignore[arg-type]
+    foreign = _Deployments([FAILED_CREATE], owner="another-tools-uid")  # same name, not ours
+    assert await cluster.pods_refused(foreign, "ml", "resnet", "md-uid") is None  # type: ignore[arg-type]
 
 
 def test_a_new_account_role_replaces_the_pods() -> None:
