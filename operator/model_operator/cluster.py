@@ -151,15 +151,24 @@ def with_removals(existing: dict[str, Any], patch: dict[str, Any], kind: str) ->
     return patch
 
 
+async def _owned_deployment(
+    api: KubeClient, namespace: str, name: str, owner_uid: str | None
+) -> tuple[str, dict[str, Any] | None]:
+    """The Deployment ``name``'s path, and the live object if this resource
+    (``owner_uid``) controls it (``None``: gone, or another tool's)."""
+    path = f"{collection('Deployment', namespace)}/{name}"
+    live = await api.request("GET", path)
+    return path, live if live is not None and _controller_uid(live) == owner_uid else None
+
+
 async def scale_deployment(
     api: KubeClient, namespace: str, name: str, owner_uid: str, replicas: int
 ) -> bool:
     """Set the pods of an existing Deployment this resource controls (its template left
     as it is: an older pod template's Deployment during a template rollout). ``False``:
     there is none to scale."""
-    path = f"{collection('Deployment', namespace)}/{name}"
-    live = await api.request("GET", path)
-    if live is None or _controller_uid(live) != owner_uid:
+    path, live = await _owned_deployment(api, namespace, name, owner_uid)
+    if live is None:
         return False
     if (live.get("spec") or {}).get("replicas") != replicas:
         await api.merge_patch(path, {"spec": {"replicas": replicas}})
@@ -169,9 +178,8 @@ async def scale_deployment(
 async def delete_deployment(api: KubeClient, namespace: str, name: str, owner_uid: str) -> None:
     """Delete a Deployment this resource controls (one no pod template needs any more),
     its pods with it; one it does not control, or gone already, is left."""
-    path = f"{collection('Deployment', namespace)}/{name}"
-    live = await api.request("GET", path)
-    if live is not None and _controller_uid(live) == owner_uid:
+    path, live = await _owned_deployment(api, namespace, name, owner_uid)
+    if live is not None:
         await api.request("DELETE", path, {"propagationPolicy": "Background"})
 
 
@@ -183,9 +191,7 @@ async def pods_refused(
     such pod waits for a node, so only the Deployment tells. ``None``: none refused, or
     the Deployment of that name is not this resource's (``owner_uid``'s: another tool's,
     whose refusals are not these pods')."""
-    live = await api.request("GET", f"{collection('Deployment', namespace)}/{name}")
-    if live is not None and _controller_uid(live) != owner_uid:
-        return None
+    _, live = await _owned_deployment(api, namespace, name, owner_uid)
     for found in ((live or {}).get("status") or {}).get("conditions") or []:
         if found.get("type") == "ReplicaFailure" and found.get("status") == "True":
             return str(found.get("message") or found.get("reason") or "FailedCreate")

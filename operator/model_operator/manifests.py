@@ -406,10 +406,24 @@ def _max_rows(spec: ModelDeploymentSpec) -> tuple[tuple[str, int], ...]:
     return tuple((key, rows) for key, rows in configured if rows)
 
 
+TEMPLATE_LABEL_DIGITS = 10  # of a pod template's digest, in its Deployment's name
+
+
+def template_label(template_digest: str) -> str:
+    """The :data:`TEMPLATE_LABEL` of a pod template's pods: its digest's head."""
+    return template_digest[:TEMPLATE_LABEL_DIGITS]
+
+
 def deployment_name(name: str, template: str | None) -> str:
     """The Deployment of a pod template: the ModelDeployment's name for the first, else
-    ``<name>-<template>`` (its digest's head, :data:`TEMPLATE_LABEL` on its pods)."""
+    ``<name>-<template>`` (its :func:`template_label`, :data:`TEMPLATE_LABEL` on its pods)."""
     return f"{name}-{template}" if template else name
+
+
+def template_of(name: str, deployment: str) -> str | None:
+    """The template label of the pods of ``deployment`` (the inverse of
+    :func:`deployment_name`; none: the first Deployment's)."""
+    return None if deployment == name else deployment.removeprefix(f"{name}-")
 
 
 def template_digest(name: str, namespace: str, spec: ModelDeploymentSpec) -> str:

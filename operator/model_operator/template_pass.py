@@ -14,7 +14,7 @@ from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
 from .kube_client import KubeClient
-from .manifests import deployment, template_digest
+from .manifests import deployment, template_digest, template_of
 from .pods import PodView
 from .spec import ModelDeploymentSpec
 from .status import condition, rollout_from_status
@@ -23,6 +23,7 @@ from .template_rollout import (
     TemplatePlan,
     TemplateRef,
     TemplateRollout,
+    deployment_of,
     plan_template,
 )
 
@@ -72,7 +73,7 @@ class TemplatePass:
         self, rendered: str, namespace: str, spec: ModelDeploymentSpec
     ) -> dict[str, Any]:
         """The Deployment ``rendered`` with the pods the plan gives it."""
-        body = deployment(self.name, namespace, spec, _label(self.name, rendered))
+        body = deployment(self.name, namespace, spec, template_of(self.name, rendered))
         body["spec"]["replicas"] = self.plan.replicas.get(rendered, spec.replicas)
         return body
 
@@ -157,11 +158,6 @@ def _draining(status: dict[str, Any]) -> tuple[str, ...]:
     return tuple(d for d in raw if isinstance(d, str)) if isinstance(raw, list) else ()
 
 
-def _label(name: str, deployment_name: str) -> str | None:
-    """The template label of a Deployment's pods (none: the first Deployment's)."""
-    return None if deployment_name == name else deployment_name.removeprefix(f"{name}-")
-
-
 async def plan_templates(
     api: KubeClient,
     name: str,
@@ -178,8 +174,8 @@ async def plan_templates(
     state = TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD))
     refused = None
     if state is not None and state.stage != FAILED:
-        label = _label(name, state.target.deployment)
-        present = sum(1 for p in pods if p.template == label)
+        target = state.target.deployment
+        present = sum(1 for p in pods if deployment_of(name, p) == target)
         if present < min(state.wanted, spec.replicas):
             refused = await cluster.pods_refused(api, namespace, state.target.deployment, uid)
     digest = template_digest(name, namespace, spec)

@@ -40,6 +40,7 @@ from typing import Any
 from model_rollout_contract.annotations import FULL_PROMOTION_SUFFIX, promotion_id
 from model_rollout_contract.states import Phase
 
+from .manifests import deployment_name, template_label
 from .planner import Event
 from .pods import PodView
 from .spec import ModelDeploymentSpec
@@ -170,12 +171,12 @@ def deployment_for(
     for known in (stable, previous):
         if known is not None and known.digest == digest:
             return known.deployment
-    return f"{name}-{digest[:10]}"
+    return deployment_name(name, template_label(digest))
 
 
 def deployment_of(name: str, pod: PodView) -> str:
     """The Deployment a pod belongs to, by its template label (none: the first one's)."""
-    return name if pod.template is None else f"{name}-{pod.template}"
+    return deployment_name(name, pod.template)
 
 
 def plan_template(

@@ -12,7 +12,7 @@ import pytest
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.node_agent import NodeAgent
-from tests.support.control_plane_operator import install_chart
+from tests.support.control_plane_operator import Operator, install_chart
 from tests.support.namespaces import namespace_of_its_own
 from tests.support.rollout_cluster import RolloutCluster, rollout_cluster
 
@@ -36,6 +36,18 @@ def namespace(
     prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
     with namespace_of_its_own(control_plane, prefix.replace("_", "-")[:40]) as name:
         yield name
+
+
+@pytest.fixture
+def operator(operator_identity: Identity, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    """The operator as the chart's ServiceAccount, for this test's namespace, the store not
+    checked (none here); stopped whatever the test did. A module that needs another kind
+    defines its own ``operator``."""
+    started = Operator(
+        operator_identity.kubeconfig, namespace, tmp_path / "op.log", extra=["--no-store-check"]
+    ).start()
+    yield started
+    started.stop()
 
 
 @pytest.fixture

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from model_operator import manifests
@@ -23,7 +21,6 @@ from model_rollout_contract.annotations import (
     promotion_id,
 )
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.identities import Identity
 from tests.support.control_plane_operator import (
     CRD,
     Operator,
@@ -36,16 +33,6 @@ from tests.support.control_plane_operator import (
 
 GROUP_VERSION = "serving.model-rollout.io/v1alpha1"
 AUTOSCALING_DOC = Path(__file__).resolve().parents[2] / "docs" / "autoscaling.md"
-
-
-@pytest.fixture
-def operator(operator_identity: Identity, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    """The operator as the chart's ServiceAccount (the store not checked: none here)."""
-    started = Operator(
-        operator_identity.kubeconfig, namespace, tmp_path / "op.log", extra=["--no-store-check"]
-    ).start()
-    yield started
-    started.stop()
 
 
 def test_the_scale_subresource_names_fields_the_schema_has_and_the_pods_selector() -> None:

@@ -5,17 +5,12 @@ than asked for; rolled back by editing the image back, which reuses the old Depl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from model_operator.manifests import template_digest
 from model_operator.spec import parse_spec
 from model_rollout_contract.annotations import PROMOTE
 from model_rollout_e2e.control_plane import ControlPlane
-from model_rollout_e2e.identities import Identity
 from tests.support.control_plane_operator import (
     Operator,
     ReportingSidecars,
@@ -24,15 +19,6 @@ from tests.support.control_plane_operator import (
     settled_on,
     wait_for,
 )
-
-
-@pytest.fixture
-def operator(operator_identity: Identity, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    started = Operator(
-        operator_identity.kubeconfig, namespace, tmp_path / "op.log", extra=["--no-store-check"]
-    ).start()
-    yield started
-    started.stop()
 
 
 def _md(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:

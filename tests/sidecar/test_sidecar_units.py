@@ -35,7 +35,7 @@ from model_sidecar.signing import load_private_key, load_public_key, sign
 from model_sidecar.store import LocalStore, open_store, read_object
 from model_sidecar.target import TargetSource
 from model_sidecar.verify import Verifier
-from tests.support.sidecar import make_fetcher, make_keys, publish_versions
+from tests.support.sidecar import Keys, make_fetcher, make_keys, publish_versions
 
 
 @given(st.dictionaries(st.from_regex(r"[a-z0-9./-]{1,30}", fullmatch=True), st.text(max_size=40)))
@@ -147,13 +147,18 @@ def test_file_checks_by_chunks_refuse_chunks_that_disagree_with_the_whole_digest
     assert info.value.reason == "digest_mismatch"
 
 
-def test_publish_writes_chunks_that_verify(tmp_path: Path) -> None:
+def _published_in_chunks(tmp_path: Path) -> tuple[Keys, LocalStore, Path, Manifest]:
+    """mlp:v1, a model of 2 MiB and 5 bytes published in 1 MiB chunks (the last partial)."""
     keys = make_keys(tmp_path / "keys")
     store = LocalStore(tmp_path / "store")
     model = tmp_path / "build" / "model.engine"
     model.parent.mkdir()
     model.write_bytes(os.urandom(2 * MIB + 5))
-    published = publish(store, "mlp", "v1", model, keys.private, chunk_size=MIB)
+    return keys, store, model, publish(store, "mlp", "v1", model, keys.private, chunk_size=MIB)
+
+
+def test_publish_writes_chunks_that_verify(tmp_path: Path) -> None:
+    keys, store, model, published = _published_in_chunks(tmp_path)
     data = read_object(store, "mlp/v1/manifest.json", 1 << 20)
     signature = read_object(store, "mlp/v1/manifest.sig", 1024)
     verifier = Verifier((load_public_key(keys.public.read_bytes()),), store.scope)
@@ -173,12 +178,7 @@ def test_publish_writes_chunks_that_verify(tmp_path: Path) -> None:
 async def test_a_signed_manifest_whose_chunks_disagree_with_its_digest_is_refused(
     tmp_path: Path,
 ) -> None:
-    keys = make_keys(tmp_path / "keys")
-    store = LocalStore(tmp_path / "store")
-    model = tmp_path / "build" / "model.engine"
-    model.parent.mkdir()
-    model.write_bytes(os.urandom(2 * MIB + 5))
-    published = publish(store, "mlp", "v1", model, keys.private, chunk_size=MIB)
+    keys, store, _model, published = _published_in_chunks(tmp_path)
     assert published.chunks is not None
     wrong = list(published.chunks.sha256)
     wrong[2] = "0" * 64  # the last, partial chunk

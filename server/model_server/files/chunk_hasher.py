@@ -21,6 +21,14 @@ class Hash(Protocol):
     def hexdigest(self) -> str: ...
 
 
+def following(done: int, start: int, end: int) -> int:
+    """``end``, once ``[start, end)`` is checked to follow ``done`` bytes filled in order
+    (no gap, no overlap); raises ``ValueError`` otherwise."""
+    if start != done or end < start:
+        raise ValueError(f"range {start}:{end} does not follow {done}")
+    return end
+
+
 class ChunkHasher:
     """Hashes ``buffer[start:end]`` for each :meth:`filled` range, in the order given,
     on its own thread; :meth:`finish` waits for the last and gives the hex digest.
@@ -38,9 +46,7 @@ class ChunkHasher:
 
     def filled(self, start: int, end: int) -> None:
         """``buffer[start:end]`` holds its final bytes: hash them next."""
-        if start != self._next or end < start:
-            raise ValueError(f"range {start}:{end} does not follow {self._next}")
-        self._next = end
+        self._next = following(self._next, start, end)
         if end > start:
             self._ranges.put((start, end))
 

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from model_rollout_contract.manifest import Chunks, Manifest
-from model_server.files.chunk_hasher import Hash
+from model_server.files.chunk_hasher import Hash, following
 
 # threads that hash chunks at once: a core is left to the read into the private copy
 # (sendfile copies on the reading thread), and at most 4, to leave cores to serving.
@@ -78,9 +78,7 @@ class ChunkVerifier:
 
     def filled(self, start: int, end: int) -> None:
         """``buffer[start:end]`` holds its final bytes: hash each chunk now complete."""
-        if start != self._next or end < start:
-            raise ValueError(f"range {start}:{end} does not follow {self._next}")
-        self._next = end
+        self._next = following(self._next, start, end)
         chunks, size = self._expected.chunks, self._expected.size
         while len(self._checks) < len(chunks.sha256):
             first, last = chunks.span(len(self._checks), size)
