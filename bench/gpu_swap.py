@@ -40,7 +40,8 @@ import numpy as np
 from bench_support import physical_limits, print_stages, publish_versions, write_json
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
-from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
+from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US, ServerConfig
+from model_server.files.spare_copies import SpareCopies
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.repository import ModelRepository
 from model_server.observability.audit import AuditLog
@@ -79,7 +80,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     threads = ThreadPoolExecutor(args.workers, thread_name_prefix="infer")
     manager = EngineManager(
         backend,
-        ModelRepository(root),
+        ModelRepository(root, SpareCopies(args.spare_copy_mb * 2**20)),
         ServerMetrics(),
         AuditLog(),
         retain=args.retain,
@@ -274,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="poll torch.cuda.memory_allocated on the event loop while each version loads (the "
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
+    )
+    p.add_argument(
+        "--spare-copy-mb",
+        type=int,
+        default=ServerConfig.spare_copy_mb,
+        help="the server's flag: the last private copy kept for the next load (0: none)",
     )
     p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before each load")
     p.add_argument(

@@ -32,6 +32,7 @@ from pathlib import Path
 from bench_support import SIZES, physical_limits, print_stages, publish_sized, write_json
 from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.processes import ServerProcess
+from model_server.config import ServerConfig
 from model_server.files.chunk_verifier import WORKERS
 
 ADMIN_TOKEN = "bench-token"
@@ -52,6 +53,7 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict]:
     token.write_text(ADMIN_TOKEN)
     extra = ["--backend", args.backend, "--admin-token-file", str(token)]
     extra += ["--inference-nice", str(args.inference_nice)]
+    extra += ["--spare-copy-mb", str(args.spare_copy_mb)]
     extra += ["--cache-dir", str(work / "cache")] if not args.no_cache else []
     server = ServerProcess(work / "repo", [f"{args.size}=v1"], work / "server.log", extra=extra)
     server.start()
@@ -87,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cache", action="store_true", help="no --cache-dir (pods have one)")
     p.add_argument("--inference-nice", type=int, default=0, help="the server's flag")
     p.add_argument(
+        "--spare-copy-mb",
+        type=int,
+        default=ServerConfig.spare_copy_mb,
+        help="the server's flag: the last private copy kept for the next load (0: none)",
+    )
+    p.add_argument(
         "--chunk-mib", type=int, default=8, help="manifest chunk digests (0: whole file only)"
     )
     p.add_argument("--ready-timeout", type=float, default=120)
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": args.clients,
         "cache": not args.no_cache,
         "inference_nice": args.inference_nice,
+        "spare_copy_mb": args.spare_copy_mb,
         "chunk_mib": args.chunk_mib,
         "host": platform.node(),
         "python": sys.version.split()[0],

@@ -14,6 +14,7 @@ from model_server.backends import Backend, make_backend
 from model_server.backends.cpu_priority import lower_this_thread
 from model_server.config import MAX_REQUEST_BYTES, ModelSpec, ServerConfig, check_named_models
 from model_server.dataplane.data_plane import DataPlane
+from model_server.files.spare_copies import SpareCopies
 from model_server.files.trusted_files import UntrustedPath
 from model_server.frontends.control_socket import ControlSocketServer
 from model_server.frontends.http.api import (
@@ -61,7 +62,9 @@ class ModelServer:
             self.policy.rate_limits = worker_rate_limits(self.policy.rate_limits, share)
         self.metrics.watch_tenants(self.policy.tenants, self.policy.rate_limits.buckets)
         self.audit = AuditLog(config.audit_log)
-        self.repository = ModelRepository(config.repository)
+        self.repository = ModelRepository(
+            config.repository, SpareCopies(config.spare_copy_mb * 2**20)
+        )
         self.executor = ThreadPoolExecutor(
             config.workers,
             thread_name_prefix="infer",
@@ -198,6 +201,7 @@ class ModelServer:
         self.runner.close()
         self.manager.close()
         self.codec.close()
+        self.repository.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self.peers is not None:
             await self.peers.close()

@@ -30,6 +30,7 @@ from typing import Protocol
 from model_server.files import chunk_verifier
 from model_server.files.chunk_hasher import ChunkHasher, Hash
 from model_server.files.chunk_verifier import ChunkVerifier, ExpectedBytes
+from model_server.files.spare_copies import SpareCopies, SpareCopy, rewind
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,15 @@ class PrivateCopy:
         path: str | None = None,
         mapping: mmap.mmap | None = None,
         memfd_closer: weakref.finalize | None = None,
+        spare: tuple[int, SpareCopies] | None = None,
     ) -> None:
+        """``spare``: the memfd and where its memory goes at :meth:`close` when no view
+        holds it any more (kept for the next read of that size, not given back)."""
         self.view = view
         self._path = path
         self.mapping = mapping
         self._memfd_closer = memfd_closer
+        self._spare = spare
         self._closing = threading.Lock()  # two closes at once: one punches, one returns
         self.closed = False
 
@@ -128,13 +133,26 @@ class PrivateCopy:
             mapping = self.mapping
             if mapping is None or mapping.closed or _still_viewed(mapping):
                 return
-            try:
-                punch_hole(mapping)
-            except OSError as exc:
-                log.warning("could not punch a hole in a model's private copy: %s", exc)
-            mapping.close()
-            if self._memfd_closer is not None:
-                self._memfd_closer()  # the memfd too, now (once: the finalizer is spent)
+            if self._spare is not None and self._memfd_closer is not None:
+                memfd, spares = self._spare
+                kept = SpareCopy(memfd, mapping, self._memfd_closer, len(mapping))
+                for dropped in spares.keep(kept):
+                    free(dropped.mapping, dropped.closer)
+                return
+            free(mapping, self._memfd_closer)
+
+
+def free(mapping: mmap.mmap, memfd_closer: weakref.finalize | None) -> None:
+    """Give a private copy's pages back (a hole punched, see :meth:`PrivateCopy.close`),
+    unmap it and close its memfd. Never raises: a kernel that refuses the hole leaves
+    the pages to the unmapping."""
+    try:
+        punch_hole(mapping)
+    except OSError as exc:
+        log.warning("could not punch a hole in a model's private copy: %s", exc)
+    mapping.close()
+    if memfd_closer is not None:
+        memfd_closer()  # the memfd too, now (once: the finalizer is spent)
 
 
 def _still_viewed(mapping: mmap.mmap) -> bool:
@@ -183,6 +201,7 @@ def read_into_private_copy(
     chunk_bytes: int | None = None,
     new_hash: Callable[[], Hash] = hashlib.sha256,
     expected: ExpectedBytes | None = None,
+    spares: SpareCopies | None = None,
 ) -> HashedCopy:
     """The ``size`` bytes of the open regular file ``fd`` (its ``fstat`` size), read
     once into a new memfd, ``chunk_bytes`` (:func:`chunk_bytes_for` the size) at a
@@ -200,7 +219,11 @@ def read_into_private_copy(
     checked instead of the whole file's sha256, on several threads
     (:class:`ChunkVerifier`; a chunk that differs raises ``Mismatch``). With one, a
     stream of whole chunks would only start later than this one: the file is hashed
-    whole and its digest is the caller's to compare, as without chunk digests."""
+    whole and its digest is the caller's to compare, as without chunk digests.
+
+    With ``spares``, a kept copy of exactly ``size`` bytes is filled rather than new
+    pages (every byte rewritten: its pages are already there), and the copy goes back to
+    ``spares`` when closed (:mod:`.spare_copies`)."""
     started = time.perf_counter()
     if expected is not None:
         expected.check_size(size, shown)
@@ -210,17 +233,14 @@ def read_into_private_copy(
             raise OSError(f"{shown} grew while it was read")
         digest = new_hash().hexdigest()
         return HashedCopy(PrivateCopy(memoryview(b"")), digest, time.perf_counter() - started, 0.0)
-    memfd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    spare = spares.take(size) if spares is not None else None
+    if spare is not None:
+        memfd, mapping, closer = spare.memfd, spare.mapping, spare.closer
+    else:
+        memfd, mapping, closer = _new_memfd(name, size)
     try:
-        os.fchmod(memfd, 0o400)  # the descriptor was opened for writing: it still may
-        os.ftruncate(memfd, size)
-        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
-        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
-    except BaseException:
-        os.close(memfd)
-        raise
-    closer = weakref.finalize(mapping, os.close, memfd)  # once the last view of it is gone
-    try:
+        if spare is not None:
+            rewind(spare)
         with memoryview(mapping) as view:
             hasher: _Check = (
                 ChunkVerifier(view, expected, shown, new_hash=new_hash)
@@ -245,8 +265,25 @@ def read_into_private_copy(
     except BaseException:  # refused: the copy goes here, not wherever the error is dropped
         PrivateCopy(memoryview(b""), None, mapping, closer).close()
         raise
-    copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer)
+    kept = (memfd, spares) if spares is not None else None
+    copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer, kept)
     return HashedCopy(copy, digest, read - started, hash_wait)
+
+
+def _new_memfd(name: str, size: int) -> tuple[int, mmap.mmap, weakref.finalize]:
+    """A new memfd of ``size`` bytes, mode 0400 from before its first byte, sealed
+    against resizing, and its shared writable mapping; the finalizer closes the memfd
+    once the last view of the mapping is gone."""
+    memfd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.fchmod(memfd, 0o400)  # the descriptor was opened for writing: it still may
+        os.ftruncate(memfd, size)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+        mapping = mmap.mmap(memfd, size, flags=mmap.MAP_SHARED)
+    except BaseException:
+        os.close(memfd)
+        raise
+    return memfd, mapping, weakref.finalize(mapping, os.close, memfd)
 
 
 def chunk_bytes_for(size: int) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from model_server.files.chunk_verifier import ExpectedBytes
 from model_server.files.private_copy import HashedCopy, read_into_private_copy
+from model_server.files.spare_copies import SpareCopies
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO put in the file's place makes the open return instead of hang; it
@@ -99,7 +100,11 @@ def read_regular(directory: int, name: str, shown: str, limit: int | None = None
 
 
 def read_regular_private(
-    directory: int, name: str, shown: str, expected: ExpectedBytes | None = None
+    directory: int,
+    name: str,
+    shown: str,
+    expected: ExpectedBytes | None = None,
+    spares: SpareCopies | None = None,
 ) -> HashedCopy:
     """Like :func:`read_regular` with no limit, into a :class:`PrivateCopy` (model files:
     large bytes that are read and let go without holding the GIL), hashed as it is read
@@ -109,7 +114,9 @@ def read_regular_private(
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise UntrustedPath(f"{shown} is not a regular file")
-        return read_into_private_copy(fd, status.st_size, name, shown, expected=expected)
+        return read_into_private_copy(
+            fd, status.st_size, name, shown, expected=expected, spares=spares
+        )
     finally:
         os.close(fd)
 

@@ -26,6 +26,8 @@ from model_rollout_contract.versions import sorted_versions
 from model_server.backends.base import ModelFile
 from model_server.errors import BadRequest, Forbidden, LoadRefused, VersionNotFound
 from model_server.files.chunk_verifier import ExpectedBytes, Mismatch
+from model_server.files.private_copy import free
+from model_server.files.spare_copies import SpareCopies
 from model_server.files.trusted_files import (
     UntrustedPath,
     check_regular,
@@ -50,10 +52,18 @@ class VersionFiles:
 
 
 class ModelRepository:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, spares: SpareCopies | None = None) -> None:
+        """``spares``: where private copies are kept between loads (none: each goes)."""
         self.root = Path(root).resolve()
+        self.spares = spares
         # an announced path may use the root as configured (say /models, a link) or resolved
         self._spellings = tuple(dict.fromkeys((self.root, Path(root).absolute())))
+
+    def close(self) -> None:
+        """Give back the private copies kept for later loads."""
+        if self.spares is not None:
+            for spare in self.spares.clear():
+                free(spare.mapping, spare.closer)
 
     def model_dir(self, key: str) -> Path:
         return self.root.joinpath(*ModelKey.parse(key).parts)
@@ -128,7 +138,9 @@ class ModelRepository:
                     manifest = _manifest(directory, shown, what)
                 for name in MODEL_FILE_NAMES:
                     try:
-                        model = _read_model(directory, name, shown / name, stages, manifest, what)
+                        model = _read_model(
+                            directory, name, shown / name, stages, manifest, what, self.spares
+                        )
                     except FileNotFoundError:
                         continue
                     with stages.stage(READ):
@@ -180,7 +192,7 @@ class ModelRepository:
             with open_directory(self.root, parts[:-1]) as directory:
                 with stages.stage(READ):
                     manifest = _manifest(directory, path.parent, what)
-                model = _read_model(directory, parts[-1], path, stages, manifest, what)
+                model = _read_model(directory, parts[-1], path, stages, manifest, what, self.spares)
                 with stages.stage(READ):
                     return self._golden_or_release(directory, path.parent, model, manifest, what)
         except UntrustedPath as exc:
@@ -233,6 +245,7 @@ def _read_model(
     stages: LoadStages,
     manifest: Manifest | None,
     what: str,
+    spares: SpareCopies | None = None,
 ) -> ModelFile:
     """The model file ``name`` of the open ``directory``, read once into its private copy
     and hashed as it is read, or checked by ``manifest``'s chunk digests where it has
@@ -240,7 +253,8 @@ def _read_model(
     byte, in ``stages``); a size or chunk that differs from the manifest's is refused."""
     started = time.perf_counter()
     try:
-        hashed = read_regular_private(directory, name, str(shown), ExpectedBytes.of(manifest, name))
+        expected = ExpectedBytes.of(manifest, name)
+        hashed = read_regular_private(directory, name, str(shown), expected, spares)
     except Mismatch as exc:
         raise LoadRefused(f"{what}: {exc}") from exc
     took = time.perf_counter() - started

@@ -25,6 +25,8 @@ import pytest
 
 from model_rollout_contract.manifest import sha256_file
 from model_rollout_e2e.onnx_models import MlpWeights, write_mlp
+from model_server.config import ServerConfig
+from model_server.files.spare_copies import SpareCopies
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.repository import ModelRepository
 from model_server.observability.audit import AuditLog
@@ -96,14 +98,17 @@ class Answers:
 
 async def serve_and_swap(
     root: Path, made: dict[str, Any], rows: int, quick_run_us: int
-) -> tuple[Answers, int]:
+) -> tuple[Answers, int, int]:
+    """The answers, the loads, and how many loads read into the last one's pages (as
+    the server does by default: ``--spare-copy-mb``)."""
     from model_server.backends.torch_backend import TorchBackend
 
+    spares = SpareCopies(ServerConfig.spare_copy_mb * 2**20)
     threads = ThreadPoolExecutor(4, thread_name_prefix="infer")
     batching = BatchPolicy(32, 200e-6, 4, frozenset({"mlp"})) if rows > 1 else BatchPolicy()
     manager = EngineManager(
         TorchBackend("cuda"),
-        ModelRepository(root),
+        ModelRepository(root, spares),
         ServerMetrics(),
         AuditLog(),
         retain=2,
@@ -141,7 +146,7 @@ async def serve_and_swap(
         await asyncio.gather(*clients)
         runner.close()
         threads.shutdown()
-    return answers, loads
+    return answers, loads, spares.taken
 
 
 @pytest.mark.parametrize("rows", [1, 4], ids=["batch1", "batched"])
@@ -150,9 +155,13 @@ def test_every_answer_is_the_output_of_the_version_it_names(
     torch: Any, versions: tuple[Path, dict[str, Any]], rows: int, quick_run_us: int
 ) -> None:
     root, made = versions
-    answers, loads = asyncio.run(serve_and_swap(root, made, rows, quick_run_us))
+    answers, loads, reused = asyncio.run(serve_and_swap(root, made, rows, quick_run_us))
     wrong = answers.wrong(made)
-    print(f"rows={rows} quick_run_us={quick_run_us}: {answers.count} answers over {loads} loads")
+    print(
+        f"rows={rows} quick_run_us={quick_run_us}: {answers.count} answers over {loads} "
+        f"loads, {reused} into the pages of the version before"
+    )
     assert loads == LOADS
+    assert reused >= LOADS // 2  # the engine lets its bytes go: the next load reuses them
     assert len(answers.inputs) > LOADS // 2  # the clients saw most versions
     assert not wrong, f"{len(wrong)} of {answers.count} answers wrong: {wrong[:10]}"

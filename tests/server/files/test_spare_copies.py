@@ -1,0 +1,172 @@
+"""A private copy kept for the next version of its size (model_server.files.spare_copies):
+the next read fills pages already there, and what it hands on is still exactly the
+file's bytes, hashed as read, in a memfd no one else can write."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model_rollout_contract.manifest import Chunks
+from model_rollout_e2e.onnx_models import write_mlp
+from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
+from model_server.files import chunk_verifier
+from model_server.files.chunk_verifier import ExpectedBytes, Mismatch
+from model_server.files.private_copy import HashedCopy, read_into_private_copy
+from model_server.files.spare_copies import SpareCopies
+from model_server.lifecycle.load_pipeline import LoadPipeline
+from model_server.lifecycle.repository import ModelRepository
+from tests.support.server import write_manifest
+
+SIZE = 3 * 2**20 + 123  # not whole pages: the last one is partly the file's
+
+
+def read(
+    path: Path, spares: SpareCopies | None, expected: ExpectedBytes | None = None
+) -> HashedCopy:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return read_into_private_copy(
+            fd, size, path.name, str(path), chunk_bytes=2**20, expected=expected, spares=spares
+        )
+    finally:
+        os.close(fd)
+
+
+def write(path: Path, seed: int, size: int = SIZE) -> bytes:
+    data = np.random.default_rng(seed).bytes(size)
+    path.write_bytes(data)
+    return data
+
+
+def test_the_next_read_of_that_size_fills_the_kept_copy_with_its_own_bytes(
+    tmp_path: Path,
+) -> None:
+    spares = SpareCopies(64 * 2**20)
+    write(tmp_path / "v1", 1)
+    first = read(tmp_path / "v1", spares)
+    memfd_path = first.copy.path
+    assert memfd_path is not None
+    first.copy.close()
+    assert spares.held_bytes() == SIZE
+    assert first.copy.path is None  # closed: no longer this copy's to hand out
+
+    data = write(tmp_path / "v2", 2)
+    second = read(tmp_path / "v2", spares)
+    assert spares.taken == 1 and spares.held_bytes() == 0
+    assert second.copy.path == memfd_path  # the same memfd, filled again
+    assert bytes(second.copy.view) == data
+    assert second.sha256 == hashlib.sha256(data).hexdigest()
+    assert Path(memfd_path).read_bytes() == data  # through the path a runtime opens
+    assert os.stat(memfd_path).st_mode & 0o777 == 0o400
+    fd = os.open(memfd_path, os.O_RDONLY)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SHRINK
+    finally:
+        os.close(fd)
+    second.copy.close()
+
+
+def test_a_file_of_another_size_gets_new_pages_and_the_spare_stays(tmp_path: Path) -> None:
+    spares = SpareCopies(64 * 2**20)
+    write(tmp_path / "v1", 1)
+    read(tmp_path / "v1", spares).copy.close()
+    data = write(tmp_path / "v2", 2, SIZE + 4096)
+    other = read(tmp_path / "v2", spares)
+    assert spares.taken == 0 and spares.held_bytes() == SIZE
+    assert bytes(other.copy.view) == data
+    other.copy.close()
+    assert spares.held_bytes() == SIZE + SIZE + 4096
+
+
+def test_the_budget_keeps_the_newest_and_frees_the_rest(tmp_path: Path) -> None:
+    spares = SpareCopies(SIZE + 10)
+    write(tmp_path / "v1", 1)
+    write(tmp_path / "v2", 2)
+    first = read(tmp_path / "v1", spares)
+    second = read(tmp_path / "v2", spares)
+    first.copy.close()
+    second.copy.close()  # displaces the first: both do not fit
+    assert spares.held_bytes() == SIZE
+    assert first.copy.mapping is not None and first.copy.mapping.closed
+    assert second.copy.mapping is not None and not second.copy.mapping.closed
+
+    nothing = SpareCopies(0)
+    third = read(tmp_path / "v1", nothing)
+    third.copy.close()
+    assert nothing.held_bytes() == 0
+    assert third.copy.mapping is not None and third.copy.mapping.closed
+
+
+def test_a_copy_a_view_still_holds_is_never_kept(tmp_path: Path) -> None:
+    """Its bytes are still read through the view: a later load must not rewrite them."""
+    spares = SpareCopies(64 * 2**20)
+    data = write(tmp_path / "v1", 1)
+    first = read(tmp_path / "v1", spares)
+    held = np.frombuffer(first.copy.view, dtype=np.uint8)
+    first.copy.close()
+    assert spares.held_bytes() == 0
+    write(tmp_path / "v2", 2)
+    read(tmp_path / "v2", spares).copy.close()
+    assert held.tobytes() == data
+
+
+def test_a_refused_read_into_a_spare_frees_it_and_keeps_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk that differs from the manifest's: the half-written spare is given back,
+    never kept for a later read nor left mapped."""
+    monkeypatch.setattr(chunk_verifier, "WORKERS", 2)  # chunks checked as they are read
+    spares = SpareCopies(64 * 2**20)
+    write(tmp_path / "v1", 1)
+    kept = read(tmp_path / "v1", spares)
+    kept.copy.close()
+    write(tmp_path / "v2", 2)
+    other = hashlib.sha256(b"other").hexdigest()
+    wrong = ExpectedBytes(SIZE, other, Chunks(2**20, (other,) * 4))
+    with pytest.raises(Mismatch):
+        read(tmp_path / "v2", spares, expected=wrong)
+    assert spares.held_bytes() == 0
+    assert kept.copy.mapping is not None and kept.copy.mapping.closed
+
+
+def test_loads_through_the_pipeline_reuse_the_last_versions_copy(tmp_path: Path) -> None:
+    """Two versions of one size loaded by ONNX Runtime in turn: the second is read into
+    the first's pages once its engine is made, and serves its own answers."""
+    for n in (1, 2):
+        path = tmp_path / "repo" / "mlp" / f"v{n}" / "model.onnx"
+        write_mlp(path, n, in_dim=8, hidden=16, out_dim=4, depth=2)
+        write_manifest(path)
+    spares = SpareCopies(64 * 2**20)
+    repository = ModelRepository(tmp_path / "repo", spares)
+    backend = OnnxRuntimeBackend()
+    pipeline = LoadPipeline(backend, repository)
+    x = np.ones((1, 8), dtype=np.float32)
+
+    async def load(version: str) -> np.ndarray:
+        checked = await pipeline.read("mlp", version, None, None)
+        loaded = await pipeline.load("mlp", version, checked, 0)
+        pipeline.settle()
+        answer = loaded.engine.infer({"input": x})
+        loaded.engine.close()
+        backend.settle()
+        return next(iter(answer.values()))
+
+    try:
+        first = asyncio.run(load("v1"))
+        assert spares.held_bytes() > 0
+        second = asyncio.run(load("v2"))
+    finally:
+        pipeline.close()
+        repository.close()
+    assert spares.taken == 1
+    assert not np.allclose(first, second)  # v2's weights, not v1's left in the pages
+    assert spares.held_bytes() == 0
