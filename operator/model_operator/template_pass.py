@@ -97,15 +97,16 @@ class TemplatePass:
             status[PREVIOUS_TEMPLATE_FIELD] = plan.previous.to_status()
         if plan.state is not None:
             status[TEMPLATE_ROLLOUT_FIELD] = plan.state.to_status()
-        if plan.state is not None and plan.analysis is not None:
-            analysis = {"kind": ANALYSIS_KIND, **plan.analysis.to_status()}
-            if plan.analysis.at is not None:
-                analysis["at"] = iso(plan.analysis.at)
-            status[ANALYSIS_FIELD] = analysis
         if plan.draining:
             status[DRAINING_FIELD] = list(plan.draining)
         rollout = rollout_from_status(status.get("rollout"))
         versions_move = rollout is not None and rollout.stage in _ROLLING_STAGES
+        if plan.state is not None and plan.analysis is not None and not versions_move:
+            # a version rollout that runs (after a failed template) keeps its own
+            analysis = {"kind": ANALYSIS_KIND, **plan.analysis.to_status()}
+            if plan.analysis.at is not None:
+                analysis["at"] = iso(plan.analysis.at)
+            status[ANALYSIS_FIELD] = analysis
         if plan.phase is None or (plan.phase is Phase.DEGRADED and versions_move):
             # a failed template's state stays, and says so, beside a version rollout's
             if plan.message:
@@ -227,9 +228,10 @@ async def plan_templates(
     digest = template_digest(name, namespace, spec)
     now = time.time()
     analysis = template_analysis(status)
-    sample = await _read_canary(
-        name, namespace, spec, state, analysis, held_version(status), pods, now
-    )
+    # the version every pod serves while a template rollout runs (no version rollout
+    # runs then; one that failed left its pods on the stable version)
+    serving = status.get("currentVersion")
+    sample = await _read_canary(name, namespace, spec, state, analysis, serving, pods, now)
     plan = plan_template(
         name,
         spec,

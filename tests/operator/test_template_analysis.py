@@ -31,9 +31,10 @@ from model_operator.analysis_sources import (
     template_pods_to_read,
 )
 from model_operator.canary_metrics import Figures, figures, increase, parse_metrics
+from model_operator.manifests import deployment_name, template_digest, template_label
 from model_operator.pods import PodView
 from model_operator.spec import ModelDeploymentSpec, parse_spec
-from model_operator.template_pass import TemplatePass, template_analysis
+from model_operator.template_pass import TemplatePass, plan_templates, template_analysis
 from model_operator.template_rollout import (
     BATCHES,
     CANARY,
@@ -209,6 +210,50 @@ async def test_prometheus_is_asked_of_each_templates_pods_on_the_one_version() -
     assert any(candidate_pods in q for q in asked) and any(stable_pods in q for q in asked)
 
 
+async def test_a_pass_reads_the_canarys_two_templates_when_a_check_is_due() -> None:
+    """The operator's pass (template_pass.plan_templates) asks Prometheus of the target
+    Deployment's pods and the stable one's on the version every pod serves, records the
+    check in status.analysis (kind template), and a passed check ends the canary."""
+    asked: list[str] = []
+
+    async def query(request: web.Request) -> web.Response:
+        q = request.query["query"]
+        asked.append(q)
+        v = 0.0 if "code=~" in q else 100.0 if canary.REQUESTS in q else None
+        v = 0.010 if canary.LATENCY in q and canary.SHADOW_LATENCY not in q else v
+        result = [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    async with TestServer(app) as server:
+        sp = spec({"prometheus": {"url": str(server.make_url("/"))}})
+        digest = template_digest("mlp", "ns", sp)
+        target = TemplateRef(deployment_name("mlp", template_label(digest)), digest)
+        state = TemplateRollout(STABLE, target, CANARY, 0.0, wanted=1, canary_ready_at=1.0,
+                                progress_at=1.0, ready_seen=1)  # fmt: skip
+        assert sp.canary.analysis is not None
+        analysis = AnalysisState.start(state.id, 1.0, sp.canary.analysis)
+        status = {
+            "currentVersion": "v1", "template": STABLE.to_status(),
+            "templateRollout": state.to_status(),
+            "analysis": {"kind": "template", **analysis.to_status()},
+        }  # fmt: skip
+        new = PodView(f"{target.deployment}-6c8d7b9f5-n0000", serving="v1", ready=True,
+                      state=OK, template=template_label(digest))  # fmt: skip
+        seen = [*pods(3, 0), new]
+        passed = await plan_templates(None, "mlp", "ns", sp, status, seen, None)  # type: ignore[arg-type]
+    plan = passed.plan
+    assert plan.state is not None and plan.state.stage == BATCHES, plan.message
+    assert plan.analysis is not None and plan.analysis.last_result is Result.PASSED
+    own = f'pod=~"{deployment_pods_regex(target.deployment)}"'
+    assert asked and all('version="v1"' in q for q in asked)
+    assert any(own in q for q in asked)
+    assert any(f'pod=~"{deployment_pods_regex("mlp")}"' in q for q in asked)
+
+
 async def test_no_ready_candidate_pod_is_an_unreadable_sample() -> None:
     sample = await read_template_canary(spec(), "ns", "v1", ("mlp", pods(4, 0)), (TARGET, []),
                                         0.0, 10.0)  # fmt: skip
@@ -307,3 +352,22 @@ def test_the_analysis_is_the_status_analysis_of_kind_template_and_read_back() ->
     assert written["at"].endswith("Z") or "+" in written["at"]
     assert template_analysis(status) == plan.analysis
     assert template_analysis({"analysis": {**written, "kind": None}}) is None  # a version's
+
+
+def test_a_failed_templates_analysis_leaves_a_running_version_canarys_alone() -> None:
+    """After a template canary failed its analysis a version rollout may run: its own
+    analysis keeps the field (the version planner reads it back each pass)."""
+    sp = spec()
+    failed = checked(sp, held_canary(sp), BAD, BAD)
+    assert failed.state is not None and failed.state.stage == FAILED
+    version_analysis = {"rollout": "v2@5", "windowStart": 5.0, "nextCheckAt": 15.0}
+    rolling = {"toVersion": "v2", "fromVersion": "v1", "stage": "canary", "startedAt": 5.0}
+    status: dict[str, Any] = {
+        "phase": "Canary", "message": "canary of v2", "conditions": [],
+        "rollout": rolling, "analysis": dict(version_analysis),
+    }  # fmt: skip
+    TemplatePass("mlp", NEW, failed).write(status, [], 100.0)
+    assert status["analysis"] == version_analysis
+    alone: dict[str, Any] = {"phase": "Available", "message": "", "conditions": []}
+    TemplatePass("mlp", NEW, failed).write(alone, [], 100.0)
+    assert alone["analysis"]["kind"] == "template" and alone["analysis"]["lastResult"] == "Failed"
