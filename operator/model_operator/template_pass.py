@@ -194,6 +194,8 @@ async def _read_canary(
     groups: dict[str, list[PodView]] = {source: [], target: []}
     for pod in pods:
         groups.get(deployment_of(name, pod), []).append(pod)
+    if sum(p.ready for p in groups[target]) < min(state.wanted, spec.replicas):
+        return None  # a canary pod not ready (again): no check until it is
     return await read_template_canary(
         spec, namespace, version, (source, groups[source]), (target, groups[target]),
         held.window_start, now,

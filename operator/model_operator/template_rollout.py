@@ -634,7 +634,8 @@ class _Step:
             left = max(0.0, self.state.progress_at + deadline - self.now) + 0.5
             wake_in = min(wake_in if wake_in is not None else left, left)
         analysis = self.analysis
-        if analysing(self.spec, self.state, analysis) is not None and analysis is not None:
+        checking = analysing(self.spec, self.state, analysis) is not None and ready >= target
+        if checking and analysis is not None:  # none while a canary pod is not ready
             check_in = max(0.0, analysis.next_check_at - self.now)  # the next check is due
             wake_in = check_in if wake_in is None else min(wake_in, check_in)
         elif analysis is not None and analysis.baseline is not None:

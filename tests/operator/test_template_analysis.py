@@ -371,3 +371,15 @@ def test_a_failed_templates_analysis_leaves_a_running_version_canarys_alone() ->
     alone: dict[str, Any] = {"phase": "Available", "message": "", "conditions": []}
     TemplatePass("mlp", NEW, failed).write(alone, [], 100.0)
     assert alone["analysis"]["kind"] == "template" and alone["analysis"]["lastResult"] == "Failed"
+
+
+def test_a_canary_pod_not_ready_again_waits_for_it_not_for_a_check() -> None:
+    """The canary's checks wait while its pod is not ready (no check is made then): the
+    operator must not wake at once, again and again, for a check that is overdue."""
+    sp = spec()
+    plan = checked(sp, held_canary(sp), GOOD)
+    assert plan.state is not None and plan.analysis is not None
+    unready = [*pods(3, 0), PodView(f"{TARGET}-6c8d7b9f5-n0000", template=NEW[:10])]
+    later = step(sp, plan.state, plan.analysis, plan.analysis.next_check_at + 5, seen=unready)
+    assert later.reason == "CanaryLoading"
+    assert later.wake_in is not None and later.wake_in > 1.0
