@@ -240,8 +240,9 @@ def render(
     if step is not None:
         lines.append(f"Canary step: {cut(step, 160)}")
     analysis = status.get("analysis") or {}
-    if analysis:
-        lines.append(f"Analysis:    {analysis_text(analysis, colour)}")
+    if analysis:  # a version canary's, or (kind template) an image change's canary's
+        whose = "pod template canary: " if analysis.get("kind") == "template" else ""
+        lines.append(f"Analysis:    {whose}{analysis_text(analysis, colour)}")
     tracks = tenant_tracks(md, pods)
     if tracks:  # only a resource with tenant models has the section
         lines += tenant_lines(name, tracks, phase_reason, lambda a: analysis_text(a, colour))

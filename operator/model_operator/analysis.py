@@ -19,6 +19,11 @@ from typing import Any
 from .canary_metrics import Figures, Snapshot, figures, increase
 from .spec import AnalysisSpec
 
+# the two sides of a template canary's figures (one version on two pod templates' pods),
+# in place of a version canary's two versions
+STABLE_GROUP = "stable"
+CANDIDATE_GROUP = "candidate"
+
 
 class Result(str, Enum):
     """``status.analysis.lastResult`` (the printer column ANALYSIS)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ from model_rollout_contract import canary
 from model_rollout_contract.defaults import SERVER_PORT
 from model_rollout_contract.states import CanaryStep
 
-from .analysis import Sample
+from .analysis import CANDIDATE_GROUP, STABLE_GROUP, Sample
 from .canary_metrics import (
     Figures,
     MetricsFormatError,
@@ -54,11 +55,11 @@ def pods_to_read(
 async def scrape(
     pods: list[PodView],
     model: str,
-    versions: tuple[str, str],
+    versions: tuple[str, ...],
     at: float,
     port: int = SERVER_PORT,
 ) -> Sample:
-    """One snapshot of the pods' series of ``model``'s two versions."""
+    """One snapshot of the pods' series of ``model``'s ``versions``."""
     missing = [p.name for p in pods if not p.ip]
     if missing:
         return Sample(at, problem=f"pods without an IP yet: {missing}")
@@ -84,6 +85,34 @@ async def scrape(
     return Sample(at, snapshot=snapshot)
 
 
+def template_pods_to_read(
+    version: str, stable: list[PodView], candidate: list[PodView]
+) -> tuple[list[PodView], list[PodView]]:
+    """A template canary's reference (the stable template's pods) and candidate (the
+    target template's), each the ready pods serving ``version``, at most
+    :data:`MAX_PODS_READ` of each."""
+
+    def chosen(pods: list[PodView]) -> list[PodView]:
+        return sorted((p for p in pods if p.serves(version)), key=lambda p: p.name)[:MAX_PODS_READ]
+
+    return chosen(stable), chosen(candidate)
+
+
+def as_groups(sample: Sample, version: str, candidate: set[str]) -> Sample:
+    """A scrape of one ``version``'s pods with each pod's series relabelled by its group
+    (:data:`~.analysis.CANDIDATE_GROUP` for the pods named in ``candidate``, else
+    :data:`~.analysis.STABLE_GROUP`), so that the figures of two pod templates on one
+    version are those of a version canary's two versions."""
+    if sample.snapshot is None:
+        return sample
+    snapshot: Snapshot = {
+        pod: {CANDIDATE_GROUP if pod in candidate else STABLE_GROUP: series[version]}
+        for pod, series in sample.snapshot.items()
+        if version in series
+    }
+    return Sample(sample.at, snapshot=snapshot)
+
+
 # --- Prometheus --------------------------------------------------------------------------
 # the series of this deployment's own pods only: another ModelDeployment serving the same
 # model (and versions) in the namespace has other pods, whose traffic is not this canary's
@@ -93,7 +122,8 @@ _SELECT = '{namespace="{namespace}",pod=~"{pods}",model="{model}",version="{vers
 # anchors a regular expression at both ends). A ModelDeployment's Deployments are "mlp"
 # and, after a change of its pod template, "mlp-<10 hex digits>" (template_rollout.py):
 # the pods of each are its own
-POD_NAME_TEMPLATE = "{deployment}(-[a-f0-9]{10})?-[a-z0-9]{1,10}-[a-z0-9]{5}"
+_POD_SUFFIX = "-[a-z0-9]{1,10}-[a-z0-9]{5}"
+POD_NAME_TEMPLATE = "{deployment}(-[a-f0-9]{10})?" + _POD_SUFFIX
 
 
 def _increase(metric: str, extra: str = "") -> str:
@@ -128,25 +158,44 @@ class QueryError(Exception):
     """Prometheus could not answer a query, or answered it with several series."""
 
 
+def _escaped(deployment: str) -> str:
+    """A name inside a PromQL regular expression (a string literal): "." matches itself."""
+    return deployment.replace(".", "\\\\.")
+
+
 def pods_regex(deployment: str) -> str:
     """The PromQL regular expression (as written inside a string literal) of the names
     of the ModelDeployment's pods (those of each of its pod templates' Deployments); a "."
     of the name matches only itself."""
-    return POD_NAME_TEMPLATE.replace("{deployment}", deployment.replace(".", "\\\\."))
+    return POD_NAME_TEMPLATE.replace("{deployment}", _escaped(deployment))
 
 
-def render(
-    template: str, namespace: str, deployment: str, model: str, version: str, seconds: float
-) -> str:
-    """A template with its placeholders filled in (PromQL's own braces left alone; the
-    values are names of a restricted alphabet, so nothing can be injected). ``{pods}``
-    (before ``{deployment}``, which it contains) is :func:`pods_regex`."""
+def deployment_pods_regex(deployment: str) -> str:
+    """That of the pods of the one Deployment ``deployment`` (a template canary's two
+    groups): "mlp" matches none of "mlp-<10 hex digits>"'s pods."""
+    return _escaped(deployment) + _POD_SUFFIX
+
+
+@dataclass(frozen=True)
+class Group:
+    """One side of a comparison, as the queries select it: the series of ``version``
+    of the pods whose names ``pods`` matches (``deployment``: the placeholder's value)."""
+
+    version: str
+    pods: str
+    deployment: str
+
+
+def render(template: str, namespace: str, group: Group, model: str, seconds: float) -> str:
+    """A template with its placeholders filled in for ``group`` (PromQL's own braces left
+    alone; the values are names of a restricted alphabet, so nothing can be injected).
+    ``{pods}`` goes before ``{deployment}``, which it contains."""
     values = {
-        "{pods}": pods_regex(deployment),
-        "{deployment}": deployment,
+        "{pods}": group.pods,
+        "{deployment}": group.deployment,
         "{namespace}": namespace,
         "{model}": model,
-        "{version}": version,
+        "{version}": group.version,
         "{interval}": f"{max(1, math.ceil(seconds))}s",
     }
     for placeholder, value in values.items():
@@ -190,23 +239,48 @@ async def query_prometheus(
     seconds: float,
     at: float,
 ) -> Sample:
-    """The figures of the last ``seconds`` of ``deployment``'s pods, each a query of the
-    stable or the candidate;
+    """The figures of the last ``seconds`` of ``deployment``'s pods (every template's),
+    the stable version's against the candidate's."""
+    stable, candidate = versions
+    pods = pods_regex(deployment)
+    return await query_groups(
+        prometheus,
+        namespace,
+        model,
+        Group(stable, pods, deployment),
+        Group(candidate, pods, deployment),
+        seconds,
+        at,
+    )
+
+
+async def query_groups(
+    prometheus: PrometheusSpec,
+    namespace: str,
+    model: str,
+    stable: Group,
+    candidate: Group,
+    seconds: float,
+    at: float,
+) -> Sample:
+    """The figures of the last ``seconds``, each a query of the stable or the candidate
+    group (two versions of the same pods, or one version of two pod templates' pods);
     latency as :func:`~.canary_metrics.figures` compares it (request time of live
     answers, or with none live engine time: shadow runs against the stable's engine)."""
-    stable, candidate = versions
+    groups = {STABLE_GROUP: stable, CANDIDATE_GROUP: candidate}
+    cand, base = CANDIDATE_GROUP, STABLE_GROUP
     asked = [
-        ("requests", candidate),
-        ("errors", candidate),
-        ("shadowRequests", candidate),
-        ("requests", stable),
-        ("latencyP99", candidate),
-        ("shadowLatencyP99", candidate),
-        ("latencyP99", stable),
-        ("engineLatencyP99", stable),
-        ("drift", candidate),
-        ("argmaxAgreement", candidate),
-        ("nonFinite", candidate),
+        ("requests", cand),
+        ("errors", cand),
+        ("shadowRequests", cand),
+        ("requests", base),
+        ("latencyP99", cand),
+        ("shadowLatencyP99", cand),
+        ("latencyP99", base),
+        ("engineLatencyP99", base),
+        ("drift", cand),
+        ("argmaxAgreement", cand),
+        ("nonFinite", cand),
     ]
     timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -214,39 +288,36 @@ async def query_prometheus(
             render(
                 prometheus.query(name) or DEFAULT_QUERIES[name],
                 namespace,
-                deployment,
+                groups[group],
                 model,
-                version,
                 seconds,
             )
-            for name, version in asked
+            for name, group in asked
         ]
         try:
             values = await asyncio.gather(*(_query(session, prometheus.url, q) for q in promql))
         except QueryError as exc:
             return Sample(at, problem=f"Prometheus: {exc}")
-    got = dict(zip((f"{n}:{v}" for n, v in asked), values, strict=True))
+    got = dict(zip((f"{n}:{g}" for n, g in asked), values, strict=True))
 
     def count(key: str) -> int:
         return round(got[key] or 0.0)
 
-    shadowed = count(f"shadowRequests:{candidate}")
-    live = max(0, count(f"requests:{candidate}") - shadowed)  # requests counts shadow runs
-    engine_time = compares_engine_time(shadowed, live, got[f"latencyP99:{candidate}"])
+    shadowed = count(f"shadowRequests:{cand}")
+    live = max(0, count(f"requests:{cand}") - shadowed)  # requests counts shadow runs
+    engine_time = compares_engine_time(shadowed, live, got[f"latencyP99:{cand}"])
     return Sample(
         at,
         figures=Figures(
             live_requests=live,
-            errors=count(f"errors:{candidate}"),
+            errors=count(f"errors:{cand}"),
             shadow_requests=shadowed,
-            stable_requests=count(f"requests:{stable}"),
-            candidate_p99=got[
-                f"shadowLatencyP99:{candidate}" if engine_time else f"latencyP99:{candidate}"
-            ],
-            stable_p99=got[f"engineLatencyP99:{stable}" if engine_time else f"latencyP99:{stable}"],
-            drift_p99=got[f"drift:{candidate}"],
-            argmax_agreement=got[f"argmaxAgreement:{candidate}"],
-            non_finite=count(f"nonFinite:{candidate}"),
+            stable_requests=count(f"requests:{base}"),
+            candidate_p99=got[f"shadowLatencyP99:{cand}" if engine_time else f"latencyP99:{cand}"],
+            stable_p99=got[f"engineLatencyP99:{base}" if engine_time else f"latencyP99:{base}"],
+            drift_p99=got[f"drift:{cand}"],
+            argmax_agreement=got[f"argmaxAgreement:{cand}"],
+            non_finite=count(f"nonFinite:{cand}"),
             engine_time=engine_time,
         ),
     )
@@ -275,3 +346,38 @@ async def read_canary(
     if not chosen:
         return Sample(at, problem="no canary pod serves the candidate")
     return await scrape(chosen, spec.model, versions, at)
+
+
+async def read_template_canary(
+    spec: ModelDeploymentSpec,
+    namespace: str,
+    version: str,
+    stable: tuple[str, list[PodView]],
+    candidate: tuple[str, list[PodView]],
+    window_start: float,
+    at: float,
+) -> Sample:
+    """What the analysis of a template canary reads at ``at``: the pods of the target
+    template's Deployment (``candidate``: its name and pods) against those of the stable
+    template's (``stable``), both serving ``version``, as the groups
+    :data:`~.analysis.STABLE_GROUP` and :data:`~.analysis.CANDIDATE_GROUP`."""
+    assert spec.canary.analysis is not None
+    prometheus = spec.canary.analysis.prometheus
+    (stable_name, stable_pods), (candidate_name, candidate_pods) = stable, candidate
+    if prometheus is not None:
+        return await query_groups(
+            prometheus,
+            namespace,
+            spec.model,
+            Group(version, deployment_pods_regex(stable_name), stable_name),
+            Group(version, deployment_pods_regex(candidate_name), candidate_name),
+            at - window_start,
+            at,
+        )
+    reference, chosen = template_pods_to_read(version, stable_pods, candidate_pods)
+    if not chosen:
+        return Sample(at, problem=f"no ready pod of {candidate_name} serves {version}")
+    if not reference:
+        return Sample(at, problem=f"no ready pod of {stable_name} serves {version}")
+    sample = await scrape([*chosen, *reference], spec.model, (version,), at)
+    return as_groups(sample, version, {p.name for p in chosen})

@@ -1,6 +1,7 @@
 """One pass's template rollout, between the status and the cluster: the plan of
-:mod:`.template_rollout` for the pod template the spec renders now, which Deployment is
-rendered whole this pass, and what the plan adds to the status."""
+:mod:`.template_rollout` for the pod template the spec renders now (with its canary's
+figures, when an analysis check is due), which Deployment is rendered whole this pass,
+and what the plan adds to the status."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from model_rollout_contract.annotations import RETRY
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
+from .analysis import AnalysisState, Sample
+from .analysis_sources import read_template_canary
 from .kube_client import KubeClient
 from .manifests import deployment, template_digest, template_of
 from .pods import PodView
 from .spec import ModelDeploymentSpec
-from .status import condition, rollout_from_status
+from .status import condition, iso, rollout_from_status
 from .template_rollout import (
     FAILED,
     TemplatePlan,
     TemplateRef,
     TemplateRollout,
+    analysing,
     deployment_of,
     plan_template,
 )
@@ -32,6 +36,10 @@ TEMPLATE_FIELD = "template"  # .status: the stable pod template (TemplateRef)
 PREVIOUS_TEMPLATE_FIELD = "previousTemplate"  # the one before: kept for a rollback
 TEMPLATE_ROLLOUT_FIELD = "templateRollout"  # the template rollout under way, if any
 DRAINING_FIELD = "templateDraining"  # Deployments whose pods go as others are ready
+# .status.analysis holds the template canary's analysis (kind: template) while its rollout
+# is there, in place of a version rollout's: one ANALYSIS column, of the rollout under way
+ANALYSIS_FIELD = "analysis"
+ANALYSIS_KIND = "template"
 _ROLLING_STAGES = (RolloutStage.CANARY, RolloutStage.BATCHES)
 
 
@@ -93,6 +101,12 @@ class TemplatePass:
             status[DRAINING_FIELD] = list(plan.draining)
         rollout = rollout_from_status(status.get("rollout"))
         versions_move = rollout is not None and rollout.stage in _ROLLING_STAGES
+        if plan.state is not None and plan.analysis is not None and not versions_move:
+            # a version rollout that runs (after a failed template) keeps its own
+            analysis = {"kind": ANALYSIS_KIND, **plan.analysis.to_status()}
+            if plan.analysis.at is not None:
+                analysis["at"] = iso(plan.analysis.at)
+            status[ANALYSIS_FIELD] = analysis
         if plan.phase is None or (plan.phase is Phase.DEGRADED and versions_move):
             # a failed template's state stays, and says so, beside a version rollout's
             if plan.message:
@@ -153,6 +167,41 @@ def _version_rolling(status: dict[str, Any]) -> bool:
     return False
 
 
+def template_analysis(status: dict[str, Any]) -> AnalysisState | None:
+    """The template canary's analysis the last pass left (``None``: none, or a version's)."""
+    raw = status.get(ANALYSIS_FIELD)
+    if not isinstance(raw, dict) or raw.get("kind") != ANALYSIS_KIND:
+        return None
+    return AnalysisState.from_status(raw)
+
+
+async def _read_canary(
+    name: str,
+    namespace: str,
+    spec: ModelDeploymentSpec,
+    state: TemplateRollout | None,
+    analysis: AnalysisState | None,
+    version: str | None,
+    pods: list[PodView],
+    now: float,
+) -> Sample | None:
+    """The template canary's figures, when its analysis has a check due (else ``None``):
+    the target Deployment's pods against the stable one's, on the version both serve."""
+    held = analysing(spec, state, analysis)
+    if held is None or state is None or version is None or not held.due(now):
+        return None
+    source, target = state.source.deployment, state.target.deployment
+    groups: dict[str, list[PodView]] = {source: [], target: []}
+    for pod in pods:
+        groups.get(deployment_of(name, pod), []).append(pod)
+    if sum(p.ready for p in groups[target]) < min(state.wanted, spec.replicas):
+        return None  # a canary pod not ready (again): no check until it is
+    return await read_template_canary(
+        spec, namespace, version, (source, groups[source]), (target, groups[target]),
+        held.window_start, now,
+    )  # fmt: skip
+
+
 def _draining(status: dict[str, Any]) -> tuple[str, ...]:
     raw = status.get(DRAINING_FIELD)
     return tuple(d for d in raw if isinstance(d, str)) if isinstance(raw, list) else ()
@@ -179,6 +228,12 @@ async def plan_templates(
         if present < min(state.wanted, spec.replicas):
             refused = await cluster.pods_refused(api, namespace, state.target.deployment, uid)
     digest = template_digest(name, namespace, spec)
+    now = time.time()
+    analysis = template_analysis(status)
+    # the version every pod serves while a template rollout runs (no version rollout
+    # runs then; one that failed left its pods on the stable version)
+    serving = status.get("currentVersion")
+    sample = await _read_canary(name, namespace, spec, state, analysis, serving, pods, now)
     plan = plan_template(
         name,
         spec,
@@ -187,12 +242,14 @@ async def plan_templates(
         TemplateRef.from_status(status.get(PREVIOUS_TEMPLATE_FIELD)),
         state,
         pods,
-        time.time(),
+        now,
         _rng,
         promoted,
         _version_rolling(status),
         _draining(status),
         refused,
         first_deployment=status.get("currentVersion") is None,
+        analysis=analysis,
+        sample=sample,
     )
     return TemplatePass(name, digest, plan)

@@ -12,7 +12,13 @@ PodDisruptionBudget); a new pod not yet ready is a load, capped by
 ``maxConcurrentLoads``. Stages:
 
 * ``canary``: ``canary.percent`` of the pods on the new template, held ``pauseSeconds``
-  or until ``kubectl model promote`` (``manualPromote``);
+  or until ``kubectl model promote`` (``manualPromote``); with ``canary.analysis`` the
+  hold is also a series of checks (:mod:`.analysis`, unchanged) of the target template's
+  pods against the stable template's on the version both serve (the figures' two sides
+  are the groups ``stable`` and ``candidate``, not two versions): it ends only after a
+  passed check, ``failureLimit`` failed ones fail the rollout (as below), an
+  inconclusive run as ``onInconclusive`` says. No shadow step: the two groups are
+  different pods, and no server mirrors requests to another pod;
 * ``batches``: ``batchSize``/``batchPercent`` more pods at a time, a jitter between;
 * complete: every pod on the new template: it becomes the stable one, the old Deployment
   stays at zero pods for a rollback (an edit of the template back), older ones go;
@@ -40,10 +46,11 @@ from typing import Any
 from model_rollout_contract.annotations import FULL_PROMOTION_SUFFIX, promotion_id
 from model_rollout_contract.states import Phase
 
+from .analysis import CANDIDATE_GROUP, STABLE_GROUP, AnalysisState, Result, Sample
 from .manifests import deployment_name, template_label
-from .planner import Event
+from .planner import INCONCLUSIVE_REASON, Event
 from .pods import PodView
-from .spec import ModelDeploymentSpec
+from .spec import AnalysisSpec, ModelDeploymentSpec
 
 CANARY = "canary"
 BATCHES = "batches"
@@ -161,6 +168,19 @@ class TemplatePlan:
     message: str = ""
     wake_in: float | None = None
     promotion_used: bool = False
+    analysis: AnalysisState | None = None  # of the rollout's canary (status.analysis)
+
+
+def analysing(
+    spec: ModelDeploymentSpec, state: TemplateRollout | None, analysis: AnalysisState | None
+) -> AnalysisState | None:
+    """The analysis of the template canary held now (its pods were ready), if it has one:
+    the operator reads the figures when it is due."""
+    if state is None or state.stage != CANARY or state.canary_ready_at is None:
+        return None
+    if spec.canary.analysis is None or analysis is None or analysis.rollout != state.id:
+        return None
+    return analysis
 
 
 def deployment_for(
@@ -194,13 +214,17 @@ def plan_template(
     draining: tuple[str, ...] = (),
     refused: str | None = None,
     first_deployment: bool = False,
+    analysis: AnalysisState | None = None,
+    sample: Sample | None = None,
 ) -> TemplatePlan:
     """What each Deployment of the ModelDeployment ``name`` should run, for the pod
     template ``digest`` the spec renders now. ``draining``: those the last pass left
     draining; ``refused``: why the API server refuses the target's pods, if it does;
     ``first_deployment``: no version was ever served by all pods (nothing to keep
     serving: a new template replaces the stable one's in place, as a first deployment's
-    version moves every pod at once; a fix of pods that cannot start waits for nothing)."""
+    version moves every pod at once; a fix of pods that cannot start waits for nothing).
+    ``analysis``: the canary's as the last plan left it; ``sample``: what the operator
+    read of the two groups, when :func:`analysing` said a check was due."""
     if stable is None:  # the first pass (or one of an operator that kept no template)
         stable = TemplateRef(name, digest)
     if first_deployment and state is None and digest != stable.digest:
@@ -251,7 +275,8 @@ def plan_template(
                 )
             )
     if state is not None:
-        plan = _Step(name, spec, state, stable, previous, pods, now, rng, promoted, refused).run()
+        step = _Step(name, spec, state, stable, previous, pods, now, rng, promoted, refused)
+        plan = step.run(analysis, sample)
     return _drain(name, spec, plan, pods, (*draining, *abandoned), events)
 
 
@@ -328,8 +353,13 @@ class _Step:
         self.old = [p for p in pods if deployment_of(name, p) == stable.deployment]
         self.events: list[Event] = []
         self.promotion_used = False
+        self.analysis: AnalysisState | None = None
+        self.sample: Sample | None = None
 
-    def run(self) -> TemplatePlan:
+    def run(self, analysis: AnalysisState | None, sample: Sample | None) -> TemplatePlan:
+        if analysis is not None and analysis.rollout == self.state.id:
+            self.analysis = analysis  # another rollout's never carries over
+        self.sample = sample
         if self.state.stage == FAILED:
             return self._plan(Phase.DEGRADED, FAILED_REASON, self.state.message, 0)
         ready = sum(p.ready for p in self.new)
@@ -386,26 +416,107 @@ class _Step:
             )
         held_for = self.now - (self.state.canary_ready_at or self.now)
         canary = self.spec.canary
+        spec, target = canary.analysis, self.state.target.deployment
+        verdict = ""
+        if spec is not None:  # checked even while spec.paused holds it, as a version's is
+            if failed := self._analyse(spec):
+                return failed
+            verdict = f"; analysis {self._verdict()}"
+            if (why := self._undecided(spec)) is not None:  # onInconclusive: hold
+                return self._plan(
+                    Phase.DEGRADED, INCONCLUSIVE_REASON,
+                    f"the canary of {target} held (onInconclusive: hold): {why}; a "
+                    "conclusive check ends it, or edit the pod template back", ready,
+                )  # fmt: skip
         if self.spec.paused:
-            return self._plan(Phase.CANARY, "Paused", "spec.paused holds the canary", ready)
+            return self._plan(
+                Phase.CANARY, "Paused", f"spec.paused holds the canary{verdict}", ready
+            )
         if canary.manual_promote:
             if self.promoted != self.state.id:
                 return self._plan(
                     Phase.CANARY, "AwaitingPromotion",
-                    f"the canary of {self.state.target.deployment} waits for a promotion "
-                    f"(kubectl model promote)", ready,
+                    f"the canary of {target} waits for a promotion (kubectl model promote)"
+                    + (" and a passed check" if spec is not None else "") + verdict, ready,
+                )  # fmt: skip
+            if spec is not None and not self._passed():
+                return self._plan(  # the annotation stays: it approves, the analysis decides
+                    Phase.CANARY, "AwaitingAnalysis",
+                    f"the canary of {target} is approved; waiting for analysis to pass "
+                    f"(last: {self._verdict()})", ready,
                 )  # fmt: skip
             self.promotion_used = True
         elif held_for < canary.pause_seconds:
             left = canary.pause_seconds - held_for
             return self._plan(
                 Phase.CANARY, "CanaryPause",
-                f"the canary of {self.state.target.deployment} holds {left:.0f}s more", ready,
-                wake_in=left,
+                f"the canary of {target} holds {left:.0f}s more{verdict}", ready, wake_in=left,
+            )  # fmt: skip
+        elif spec is not None and not self._passed():
+            return self._plan(
+                Phase.CANARY, "AnalysisHolding",
+                f"the canary of {target} moves on after a passed check{verdict}", ready,
             )  # fmt: skip
         self.events.append(Event("CanaryPromoted", f"{self.state.target.deployment} moves on"))
         self.state = replace(self.state, stage=BATCHES, progress_at=self.now)
         return self._next_batch(ready)
+
+    def _analyse(self, spec: AnalysisSpec) -> TemplatePlan | None:
+        """Record the sample; fail the rollout when that makes ``failureLimit`` failed
+        checks, or (``onInconclusive: rollback``) when the analysis cannot conclude."""
+        if self.analysis is None:  # the canary turned ready, or analysis asked for since
+            self.analysis = AnalysisState.start(self.state.id, self.now, spec)
+        sample, analysis = self.sample, self.analysis
+        if sample is None or not analysis.due(sample.at):
+            return None
+        before, held_before = analysis.last_result, self._undecided(spec)
+        self.analysis, check = analysis.advance(sample, spec, STABLE_GROUP, CANDIDATE_GROUP)
+        if check is None:
+            return None
+        target = self.state.target.deployment
+        if (why := self._undecided(spec)) is not None:
+            if spec.on_inconclusive == "rollback":
+                return self._fail(
+                    f"canary analysis of {target} inconclusive: {why}: {self._verdict()}"
+                )
+            if held_before is None:
+                self.events.append(
+                    Event(INCONCLUSIVE_REASON, f"{target}: {why}; canary held", warning=True)
+                )
+            return None
+        if check.result is Result.FAILED:
+            a = self.analysis
+            self.events.append(
+                Event(
+                    "AnalysisCheckFailed",
+                    f"{target}: check {a.checks} failed ({a.failures} of failureLimit "
+                    f"{spec.failure_limit}): {check.message}",
+                    warning=True,
+                )
+            )
+            if a.failures >= spec.failure_limit:
+                return self._fail(
+                    f"canary analysis of {target} failed {a.failures} of {a.checks} checks "
+                    f"(failureLimit {spec.failure_limit}): {check.message}"
+                )
+        elif check.result != before:
+            self.events.append(Event(f"Analysis{check.result}", f"{target}: {check.message}"))
+        return None
+
+    def _undecided(self, spec: AnalysisSpec) -> str | None:
+        if self.analysis is None:
+            return None
+        return self.analysis.undecided(spec, spec.inconclusive_deadline(self.spec.rollout))
+
+    def _passed(self) -> bool:
+        """Whether the last check passed: what the canary's end waits for."""
+        return self.analysis is not None and self.analysis.last_result is Result.PASSED
+
+    def _verdict(self) -> str:
+        a = self.analysis
+        if a is None or a.last_result is None:
+            return "waiting for the first check"
+        return f"{a.last_result} ({a.checks} checks, {a.failures} failed): {a.message}"
 
     def _batches(self, ready: int) -> TemplatePlan:
         if ready < min(self.state.wanted, self.spec.replicas):
@@ -522,6 +633,13 @@ class _Step:
         if self.state.stage != FAILED and ready < target:
             left = max(0.0, self.state.progress_at + deadline - self.now) + 0.5
             wake_in = min(wake_in if wake_in is not None else left, left)
+        analysis = self.analysis
+        checking = analysing(self.spec, self.state, analysis) is not None and ready >= target
+        if checking and analysis is not None:  # none while a canary pod is not ready
+            check_in = max(0.0, analysis.next_check_at - self.now)  # the next check is due
+            wake_in = check_in if wake_in is None else min(wake_in, check_in)
+        elif analysis is not None and analysis.baseline is not None:
+            analysis = replace(analysis, baseline=None)  # that canary is over
         return TemplatePlan(
             self.stable,
             self.previous,
@@ -533,4 +651,5 @@ class _Step:
             message=f"pod template rollout: {message}",
             wake_in=wake_in,
             promotion_used=self.promotion_used,
+            analysis=analysis,
         )

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from model_rollout_cli.commands import Follow, promote, status_json
+from model_rollout_cli.overview import list_row
 from model_rollout_cli.view import render
 
 NOW = datetime(2026, 12, 3, 9, 0, 0, tzinfo=timezone.utc)
@@ -166,3 +167,18 @@ def test_status_shows_the_template_rollout_and_its_own_promote_value() -> None:
     assert promote_line.endswith("(serving.model-rollout.io/promote=mlp-0123456789@1700000000)")
     md["status"]["templateRollout"] = {"from": "x", "to": ["y"]}
     assert any(line.startswith("Template:    - -> -") for line in lines(md))
+
+
+def test_a_template_canarys_analysis_is_shown_as_the_template_canarys() -> None:
+    """A template canary's analysis (``status.analysis``, kind template) is the ANALYSIS
+    column of ``kubectl model list`` and the Analysis line, which says whose it is."""
+    md = resource({"stage": "complete"})
+    md["status"]["templateRollout"] = {
+        "kind": "template", "stage": "canary", "wanted": 1,
+        "from": {"deployment": "mlp"}, "to": {"deployment": "mlp-0123456789"},
+    }  # fmt: skip
+    md["status"]["analysis"] = {
+        "kind": "template", "lastResult": "Failed", "checks": 2, "failures": 1, "message": "slow",
+    }  # fmt: skip
+    assert "Analysis:    pod template canary: Failed (2 checks, 1 failed): slow" in lines(md)
+    assert "Failed" in list_row(md, NOW, namespaces=False)

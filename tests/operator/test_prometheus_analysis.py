@@ -15,11 +15,16 @@ import aiohttp
 import numpy as np
 import pytest
 
-from model_operator.analysis import Result, judge
-from model_operator.analysis_sources import query_prometheus, scrape
+from model_operator.analysis import CANDIDATE_GROUP, STABLE_GROUP, Result, Sample, judge
+from model_operator.analysis_sources import (
+    as_groups,
+    query_prometheus,
+    read_template_canary,
+    scrape,
+)
 from model_operator.canary_metrics import buckets, figures, increase, quantile
 from model_operator.pods import PodView
-from model_operator.spec import AnalysisSpec, PrometheusSpec
+from model_operator.spec import AnalysisSpec, PrometheusSpec, parse_spec
 from model_rollout_contract import canary
 from model_rollout_contract.canary import PIN_HEADER
 from model_rollout_e2e.binaries import BinaryNotFound, prometheus_binary
@@ -296,3 +301,67 @@ async def test_two_deployments_of_the_same_model_judge_only_their_own_pods(
     assert mlp_b.live_requests > 400 and mlp_b.stable_requests == 0, mlp_b
     # and what the built-in queries did before: both deployments' requests as one's
     assert both.live_requests > 400, both
+
+
+async def test_a_template_canary_asks_each_deployments_own_pods(
+    tmp_path: Path, prometheus_available: None
+) -> None:
+    """An image change's canary: a pod of the stable template's Deployment "mlp" and one
+    of the target's "mlp-0123456789", both serving v1. Prometheus is asked of each
+    Deployment's pods exactly ("mlp"'s pattern matches none of the target's pods) and
+    agrees with the pods' own /metrics relabelled into the two groups."""
+    root = tmp_path / "models"
+    add_version(root, "mlp", "v1", seed=1)
+    stable_pod, candidate_pod = "mlp-5f7c9d8b4-p7wz4", "mlp-0123456789-6c8d7b9f5-x2k9q"
+    servers = {
+        name: ServerProcess(root, ["mlp=v1"], tmp_path / f"{name}.log").start()
+        for name in (stable_pod, candidate_pod)
+    }
+
+    async def read() -> dict:
+        sample = as_groups(Sample(0.0, snapshot=await read_pods(servers)), "v1", {candidate_pod})
+        assert sample.snapshot is not None
+        return sample.snapshot
+
+    prometheus = None
+    try:
+        for server in servers.values():
+            await asyncio.to_thread(server.wait_ready)
+        urls = {name: server.url for name, server in servers.items()}
+        assert await send(urls[stable_pod], 1) == await send(urls[candidate_pod], 1) == [200]
+        prometheus = PrometheusServer(
+            tmp_path / "prometheus",
+            [(f"127.0.0.1:{s.port}", {"namespace": "ml", "pod": n}) for n, s in servers.items()],
+            scrape_interval_s=0.5,
+        ).start()
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        before, started = await read(), time.time()
+        codes = await send(urls[candidate_pod], 300) + await send(urls[stable_pod], 100)
+        assert set(codes) == {200}
+        after = await read()
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        spec = parse_spec({
+            "model": "mlp", "version": "v1", "image": "server:2", "replicas": 2,
+            "store": {"pvc": "models"}, "allowUnsigned": True,
+            "canary": {"percent": 50, "analysis": {"prometheus": {"url": prometheus.url}}},
+        })  # fmt: skip
+        sample = await read_template_canary(
+            spec, "ml", "v1", ("mlp", []), ("mlp-0123456789", []), started - 1.0, time.time()
+        )
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for server in servers.values():
+            server.stop()
+
+    pods = figures(increase(before, after), STABLE_GROUP, CANDIDATE_GROUP)
+    assert (pods.live_requests, pods.stable_requests, pods.errors) == (300, 100, 0)
+    promql = sample.figures
+    assert promql is not None, sample.problem
+    # each group's own pods: the stable Deployment's 100, not both pods' 400
+    for field in ("live_requests", "stable_requests"):
+        assert close(getattr(pods, field), getattr(promql, field), 0.35), (field, pods, promql)
+    assert close(pods.candidate_p99, promql.candidate_p99, 0.25), (pods, promql)
+    assert close(pods.stable_p99, promql.stable_p99, 0.25), (pods, promql)
+    lenient = AnalysisSpec(min_requests=50, max_latency_ratio=100)
+    assert judge(promql, lenient, 10.0).result is judge(pods, lenient, 10.0).result
