@@ -71,7 +71,13 @@ from .status import (
     without_nulls,
 )
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
-from .template_pass import TemplatePass, held_version, plan_templates, without_retries
+from .template_pass import (
+    TemplatePass,
+    held_version,
+    plan_templates,
+    template_actions,
+    without_retries,
+)
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -351,9 +357,11 @@ async def reconcile_pass(
     for t in spec.tenant_models:  # a tenant track's new pins reach the ConfigMap next pass
         pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
+    annotations, aborted, retried = template_actions(annotations)  # of a template rollout
     templates = await plan_templates(
-        api, name, namespace, spec, status, pods, annotations.get(PROMOTE), meta.get("uid")
-    )
+        api, name, namespace, spec, status, pods, annotations.get(PROMOTE), meta.get("uid"),
+        aborted=aborted, retried=retried,
+    )  # fmt: skip
     rendered = templates.rendered()
     if templates.holds_versions():  # one kind of rollout at a time: versions wait, a retry too
         spec = replace(spec, version=held_version(status) or spec.version)
@@ -411,6 +419,7 @@ async def reconcile_pass(
     if new_status.get("currentVersion") != stable:  # children follow the new stable: now,
         wakes.append(0.0)  # in the rollout's own time, not at the next (idle) resync
     cleared = list(own.cleared) + ([PROMOTE] if templates.plan.promotion_used else [])
+    cleared += templates.plan.cleared
 
     tenants_after: dict[str, Any] = {}
     for tenant in spec.tenant_models:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from model_rollout_contract.annotations import RETRY
+from model_rollout_contract.annotations import ABORT, RETRY
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
@@ -24,6 +24,7 @@ from .template_rollout import (
     TemplateRef,
     TemplateRollout,
     deployment_of,
+    names_template,
     plan_template,
 )
 
@@ -140,6 +141,16 @@ def without_retries(annotations: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k != RETRY and not k.startswith(f"{RETRY}.")}
 
 
+def template_actions(
+    annotations: dict[str, str],
+) -> tuple[dict[str, str], str | None, str | None]:
+    """``annotations`` without the abort and retry that name a template rollout (never
+    seen by a version's planner), and those two values (``None``: absent or a version's)."""
+    taken = {k: v for k, v in annotations.items() if k in (ABORT, RETRY) and names_template(v)}
+    rest = {k: v for k, v in annotations.items() if k not in taken}
+    return rest, taken.get(ABORT), taken.get(RETRY)
+
+
 def _version_rolling(status: dict[str, Any]) -> bool:
     """Does a version rollout run, of the deployment's model or of a tenant's?"""
     tenants = status.get("tenants")
@@ -167,10 +178,13 @@ async def plan_templates(
     pods: list[PodView],
     promoted: str | None,
     uid: str | None = None,
+    aborted: str | None = None,
+    retried: str | None = None,
 ) -> TemplatePass:
     """The template plan for this pass, from the status the last pass left (and, while
     the target has fewer pods than it asks, why the API server refuses them: ``uid``,
-    the ModelDeployment's, owns the target)."""
+    the ModelDeployment's, owns the target); ``aborted``, ``retried``: see
+    :func:`template_actions`."""
     state = TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD))
     refused = None
     if state is not None and state.stage != FAILED:
@@ -194,5 +208,7 @@ async def plan_templates(
         _draining(status),
         refused,
         first_deployment=status.get("currentVersion") is None,
+        aborted=aborted,
+        retried=retried,
     )
     return TemplatePass(name, digest, plan)
