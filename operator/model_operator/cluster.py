@@ -161,6 +161,13 @@ async def _owned_deployment(
     return path, live if live is not None and _controller_uid(live) == owner_uid else None
 
 
+async def owned_deployment(
+    api: KubeClient, namespace: str, name: str, owner_uid: str | None
+) -> dict[str, Any] | None:
+    """The Deployment ``name`` if this resource (``owner_uid``) controls it."""
+    return (await _owned_deployment(api, namespace, name, owner_uid))[1]
+
+
 async def scale_deployment(
     api: KubeClient, namespace: str, name: str, owner_uid: str, replicas: int
 ) -> bool:

@@ -14,10 +14,11 @@ from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
 from .kube_client import KubeClient
-from .manifests import deployment, template_digest, template_of
+from .manifests import TEMPLATE_DIGEST, deployment, template_digest, template_of
 from .pods import PodView
 from .spec import ModelDeploymentSpec
 from .status import condition, rollout_from_status
+from .template_recovery import stable_from_cluster
 from .template_rollout import (
     FAILED,
     TemplatePlan,
@@ -76,6 +77,7 @@ class TemplatePass:
         """The Deployment ``rendered`` with the pods the plan gives it."""
         body = deployment(self.name, namespace, spec, template_of(self.name, rendered))
         body["spec"]["replicas"] = self.plan.replicas.get(rendered, spec.replicas)
+        body["metadata"]["annotations"][TEMPLATE_DIGEST] = self.digest
         return body
 
     def write(self, status: dict[str, Any], existing: list[dict[str, Any]], now: float) -> None:
@@ -193,11 +195,17 @@ async def plan_templates(
         if present < min(state.wanted, spec.replicas):
             refused = await cluster.pods_refused(api, namespace, state.target.deployment, uid)
     digest = template_digest(name, namespace, spec)
+    stable = TemplateRef.from_status(status.get(TEMPLATE_FIELD))
+    first_deployment = status.get("currentVersion") is None
+    if stable is None:  # a first pass, or a status restored without it: the cluster says
+        stable = await stable_from_cluster(api, namespace, name, digest, pods, uid)
+        # ready pods serve: a status without currentVersion is no first deployment then
+        first_deployment = first_deployment and not any(p.ready for p in pods)
     plan = plan_template(
         name,
         spec,
         digest,
-        TemplateRef.from_status(status.get(TEMPLATE_FIELD)),
+        stable,
         TemplateRef.from_status(status.get(PREVIOUS_TEMPLATE_FIELD)),
         state,
         pods,
@@ -207,7 +215,7 @@ async def plan_templates(
         _version_rolling(status),
         _draining(status),
         refused,
-        first_deployment=status.get("currentVersion") is None,
+        first_deployment=first_deployment,
         aborted=aborted,
         retried=retried,
     )
