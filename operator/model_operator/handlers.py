@@ -78,6 +78,7 @@ from .template_pass import (
     template_actions,
     without_retries,
 )
+from .template_recovery import STABLE_TEMPLATE_FIELD, keep_stable
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -389,6 +390,13 @@ async def reconcile_pass(
             events.append(Event("ForeignObject", message, warning=True))
         foreign = now_foreign
 
+    kept, recreated = await keep_stable(
+        api, namespace, name, spec, templates.plan, rendered, status.get(STABLE_TEMPLATE_FIELD),
+        meta.get("uid"), lambda child: adopted(child, body), check_children,
+    )  # fmt: skip
+    if recreated:
+        again = templates.plan.stable.deployment
+        events.append(Event("Reconciled", f"created {again} again, the stable pod template's"))
     await _scale_templates(api, namespace, str(meta.get("uid") or ""), templates, rendered,
                            check_children)  # fmt: skip
     # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
@@ -411,6 +419,8 @@ async def reconcile_pass(
     events += templates.plan.events
     templates.write(new_status, _conditions(status), time.time())
     new_status["appliedHash"] = applied
+    if kept is not None:
+        new_status[STABLE_TEMPLATE_FIELD] = kept
     new_status["selector"] = selector_text(name)  # the scale subresource's labelSelectorPath
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = gate.verified

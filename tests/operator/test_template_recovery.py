@@ -1,6 +1,8 @@
 """The stable pod template when the status names none (wiped, or restored from a backup
 without it): read from the Deployments the resource owns (operator/model_operator/
-template_recovery.py), so that the one holding every ready pod is not drained."""
+template_recovery.py), so that the one holding every ready pod is not drained; and the
+stable Deployment, which the spec no longer renders while another template rolls out
+(or failed), created again from its snapshot when it is deleted."""
 
 from __future__ import annotations
 
@@ -11,8 +13,14 @@ from model_operator.manifests import TEMPLATE_DIGEST, template_digest, template_
 from model_operator.pods import PodView
 from model_operator.spec import ModelDeploymentSpec, parse_spec
 from model_operator.template_pass import TemplatePass, plan_templates
-from model_operator.template_recovery import inferred_stable
-from model_operator.template_rollout import CANARY, TemplateRef, plan_template
+from model_operator.template_recovery import inferred_stable, keep_stable
+from model_operator.template_rollout import (
+    CANARY,
+    FAILED,
+    TemplateRef,
+    TemplateRollout,
+    plan_template,
+)
 
 UID = "md-uid"
 
@@ -100,3 +108,60 @@ def test_the_rendered_deployment_carries_its_templates_digest() -> None:
     )
     body = TemplatePass("mlp", digest, plan).deployment("mlp", "ml", given)
     assert body["metadata"]["annotations"][TEMPLATE_DIGEST] == digest
+
+
+class Recorded:
+    """Deployments by name (``None``: gone), and what was created."""
+
+    def __init__(self, live: dict[str, dict[str, Any] | None]) -> None:
+        self.live, self.created = live, []  # type: list[dict[str, Any]]
+
+    async def request(self, method: str, path: str, body: Any = None, *_: Any) -> Any:
+        if method == "POST":
+            self.created.append(body)
+            self.live[body["metadata"]["name"]] = body
+            return body
+        return self.live.get(path.rsplit("/", 1)[-1])
+
+
+def owned(body: dict[str, Any]) -> dict[str, Any]:
+    body["metadata"]["ownerReferences"] = [{"controller": True, "uid": UID}]
+    return body
+
+
+async def test_a_stable_deployment_deleted_after_a_failed_rollout_is_created_again() -> None:
+    """The rollout to mlp-bbbbbbbbbb failed: mlp serves, and the spec renders only the new
+    template. mlp, deleted by hand, is created again from the snapshot the status kept
+    of it, with every pod; the failed target is left to drain."""
+    given = spec()
+    new = template_digest("mlp", "ml", given)
+    old = "a" * 16
+    failed = TemplateRollout(
+        TemplateRef("mlp", old), TemplateRef(f"mlp-{template_label(new)}", new), FAILED, 0.0, 0
+    )
+    plan = plan_template(
+        "mlp", given, new, TemplateRef("mlp", old), None, failed, [], 9.0, random.Random(1),
+        None, False,
+    )  # fmt: skip
+    rendered = TemplatePass("mlp", new, plan).rendered()
+    assert rendered is None and plan.replicas["mlp"] == 4
+    template = {"spec": {"containers": [{"name": "server", "image": "server:0"}]}}
+    meta = {"name": "mlp", "annotations": {TEMPLATE_DIGEST: old, "x": "y"}}
+    live = owned({"metadata": meta, "spec": {"replicas": 4, "template": template}})
+    api = Recorded({"mlp": live})
+    kept, again = await keep_stable(api, "ml", "mlp", given, plan, rendered, None, UID, owned)  # type: ignore[arg-type]
+    assert not again and kept is not None and kept["deployment"] == "mlp"
+    assert kept["annotations"] == {TEMPLATE_DIGEST: old}  # the operator's own only
+    api.live["mlp"] = None  # kubectl delete deployment mlp
+    kept, again = await keep_stable(api, "ml", "mlp", given, plan, rendered, kept, UID, owned)  # type: ignore[arg-type]
+    assert again and kept is not None
+    [created] = api.created
+    assert created["metadata"]["name"] == "mlp" and created["spec"]["replicas"] == 4
+    assert created["spec"]["template"] == live["spec"]["template"]
+    assert created["metadata"]["annotations"][TEMPLATE_DIGEST] == old
+    assert created["spec"]["selector"] == {
+        "matchLabels": {"serving.model-rollout.io/deployment": "mlp"}
+    }
+    # rendered from the spec again (the rollout over): no snapshot is kept
+    done = await keep_stable(api, "ml", "mlp", given, plan, "mlp", kept, UID, owned)  # type: ignore[arg-type]
+    assert done == (None, False)
