@@ -19,11 +19,13 @@ from model_operator import cluster
 from model_operator.manifests import (
     ACCOUNT_DIGEST,
     SPEC_KEYS,
+    TEMPLATE_DIGEST,
     children,
     deployment,
     digest,
     labels,
     pod_rbac,
+    template_digest,
 )
 from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
 from model_operator.pods import PodView, pod_view
@@ -347,6 +349,52 @@ def test_placement_another_tool_wrote_is_left_alone_and_costs_no_write() -> None
     given = _live(_deployment(pod={"tolerations": [GPU_TOLERATION]}))
     patch = cluster.with_removals(given, _patch(_deployment()), "Deployment")
     assert patch["spec"]["template"]["spec"]["tolerations"] is None
+
+
+class _LiveDeployment:
+    """One Deployment the resource owns, as :func:`cluster.apply` reads and patches it."""
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        self.live, self.patches = live, []  # type: list[dict[str, Any]]
+
+    async def request(self, method: str, path: str, body: Any = None, *_: Any) -> Any:
+        assert method == "GET", method
+        return self.live
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        self.patches.append(patch)
+        return self.live
+
+
+def _stamped(**changes: Any) -> dict[str, Any]:
+    """The Deployment as the operator applies it: stamped with its template's digest."""
+    spec = parse_spec(example(**changes)["spec"])
+    body = deployment("resnet", "ml", spec)
+    body["metadata"]["annotations"][TEMPLATE_DIGEST] = template_digest("resnet", "ml", spec)
+    body["metadata"]["ownerReferences"] = [{"controller": True, "uid": "md-uid"}]
+    return body
+
+
+async def test_a_webhooks_addition_to_a_list_the_spec_gives_is_left_alone() -> None:
+    """The spec gives a toleration and a GPU operator's webhook appends its own to the
+    Deployment's template: the lists differ on every pass, and each write would take the
+    webhook's away for the webhook to add it back. The template the operator rendered is
+    unchanged (its stamped digest): nothing is written. A real change still is."""
+    spot = {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    live = _live(_stamped(pod={"tolerations": [GPU_TOLERATION]}))
+    live["spec"]["template"]["spec"]["tolerations"].append(spot)  # the webhook's
+    api = _LiveDeployment(live)
+    again = _stamped(pod={"tolerations": [GPU_TOLERATION]})
+    assert await cluster.apply(api, again) is cluster.ApplyResult.UNCHANGED  # type: ignore[arg-type]
+    assert api.patches == []
+    changed = _stamped(image="server:2", pod={"tolerations": [GPU_TOLERATION]})
+    assert await cluster.apply(api, changed) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    [patch] = api.patches
+    assert patch["spec"]["template"]["spec"]["containers"][0]["image"] == "server:2"
+    scaled = _stamped(replicas=7, pod={"tolerations": [GPU_TOLERATION]})
+    api.patches.clear()
+    assert await cluster.apply(api, scaled) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    assert "template" not in api.patches[0]["spec"] and api.patches[0]["spec"]["replicas"] == 7
 
 
 def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_pods() -> None:
