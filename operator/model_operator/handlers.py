@@ -436,6 +436,7 @@ async def reconcile_pass(
         passed = await _tenant_pass(
             body, spec, tenant, tenants_before.get(tenant.track) or {}, pods, namespace, name,
             memo, generation, annotations, logger, hold=templates.holds_versions(),
+            pods_refused=refused,
         )  # fmt: skip
         tenants_after[tenant.track] = passed.status
         events += passed.events
@@ -646,10 +647,13 @@ async def _tenant_pass(
     annotations: dict[str, str],
     logger: kopf.Logger,
     hold: bool = False,
+    pods_refused: str | None = None,
 ) -> TrackPass:
     """A tenant model's own rollout, which never touches another track's annotations; its
     refusal (a version not in the store) is its own status, not the resource's. Its
-    events name the tenant. ``hold``: a template rollout runs; its version waits."""
+    events name the tenant. ``hold``: a template rollout runs; its version waits.
+    ``pods_refused``: why the API server refuses the pods, which every track shares (its
+    entry's ``PodsSchedulable`` says so, as the resource's does)."""
     own = track_spec(spec, tenant)
     if hold:
         own = replace(own, version=held_version(status) or own.version)
@@ -662,7 +666,7 @@ async def _tenant_pass(
     passed = await _track_pass(
         gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
         generation, annotations, store_problem=gate.problem, store_checked=gate.checked,
-        pins=gate.pins,
+        pins=gate.pins, pods_refused=pods_refused,
     )  # fmt: skip
     passed.status["verifiedVersions"] = gate.verified
     passed.status[PINS_FIELD] = gate.pins

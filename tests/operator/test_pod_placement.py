@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import kopf
 import kubernetes_validate
 import pytest
 import yaml
 
-from model_operator import cluster
+from model_operator import cluster, handlers
+from model_operator.config import OperatorConfig
 from model_operator.manifests import (
     ACCOUNT_DIGEST,
     SPEC_KEYS,
@@ -531,3 +534,64 @@ def test_a_new_account_role_replaces_the_pods() -> None:
     patch = cluster.with_removals(_live(one), _patch(_deployment()), "Deployment")
     [(key, removed)] = patch["spec"]["template"]["metadata"]["annotations"].items()
     assert key.startswith(OWN_PREFIX) and removed is None
+
+
+class _Cluster:
+    """Objects by path for one whole pass (:func:`handlers.reconcile_pass`): created,
+    patched and read back; the Deployment ``refused`` says its pods are refused."""
+
+    def __init__(self, deployment_path: str, uid: str) -> None:
+        refs = [{"controller": True, "uid": uid}]
+        self.objects: dict[str, Any] = {
+            deployment_path: {
+                "metadata": {"name": "resnet", "ownerReferences": refs},
+                "status": {"conditions": [FAILED_CREATE]},
+            }
+        }
+
+    async def request(self, method: str, path: str, body: Any = None, *_: Any) -> Any:
+        if method == "POST":
+            self.objects[f"{path}/{body['metadata'].get('name')}"] = body
+            return body
+        return self.objects.get(path) if method == "GET" else {}
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        return self.objects.get(path)
+
+
+async def test_pods_the_api_server_refuses_are_said_in_every_tenant_tracks_entry() -> None:
+    """The pods are every track's: a refusal the resource's PodsSchedulable says
+    (FailedCreate) is in each tenant model's entry too, not Scheduled there."""
+    raw = {
+        "model": "resnet", "version": "v1", "image": "server:1", "replicas": 2,
+        "store": {"pvc": "models"}, "allowUnsigned": True,
+        "tenants": {"secretName": "tenants", "models": [
+            {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a1"},
+            {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
+        ]},
+    }  # fmt: skip
+    meta = {"name": "resnet", "namespace": "ml", "uid": "md-uid", "generation": 1}
+    body = {"apiVersion": "serving.model-rollout.io/v1alpha1", "kind": "ModelDeployment",
+            "metadata": meta, "spec": raw}  # fmt: skip
+    api = _Cluster("/apis/apps/v1/namespaces/ml/deployments/resnet", "md-uid")
+    memo = SimpleNamespace(config=OperatorConfig(check_store=False), api=api)
+    logger = kopf.ObjectLogger(body=kopf.Body(body), settings=kopf.OperatorSettings())
+    passed = await handlers.reconcile_pass(
+        kopf.Body(body),
+        {},
+        "resnet",
+        "ml",
+        [],
+        memo,
+        logger,  # type: ignore[arg-type]
+    )
+
+    def schedulable(status: dict[str, Any]) -> tuple[str, str, str]:
+        [found] = [c for c in status["conditions"] if c["type"] == "PodsSchedulable"]
+        return found["status"], found["reason"], found["message"]
+
+    refused = ("False", "FailedCreate", f"pods cannot be created: {FAILED_CREATE['message']}")
+    assert schedulable(passed.status) == refused
+    assert {t: schedulable(e) for t, e in passed.status["tenants"].items()} == {
+        "acme-mlp": refused, "globex-mlp": refused,
+    }  # fmt: skip
