@@ -297,8 +297,9 @@ def _retry(state: TemplateRollout | None, value: str, events: list[Event]) -> bo
                   f"(was: {state.message})")
         )  # fmt: skip
         return True
-    if state is not None and value.partition("@")[0] == state.target.deployment:
-        return False  # the one this retry restarted
+    running = state is not None and state.stage != FAILED
+    if running and state is not None and value.partition("@")[0] == state.target.deployment:
+        return False  # the one this retry restarted, running
     why = "no failed pod template rollout has that id" + (
         f" (it is {state.id}, {state.stage})" if state is not None else ""
     )

@@ -356,6 +356,9 @@ def test_an_abort_or_retry_of_no_such_template_rollout_is_ignored_with_an_event(
     assert plan.state is not None and plan.state.stage == CANARY
     assert [e.reason for e in plan.events] == ["AbortIgnored"]
     assert sorted(plan.cleared) == sorted((ABORT, RETRY))
+    failed = replace(state, stage=FAILED, started_at=5.0)
+    stale = step(spec(), failed, pods(4, 0), retried=state.id)  # of an earlier one
+    assert stale.state == failed and [e.reason for e in stale.events] == ["RetryIgnored"]
     idle = step(spec(), None, pods(4, 0), digest=OLD, retried="mlp@1")
     assert [e.reason for e in idle.events] == ["RetryIgnored"] and idle.cleared == (RETRY,)
 
