@@ -12,9 +12,11 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from model_rollout_contract.annotations import (
+    ABORT,
     CHANGE_CAUSE,
     FULL_PROMOTION_SUFFIX,
     PROMOTE,
+    RETRY,
     full_promotion_id,
     promotion_id,
 )
@@ -179,8 +181,8 @@ def promote(
     """``full``: skip what remains of the rollout (the canary hold and its analysis, the
     remaining batches and their jitter). A paused resource is resumed, as by Argo's."""
     md, own = _read(cluster, name, track)
-    template = dict((md.get("status") or {}).get("templateRollout") or {})
-    if track is None and template.get("stage") in (RolloutStage.CANARY, RolloutStage.BATCHES):
+    template = _template_rollout(md, track)
+    if template.get("stage") in (RolloutStage.CANARY, RolloutStage.BATCHES):
         return _promote_template(cluster, name, md, template, how, full)
     rollout = _rollout(md)
     spec = md.get("spec") or {}
@@ -259,8 +261,36 @@ def _promote_template(
     return OK
 
 
+def _template_rollout(md: dict[str, Any], track: str | None) -> dict[str, Any]:
+    """``status.templateRollout`` (an image change's), which only the resource's own
+    commands act on (a tenant's track has none of its own)."""
+    raw = (md.get("status") or {}).get("templateRollout") if track is None else None
+    return dict(raw) if isinstance(raw, dict) else {}
+
+
+def _act_on_template(
+    cluster: Cluster, name: str, template: dict[str, Any], key: str, done: str, how: Follow
+) -> int:
+    """Abort or retry a pod template's rollout: the annotation ``key`` names it by its id
+    (``promoteWith``; a version's name holds no ``@``, so the operator tells the two
+    apart). It is followed by ``status --watch``, not waited for."""
+    value = str(template.get("promoteWith"))
+    cluster.patch(name, {"metadata": {"annotations": {key: value}}})
+    target = (template.get("to") or {}).get("deployment")
+    stable = (template.get("from") or {}).get("deployment")
+    print(
+        f"{described(name, None)}: pod template rollout to {target} {done} ({key}={value}); "
+        + (f"its pods go back to {stable}" if key == ABORT else f"it starts again from {stable}"),
+        file=how.out,
+    )
+    return OK
+
+
 def abort(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
     md, own = _read(cluster, name, track)
+    template = _template_rollout(md, track)
+    if template.get("stage") in (RolloutStage.CANARY, RolloutStage.BATCHES):
+        return _act_on_template(cluster, name, template, ABORT, "aborted", how)
     status = md.get("status") or {}
     version = str(_rollout(md).get("toVersion"))
     what = subject(name, track)
@@ -274,7 +304,7 @@ def abort(cluster: Cluster, name: str, how: Follow, track: str | None = None) ->
         )
     cluster.patch(name, {"metadata": {"annotations": {own.abort: version}}})
     print(
-        f"{described(name, track)}: rollout of {version} aborted; pods go back to "
+        f"{described(name, track)}: version rollout of {version} aborted; pods go back to "
         f"{status.get('currentVersion')}",
         file=how.out,
     )
@@ -294,10 +324,21 @@ def abort(cluster: Cluster, name: str, how: Follow, track: str | None = None) ->
 
 
 def retry(cluster: Cluster, name: str, how: Follow, track: str | None = None) -> int:
+    """The failed rollout of ``spec.version``, or the failed pod template rollout; of both,
+    the one that started last (a second retry restarts the other)."""
     md, own = _read(cluster, name, track)
     version = str((md.get("spec") or {}).get("version"))
     rollout = _rollout(md)
-    if rollout.get("stage") != RolloutStage.FAILED or rollout.get("toVersion") != version:
+    version_failed = (
+        rollout.get("stage") == RolloutStage.FAILED and rollout.get("toVersion") == version
+    )
+    template = _template_rollout(md, track)
+    if template.get("stage") == RolloutStage.FAILED and (
+        not version_failed
+        or float(template.get("startedAt") or 0) >= float(rollout.get("startedAt") or 0)
+    ):
+        return _act_on_template(cluster, name, template, RETRY, "retried", how)
+    if not version_failed:
         phase = (md.get("status") or {}).get("phase")
         raise CliError(
             f"nothing to retry: the rollout of {version} has not failed ({phase})", NOTHING_TO_DO
@@ -309,7 +350,7 @@ def retry(cluster: Cluster, name: str, how: Follow, track: str | None = None) ->
         # alone, or it could overwrite a release's that the operator has not read yet
         annotations[CHANGE_CAUSE] = change_cause("retry", version)
     cluster.patch(name, {"metadata": {"annotations": annotations}})
-    print(f"{described(name, track)}: rollout of {version} retried", file=how.out)
+    print(f"{described(name, track)}: version rollout of {version} retried", file=how.out)
     if not how.wait:
         return OK
     return _report(_follow(cluster, name, version, known, how, track=track), how.out)

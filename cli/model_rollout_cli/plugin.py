@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "their jitter (every pod moves now, under maxConcurrentLoads)",
     )  # fmt: skip
     on_track(p)
-    on_track(command("abort", "stop the running rollout: every pod back to the stable version now"))
-    on_track(command("retry", "run the failed rollout of spec.version again"))
+    on_track(command("abort", "stop the running rollout (a version's or the pod template's): "
+                     "every pod back to the stable one now"))  # fmt: skip
+    on_track(command("retry", "run the failed rollout (of spec.version or the pod template) again"))
     p = command("rollback", "set spec.version to the previous Succeeded version (or --to)")
     p.add_argument("--to", help="the version to roll back to")
     p.add_argument(

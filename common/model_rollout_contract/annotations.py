@@ -25,6 +25,8 @@ PROMOTE = f"{DOMAIN}/promote"
 # operator clears each once it has acted on it or ignored it with an Event):
 ABORT = f"{DOMAIN}/abort"  # =<version>: the rollout to that version goes back to stable now
 RETRY = f"{DOMAIN}/retry"  # =<version>: a failed rollout of spec.version runs again
+# (abort and retry =<template rollout id>, status.templateRollout.promoteWith: the same for a
+# pod template's rollout; a version's name holds no "@", an id always does)
 # why spec.version changed, as kubectl's kubernetes.io/change-cause, in the form
 # "<version>: <why>" ("v3: rollback by alice@laptop at 2026-12-04T19:20:01.250Z"; the
 # release, rollback and retry commands write it, each use with its own time). The operator

@@ -17,7 +17,7 @@ from model_rollout_contract.tracks import DEFAULT_TRACK, TrackKeys
 from .constants import GROUP, PLURAL, VERSION
 from .errors import ApiError, ResourceGone
 from .kube_client import KubeClient
-from .manifests import OWNED_FIELDS, SPEC_KEYS
+from .manifests import OWNED_FIELDS, SPEC_KEYS, TEMPLATE_DIGEST
 from .placement import quantity
 from .planner import SetTarget
 from .status import merge_patch
@@ -80,7 +80,11 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
 
 async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
     """Create ``obj``, or restore what drifted in an object this resource controls. An
-    object of the same name that it does not control is left alone (never adopted)."""
+    object of the same name that it does not control is left alone (never adopted). A
+    Deployment's pod template is written only when the template the operator rendered
+    changed (its :data:`~.manifests.TEMPLATE_DIGEST`), not whenever the live one differs:
+    a mutating webhook's additions to it (a toleration appended to the spec's) would be
+    taken away on every pass and written back by the webhook."""
     meta = obj["metadata"]
     base = collection(obj["kind"], meta["namespace"])
     existing = await api.request("GET", f"{base}/{meta['name']}")
@@ -94,10 +98,19 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
     }
     patch.update({k: obj[k] for k in _MUTABLE if k in obj})
     patch = with_removals(existing, patch, obj["kind"])
+    if obj["kind"] == "Deployment" and _same_template(existing, obj):
+        patch["spec"] = {k: v for k, v in patch["spec"].items() if k != "template"}
     if _contains(existing, patch):
         return ApplyResult.UNCHANGED
     await api.merge_patch(f"{base}/{meta['name']}", patch)
     return ApplyResult.UPDATED
+
+
+def _same_template(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """Does the live Deployment run the pod template ``desired`` renders, by the digest
+    the operator stamped on both? (None stamped: an older operator's, compared whole.)"""
+    path = ("metadata", "annotations", TEMPLATE_DIGEST)
+    return _at(desired, path) is not None and _at(live, path) == _at(desired, path)
 
 
 def _at(obj: Any, path: tuple[str, ...]) -> Any:
@@ -159,6 +172,13 @@ async def _owned_deployment(
     path = f"{collection('Deployment', namespace)}/{name}"
     live = await api.request("GET", path)
     return path, live if live is not None and _controller_uid(live) == owner_uid else None
+
+
+async def owned_deployment(
+    api: KubeClient, namespace: str, name: str, owner_uid: str | None
+) -> dict[str, Any] | None:
+    """The Deployment ``name`` if this resource (``owner_uid``) controls it."""
+    return (await _owned_deployment(api, namespace, name, owner_uid))[1]
 
 
 async def scale_deployment(

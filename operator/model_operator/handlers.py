@@ -71,7 +71,14 @@ from .status import (
     without_nulls,
 )
 from .store_check import StoreAnswer, VersionCheck, boto_credentials, check_version
-from .template_pass import TemplatePass, held_version, plan_templates, without_retries
+from .template_pass import (
+    TemplatePass,
+    held_version,
+    plan_templates,
+    template_actions,
+    without_retries,
+)
+from .template_recovery import STABLE_TEMPLATE_FIELD, keep_stable
 
 _rng = random.SystemRandom()
 # after transient API errors in a row, a resource's passes start again this late
@@ -351,9 +358,11 @@ async def reconcile_pass(
     for t in spec.tenant_models:  # a tenant track's new pins reach the ConfigMap next pass
         pins[t.track] = stored_pins((tenants_before.get(t.track) or {}).get(PINS_FIELD))
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in removed}
+    annotations, aborted, retried = template_actions(annotations)  # of a template rollout
     templates = await plan_templates(
-        api, name, namespace, spec, status, pods, annotations.get(PROMOTE), meta.get("uid")
-    )
+        api, name, namespace, spec, status, pods, annotations.get(PROMOTE), meta.get("uid"),
+        aborted=aborted, retried=retried,
+    )  # fmt: skip
     rendered = templates.rendered()
     if templates.holds_versions():  # one kind of rollout at a time: versions wait, a retry too
         spec = replace(spec, version=held_version(status) or spec.version)
@@ -381,6 +390,13 @@ async def reconcile_pass(
             events.append(Event("ForeignObject", message, warning=True))
         foreign = now_foreign
 
+    kept, recreated = await keep_stable(
+        api, namespace, name, spec, templates.plan, rendered, status.get(STABLE_TEMPLATE_FIELD),
+        meta.get("uid"), lambda child: adopted(child, body), check_children,
+    )  # fmt: skip
+    if recreated:
+        again = templates.plan.stable.deployment
+        events.append(Event("Reconciled", f"created {again} again, the stable pod template's"))
     await _scale_templates(api, namespace, str(meta.get("uid") or ""), templates, rendered,
                            check_children)  # fmt: skip
     # fewer pods than asked: maybe the API server refuses them (the Deployment says why)
@@ -403,6 +419,8 @@ async def reconcile_pass(
     events += templates.plan.events
     templates.write(new_status, _conditions(status), time.time())
     new_status["appliedHash"] = applied
+    if kept is not None:
+        new_status[STABLE_TEMPLATE_FIELD] = kept
     new_status["selector"] = selector_text(name)  # the scale subresource's labelSelectorPath
     new_status["foreignChildren"] = foreign
     new_status["verifiedVersions"] = gate.verified
@@ -411,12 +429,14 @@ async def reconcile_pass(
     if new_status.get("currentVersion") != stable:  # children follow the new stable: now,
         wakes.append(0.0)  # in the rollout's own time, not at the next (idle) resync
     cleared = list(own.cleared) + ([PROMOTE] if templates.plan.promotion_used else [])
+    cleared += templates.plan.cleared
 
     tenants_after: dict[str, Any] = {}
     for tenant in spec.tenant_models:
         passed = await _tenant_pass(
             body, spec, tenant, tenants_before.get(tenant.track) or {}, pods, namespace, name,
             memo, generation, annotations, logger, hold=templates.holds_versions(),
+            pods_refused=refused,
         )  # fmt: skip
         tenants_after[tenant.track] = passed.status
         events += passed.events
@@ -627,10 +647,13 @@ async def _tenant_pass(
     annotations: dict[str, str],
     logger: kopf.Logger,
     hold: bool = False,
+    pods_refused: str | None = None,
 ) -> TrackPass:
     """A tenant model's own rollout, which never touches another track's annotations; its
     refusal (a version not in the store) is its own status, not the resource's. Its
-    events name the tenant. ``hold``: a template rollout runs; its version waits."""
+    events name the tenant. ``hold``: a template rollout runs; its version waits.
+    ``pods_refused``: why the API server refuses the pods, which every track shares (its
+    entry's ``PodsSchedulable`` says so, as the resource's does)."""
     own = track_spec(spec, tenant)
     if hold:
         own = replace(own, version=held_version(status) or own.version)
@@ -643,7 +666,7 @@ async def _tenant_pass(
     passed = await _track_pass(
         gate.spec, status, track_keys(tenant.track), pods, namespace, name, memo.api,
         generation, annotations, store_problem=gate.problem, store_checked=gate.checked,
-        pins=gate.pins,
+        pins=gate.pins, pods_refused=pods_refused,
     )  # fmt: skip
     passed.status["verifiedVersions"] = gate.verified
     passed.status[PINS_FIELD] = gate.pins

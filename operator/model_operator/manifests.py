@@ -374,6 +374,9 @@ OWNED_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 # annotation of the child, so that those the spec drops later are removed (cluster.apply)
 # and nobody else's are
 SPEC_KEYS = f"{DOMAIN}/spec-keys"
+# on a pod template's Deployment: the digest of the template it runs (template_digest), as
+# the operator rendered it (template_pass): which template it is, whatever its name
+TEMPLATE_DIGEST = f"{DOMAIN}/template-digest"
 
 
 def spec_keys(maps: Mapping[tuple[str, ...], Iterable[str]]) -> str:

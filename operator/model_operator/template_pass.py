@@ -10,17 +10,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from model_rollout_contract.annotations import RETRY
+from model_rollout_contract.annotations import ABORT, RETRY
 from model_rollout_contract.states import ConditionType, Phase, RolloutStage
 
 from . import cluster
 from .analysis import AnalysisState, Sample
 from .analysis_sources import read_template_canary
 from .kube_client import KubeClient
-from .manifests import deployment, template_digest, template_of
+from .manifests import TEMPLATE_DIGEST, deployment, template_digest, template_of
 from .pods import PodView
 from .spec import ModelDeploymentSpec
 from .status import condition, iso, rollout_from_status
+from .template_recovery import stable_from_cluster
 from .template_rollout import (
     FAILED,
     TemplatePlan,
@@ -28,6 +29,7 @@ from .template_rollout import (
     TemplateRollout,
     analysing,
     deployment_of,
+    names_template,
     plan_template,
 )
 
@@ -83,6 +85,7 @@ class TemplatePass:
         """The Deployment ``rendered`` with the pods the plan gives it."""
         body = deployment(self.name, namespace, spec, template_of(self.name, rendered))
         body["spec"]["replicas"] = self.plan.replicas.get(rendered, spec.replicas)
+        body["metadata"]["annotations"][TEMPLATE_DIGEST] = self.digest
         return body
 
     def write(self, status: dict[str, Any], existing: list[dict[str, Any]], now: float) -> None:
@@ -154,6 +157,16 @@ def without_retries(annotations: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k != RETRY and not k.startswith(f"{RETRY}.")}
 
 
+def template_actions(
+    annotations: dict[str, str],
+) -> tuple[dict[str, str], str | None, str | None]:
+    """``annotations`` without the abort and retry that name a template rollout (never
+    seen by a version's planner), and those two values (``None``: absent or a version's)."""
+    taken = {k: v for k, v in annotations.items() if k in (ABORT, RETRY) and names_template(v)}
+    rest = {k: v for k, v in annotations.items() if k not in taken}
+    return rest, taken.get(ABORT), taken.get(RETRY)
+
+
 def _version_rolling(status: dict[str, Any]) -> bool:
     """Does a version rollout run, of the deployment's model or of a tenant's?"""
     tenants = status.get("tenants")
@@ -216,10 +229,13 @@ async def plan_templates(
     pods: list[PodView],
     promoted: str | None,
     uid: str | None = None,
+    aborted: str | None = None,
+    retried: str | None = None,
 ) -> TemplatePass:
     """The template plan for this pass, from the status the last pass left (and, while
     the target has fewer pods than it asks, why the API server refuses them: ``uid``,
-    the ModelDeployment's, owns the target)."""
+    the ModelDeployment's, owns the target); ``aborted``, ``retried``: see
+    :func:`template_actions`."""
     state = TemplateRollout.from_status(status.get(TEMPLATE_ROLLOUT_FIELD))
     refused = None
     if state is not None and state.stage != FAILED:
@@ -228,6 +244,12 @@ async def plan_templates(
         if present < min(state.wanted, spec.replicas):
             refused = await cluster.pods_refused(api, namespace, state.target.deployment, uid)
     digest = template_digest(name, namespace, spec)
+    stable = TemplateRef.from_status(status.get(TEMPLATE_FIELD))
+    first_deployment = status.get("currentVersion") is None
+    if stable is None:  # a first pass, or a status restored without it: the cluster says
+        stable = await stable_from_cluster(api, namespace, name, digest, pods, uid)
+        # ready pods serve: a status without currentVersion is no first deployment then
+        first_deployment = first_deployment and not any(p.ready for p in pods)
     now = time.time()
     analysis = template_analysis(status)
     # the version every pod serves while a template rollout runs (no version rollout
@@ -238,7 +260,7 @@ async def plan_templates(
         name,
         spec,
         digest,
-        TemplateRef.from_status(status.get(TEMPLATE_FIELD)),
+        stable,
         TemplateRef.from_status(status.get(PREVIOUS_TEMPLATE_FIELD)),
         state,
         pods,
@@ -248,8 +270,10 @@ async def plan_templates(
         _version_rolling(status),
         _draining(status),
         refused,
-        first_deployment=status.get("currentVersion") is None,
+        first_deployment=first_deployment,
         analysis=analysis,
         sample=sample,
+        aborted=aborted,
+        retried=retried,
     )
     return TemplatePass(name, digest, plan)

@@ -23,8 +23,13 @@ PodDisruptionBudget); a new pod not yet ready is a load, capped by
 * complete: every pod on the new template: it becomes the stable one, the old Deployment
   stays at zero pods for a rollback (an edit of the template back), older ones go;
 * ``failed``: no more new pods ready for ``progressDeadlineSeconds`` (a pod that does not
-  start, a refused one): the stable Deployment is scaled back up and the candidate
-  *drains*, until the template changes again.
+  start, a refused one), or the abort annotation named it: the stable Deployment is
+  scaled back up and the candidate *drains*, until the template changes again or the
+  retry annotation names it (a new rollout from the canary, with a fresh deadline).
+
+The abort and retry annotations name a template rollout by its id (:attr:`TemplateRollout.id`,
+``<deployment>@<start>``): a version's name holds no ``@``, so a value tells which kind
+of rollout it is about (:func:`names_template`).
 
 A Deployment that has pods but is neither the stable one nor the candidate (a candidate
 abandoned by an edit back or to a third template, a failed one, one an earlier operator
@@ -43,7 +48,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from model_rollout_contract.annotations import FULL_PROMOTION_SUFFIX, promotion_id
+from model_rollout_contract.annotations import ABORT, FULL_PROMOTION_SUFFIX, RETRY, promotion_id
 from model_rollout_contract.states import Phase
 
 from .analysis import CANDIDATE_GROUP, STABLE_GROUP, AnalysisState, Result, Sample
@@ -58,6 +63,8 @@ FAILED = "failed"
 STARTED_EVENT = "TemplateRolloutStarted"
 COMPLETE_EVENT = "TemplateRolloutComplete"
 FAILED_REASON = "TemplateRolloutFailed"
+ABORTED_REASON = "TemplateRolloutAborted"
+RETRIED_EVENT = "TemplateRolloutRetried"
 WAITING_REASON = "TemplateRolloutWaiting"
 
 
@@ -99,6 +106,7 @@ class TemplateRollout:
     progress_at: float = 0.0
     ready_seen: int = 0  # the most target pods ready since it last had all it asks
     paused_at: float | None = None  # when spec.paused began to hold it
+    aborted: bool = False  # failed by the abort annotation, not by its deadline
 
     @property
     def id(self) -> str:
@@ -120,6 +128,7 @@ class TemplateRollout:
             "progressAt": self.progress_at,
             "readySeen": self.ready_seen,
             "pausedAt": self.paused_at,
+            "aborted": self.aborted,
             "promoteWith": self.id,
         }
 
@@ -149,6 +158,7 @@ class TemplateRollout:
                 float(raw["progressAt"] if "progressAt" in raw else raw["startedAt"]),
                 int(raw.get("readySeen") or 0),
                 float(paused) if paused is not None else None,
+                raw.get("aborted") is True,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -169,6 +179,7 @@ class TemplatePlan:
     wake_in: float | None = None
     promotion_used: bool = False
     analysis: AnalysisState | None = None  # of the rollout's canary (status.analysis)
+    cleared: tuple[str, ...] = ()  # the abort/retry annotations read: the operator clears them
 
 
 def analysing(
@@ -181,6 +192,12 @@ def analysing(
     if spec.canary.analysis is None or analysis is None or analysis.rollout != state.id:
         return None
     return analysis
+
+
+def names_template(value: str) -> bool:
+    """Does an abort or retry annotation's value name a template rollout (its id) rather
+    than a version?"""
+    return "@" in value
 
 
 def deployment_for(
@@ -216,6 +233,8 @@ def plan_template(
     first_deployment: bool = False,
     analysis: AnalysisState | None = None,
     sample: Sample | None = None,
+    aborted: str | None = None,
+    retried: str | None = None,
 ) -> TemplatePlan:
     """What each Deployment of the ModelDeployment ``name`` should run, for the pod
     template ``digest`` the spec renders now. ``draining``: those the last pass left
@@ -224,7 +243,9 @@ def plan_template(
     serving: a new template replaces the stable one's in place, as a first deployment's
     version moves every pod at once; a fix of pods that cannot start waits for nothing).
     ``analysis``: the canary's as the last plan left it; ``sample``: what the operator
-    read of the two groups, when :func:`analysing` said a check was due."""
+    read of the two groups, when :func:`analysing` said a check was due.
+    ``aborted``, ``retried``: the values of the abort and retry annotations that name a
+    template rollout (:func:`names_template`)."""
     if stable is None:  # the first pass (or one of an operator that kept no template)
         stable = TemplateRef(name, digest)
     if first_deployment and state is None and digest != stable.digest:
@@ -241,6 +262,15 @@ def plan_template(
         )
         abandoned.append(state.target.deployment)
         state = None
+    cleared: list[str] = []
+    if retried is not None:
+        cleared.append(RETRY)
+        if _retry(state, retried, events):
+            state = None  # the failure forgotten: the rollout starts again below
+    abort = False
+    if aborted is not None:
+        cleared.append(ABORT)
+        abort = _abortable(state, aborted, events)
     plan: TemplatePlan
     if state is None and digest == stable.digest:
         plan = TemplatePlan(stable, previous, None, {stable.deployment: spec.replicas})
@@ -276,8 +306,45 @@ def plan_template(
             )
     if state is not None:
         step = _Step(name, spec, state, stable, previous, pods, now, rng, promoted, refused)
-        plan = step.run(analysis, sample)
+        plan = step.abort() if abort else step.run(analysis, sample)
+    plan = replace(plan, cleared=tuple(cleared))
     return _drain(name, spec, plan, pods, (*draining, *abandoned), events)
+
+
+def _retry(state: TemplateRollout | None, value: str, events: list[Event]) -> bool:
+    """Does the retry annotation restart the failed template rollout ``value`` names? One
+    read again after it restarted it (its removal not yet seen) is dropped quietly; one of
+    another rollout, or of one that has not failed, with an Event."""
+    if state is not None and state.stage == FAILED and value == state.id:
+        events.append(
+            Event(RETRIED_EVENT, f"pods move to {state.target.deployment} again "
+                  f"(was: {state.message})")
+        )  # fmt: skip
+        return True
+    running = state is not None and state.stage != FAILED
+    if running and state is not None and value.partition("@")[0] == state.target.deployment:
+        return False  # the one this retry restarted, running
+    why = "no failed pod template rollout has that id" + (
+        f" (it is {state.id}, {state.stage})" if state is not None else ""
+    )
+    events.append(Event("RetryIgnored", f"retry of {value} ignored: {why}", warning=True))
+    return False
+
+
+def _abortable(state: TemplateRollout | None, value: str, events: list[Event]) -> bool:
+    """Does the abort annotation stop the template rollout that runs now? One read again
+    after it acted is dropped quietly; one of another rollout, or of one not running, is
+    ignored with an Event."""
+    if state is not None and value == state.id:
+        if state.stage != FAILED:
+            return True
+        if state.aborted:
+            return False
+    why = "no pod template rollout with that id runs" + (
+        f" (it is {state.id}, {state.stage})" if state is not None else ""
+    )
+    events.append(Event("AbortIgnored", f"abort of {value} ignored: {why}", warning=True))
+    return False
 
 
 def _drain(
@@ -361,7 +428,8 @@ class _Step:
             self.analysis = analysis  # another rollout's never carries over
         self.sample = sample
         if self.state.stage == FAILED:
-            return self._plan(Phase.DEGRADED, FAILED_REASON, self.state.message, 0)
+            reason = ABORTED_REASON if self.state.aborted else FAILED_REASON
+            return self._plan(Phase.DEGRADED, reason, self.state.message, 0)
         ready = sum(p.ready for p in self.new)
         self._progress(ready)
         replicas = self.spec.replicas
@@ -590,6 +658,18 @@ class _Step:
             Event(FAILED_REASON, f"{message}; back on {self.stable.deployment}", True)
         )
         return self._plan(Phase.DEGRADED, FAILED_REASON, message, 0)
+
+    def abort(self) -> TemplatePlan:
+        """The abort annotation: failed now, as by its deadline (the stable Deployment
+        back to every pod, the target drains), until the template changes or a retry."""
+        message = f"aborted (kubectl model abort) at {self.state.wanted} pods of " + (
+            f"{self.state.target.deployment}"
+        )
+        self.state = replace(self.state, stage=FAILED, wanted=0, message=message, aborted=True)
+        self.events.append(
+            Event(ABORTED_REASON, f"{message}; back on {self.stable.deployment}", True)
+        )
+        return self._plan(Phase.DEGRADED, ABORTED_REASON, message, 0)
 
     def _complete(self) -> TemplatePlan:
         target, source = self.state.target, self.state.source

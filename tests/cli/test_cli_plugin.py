@@ -733,7 +733,7 @@ async def test_promote_abort_and_retry_with_track_write_that_tracks_annotations_
 
     await admin.set_status("mlp", {"tenants": {"acme-mlp": ACME_FAILED}})
     code, out, err = await tool("retry", "mlp", "--track", "acme-mlp")
-    assert code == 0 and "track acme-mlp: rollout of a2 retried" in out, (out, err)
+    assert code == 0 and "track acme-mlp: version rollout of a2 retried" in out, (out, err)
     annotations = (await admin.read())["metadata"]["annotations"]
     assert annotations[acme.retry] == "a2" and RETRY not in annotations
     # the one change-cause of every track is left alone: a release may have just

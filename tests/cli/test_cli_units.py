@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from model_rollout_cli import errors, plugin, release
+from model_rollout_cli import commands, errors, plugin, release
 from model_rollout_cli.cause import change_cause, ci_job
 from model_rollout_cli.commands import watch_code
 from model_rollout_cli.errors import OK, ROLLOUT_FAILED, TIMED_OUT, USAGE, api_error
@@ -24,7 +24,7 @@ from model_rollout_cli.overview import held_versions, list_table, tree
 from model_rollout_cli.table import age
 from model_rollout_cli.track import checked_keys, track_view
 from model_rollout_cli.view import Progress, progress_line, render
-from model_rollout_contract.annotations import change_cause_for, is_timed_cause
+from model_rollout_contract.annotations import ABORT, RETRY, change_cause_for, is_timed_cause
 from model_rollout_contract.defaults import HISTORY_LIMIT
 from model_rollout_contract.report import SidecarReport
 from model_rollout_contract.states import RolloutResult, SidecarState
@@ -579,3 +579,60 @@ def test_a_status_the_operator_has_not_caught_up_with_is_never_shown_as_the_spec
                    observedGeneration=4)  # fmt: skip
     lines = render(caught_up, [], [], NOW).splitlines()
     assert "Phase:       Available" in lines and "Target:      v3" in lines
+
+
+class PatchedCluster:
+    """A resource read and merge-patched in memory: what a day-2 command writes."""
+
+    def __init__(self, resource: dict[str, Any]) -> None:
+        self.resource, self.patches = resource, []  # type: list[dict[str, Any]]
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.resource
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        return self.resource
+
+
+def template_rollout(stage: str, started: float = 200.0) -> dict[str, Any]:
+    return {
+        "kind": "template", "stage": stage, "startedAt": started,
+        "from": {"deployment": "mlp", "digest": "a" * 16},
+        "to": {"deployment": "mlp-bbbbbbbbbb", "digest": "b" * 16},
+        "promoteWith": f"mlp-bbbbbbbbbb@{int(started)}",
+    }  # fmt: skip
+
+
+def day2(command: str, resource: dict[str, Any]) -> tuple[PatchedCluster, str]:
+    cluster, out = PatchedCluster(resource), io.StringIO()
+    run = commands.abort if command == "abort" else commands.retry
+    assert run(cluster, "mlp", commands.Follow(out=out)) == OK  # type: ignore[arg-type]
+    return cluster, out.getvalue()
+
+
+def test_abort_and_retry_act_on_the_pod_template_rollout_and_say_so() -> None:
+    running = md(
+        [], phase="Canary", currentVersion="v3", templateRollout=template_rollout("canary")
+    )
+    cluster, out = day2("abort", running)
+    assert cluster.patches == [{"metadata": {"annotations": {ABORT: "mlp-bbbbbbbbbb@200"}}}]
+    assert "pod template rollout to mlp-bbbbbbbbbb aborted" in out and "back to mlp" in out
+    failed = md(
+        [], phase="Degraded", currentVersion="v3", templateRollout=template_rollout("failed")
+    )
+    cluster, out = day2("retry", failed)
+    assert cluster.patches == [{"metadata": {"annotations": {RETRY: "mlp-bbbbbbbbbb@200"}}}]
+    assert "pod template rollout to mlp-bbbbbbbbbb retried" in out
+
+
+def test_retry_with_a_version_and_a_template_rollout_failed_takes_the_later_one() -> None:
+    rollout = {"toVersion": "v3", "fromVersion": "v2", "stage": "failed", "startedAt": 300.0}
+    both = md([], phase="Degraded", currentVersion="v2", rollout=rollout,
+              templateRollout=template_rollout("failed", started=200.0))  # fmt: skip
+    cluster, out = day2("retry", both)
+    assert cluster.patches[0]["metadata"]["annotations"][RETRY] == "v3"
+    assert "version rollout of v3 retried" in out
+    both["status"]["templateRollout"] = template_rollout("failed", started=400.0)
+    cluster, out = day2("retry", both)
+    assert cluster.patches[0]["metadata"]["annotations"] == {RETRY: "mlp-bbbbbbbbbb@400"}

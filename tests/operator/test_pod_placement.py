@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import kopf
 import kubernetes_validate
 import pytest
 import yaml
 
-from model_operator import cluster
+from model_operator import cluster, handlers
+from model_operator.config import OperatorConfig
 from model_operator.manifests import (
     ACCOUNT_DIGEST,
     SPEC_KEYS,
+    TEMPLATE_DIGEST,
     children,
     deployment,
     digest,
     labels,
     pod_rbac,
+    template_digest,
 )
 from model_operator.placement import OPERATOR_LABELS, OWN_PREFIX
 from model_operator.pods import PodView, pod_view
@@ -349,6 +354,52 @@ def test_placement_another_tool_wrote_is_left_alone_and_costs_no_write() -> None
     assert patch["spec"]["template"]["spec"]["tolerations"] is None
 
 
+class _LiveDeployment:
+    """One Deployment the resource owns, as :func:`cluster.apply` reads and patches it."""
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        self.live, self.patches = live, []  # type: list[dict[str, Any]]
+
+    async def request(self, method: str, path: str, body: Any = None, *_: Any) -> Any:
+        assert method == "GET", method
+        return self.live
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        self.patches.append(patch)
+        return self.live
+
+
+def _stamped(**changes: Any) -> dict[str, Any]:
+    """The Deployment as the operator applies it: stamped with its template's digest."""
+    spec = parse_spec(example(**changes)["spec"])
+    body = deployment("resnet", "ml", spec)
+    body["metadata"]["annotations"][TEMPLATE_DIGEST] = template_digest("resnet", "ml", spec)
+    body["metadata"]["ownerReferences"] = [{"controller": True, "uid": "md-uid"}]
+    return body
+
+
+async def test_a_webhooks_addition_to_a_list_the_spec_gives_is_left_alone() -> None:
+    """The spec gives a toleration and a GPU operator's webhook appends its own to the
+    Deployment's template: the lists differ on every pass, and each write would take the
+    webhook's away for the webhook to add it back. The template the operator rendered is
+    unchanged (its stamped digest): nothing is written. A real change still is."""
+    spot = {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    live = _live(_stamped(pod={"tolerations": [GPU_TOLERATION]}))
+    live["spec"]["template"]["spec"]["tolerations"].append(spot)  # the webhook's
+    api = _LiveDeployment(live)
+    again = _stamped(pod={"tolerations": [GPU_TOLERATION]})
+    assert await cluster.apply(api, again) is cluster.ApplyResult.UNCHANGED  # type: ignore[arg-type]
+    assert api.patches == []
+    changed = _stamped(image="server:2", pod={"tolerations": [GPU_TOLERATION]})
+    assert await cluster.apply(api, changed) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    [patch] = api.patches
+    assert patch["spec"]["template"]["spec"]["containers"][0]["image"] == "server:2"
+    scaled = _stamped(replicas=7, pod={"tolerations": [GPU_TOLERATION]})
+    api.patches.clear()
+    assert await cluster.apply(api, scaled) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    assert "template" not in api.patches[0]["spec"] and api.patches[0]["spec"]["replicas"] == 7
+
+
 def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_pods() -> None:
     """Kubernetes matches a pod affinity term without a labelSelector with no pod at all:
     the docs' one-pod-per-node anti-affinity would do nothing. As a topology spread
@@ -483,3 +534,64 @@ def test_a_new_account_role_replaces_the_pods() -> None:
     patch = cluster.with_removals(_live(one), _patch(_deployment()), "Deployment")
     [(key, removed)] = patch["spec"]["template"]["metadata"]["annotations"].items()
     assert key.startswith(OWN_PREFIX) and removed is None
+
+
+class _Cluster:
+    """Objects by path for one whole pass (:func:`handlers.reconcile_pass`): created,
+    patched and read back; the Deployment ``refused`` says its pods are refused."""
+
+    def __init__(self, deployment_path: str, uid: str) -> None:
+        refs = [{"controller": True, "uid": uid}]
+        self.objects: dict[str, Any] = {
+            deployment_path: {
+                "metadata": {"name": "resnet", "ownerReferences": refs},
+                "status": {"conditions": [FAILED_CREATE]},
+            }
+        }
+
+    async def request(self, method: str, path: str, body: Any = None, *_: Any) -> Any:
+        if method == "POST":
+            self.objects[f"{path}/{body['metadata'].get('name')}"] = body
+            return body
+        return self.objects.get(path) if method == "GET" else {}
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        return self.objects.get(path)
+
+
+async def test_pods_the_api_server_refuses_are_said_in_every_tenant_tracks_entry() -> None:
+    """The pods are every track's: a refusal the resource's PodsSchedulable says
+    (FailedCreate) is in each tenant model's entry too, not Scheduled there."""
+    raw = {
+        "model": "resnet", "version": "v1", "image": "server:1", "replicas": 2,
+        "store": {"pvc": "models"}, "allowUnsigned": True,
+        "tenants": {"secretName": "tenants", "models": [
+            {"name": "acme-mlp", "tenant": "acme", "model": "mlp", "version": "a1"},
+            {"name": "globex-mlp", "tenant": "globex", "model": "mlp", "version": "g1"},
+        ]},
+    }  # fmt: skip
+    meta = {"name": "resnet", "namespace": "ml", "uid": "md-uid", "generation": 1}
+    body = {"apiVersion": "serving.model-rollout.io/v1alpha1", "kind": "ModelDeployment",
+            "metadata": meta, "spec": raw}  # fmt: skip
+    api = _Cluster("/apis/apps/v1/namespaces/ml/deployments/resnet", "md-uid")
+    memo = SimpleNamespace(config=OperatorConfig(check_store=False), api=api)
+    logger = kopf.ObjectLogger(body=kopf.Body(body), settings=kopf.OperatorSettings())
+    passed = await handlers.reconcile_pass(
+        kopf.Body(body),
+        {},
+        "resnet",
+        "ml",
+        [],
+        memo,
+        logger,  # type: ignore[arg-type]
+    )
+
+    def schedulable(status: dict[str, Any]) -> tuple[str, str, str]:
+        [found] = [c for c in status["conditions"] if c["type"] == "PodsSchedulable"]
+        return found["status"], found["reason"], found["message"]
+
+    refused = ("False", "FailedCreate", f"pods cannot be created: {FAILED_CREATE['message']}")
+    assert schedulable(passed.status) == refused
+    assert {t: schedulable(e) for t, e in passed.status["tenants"].items()} == {
+        "acme-mlp": refused, "globex-mlp": refused,
+    }  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 from model_operator.pods import PodView
 from model_operator.spec import ModelDeploymentSpec, parse_spec
-from model_operator.template_pass import without_retries
+from model_operator.template_pass import template_actions, without_retries
 from model_operator.template_rollout import (
     BATCHES,
     CANARY,
@@ -20,6 +20,7 @@ from model_operator.template_rollout import (
     TemplateRollout,
     plan_template,
 )
+from model_rollout_contract.annotations import ABORT, RETRY
 from model_rollout_contract.states import Phase
 
 OLD, NEW = "a" * 16, "b" * 16
@@ -57,10 +58,11 @@ def step(
     promoted: str | None = None,
     version_rolling: bool = False,
     previous: TemplateRef | None = None,
+    **actions: str,
 ) -> TemplatePlan:
     return plan_template(
         "mlp", given, digest, STABLE, previous, state, seen, now, random.Random(1), promoted,
-        version_rolling,
+        version_rolling, **actions,
     )  # fmt: skip
 
 
@@ -312,3 +314,57 @@ def test_every_tracks_retry_waits_for_a_template_rollout() -> None:
     kept = {"serving.model-rollout.io/promote": "mlp-x@1", "other": "1"}
     retries = {"serving.model-rollout.io/retry": "v2", "serving.model-rollout.io/retry.acme": "v3"}
     assert without_retries({**kept, **retries}) == kept
+
+
+def test_a_retry_restarts_a_failed_template_rollout_from_its_canary_with_a_fresh_deadline() -> None:
+    given = spec(rollout={"batchSize": 1, "progressDeadlineSeconds": 30})
+    failed = TemplateRollout(
+        STABLE, TemplateRef(TARGET, NEW), FAILED, 0.0, wanted=0, batch=2, message="stuck"
+    )
+    held = step(given, failed, pods(4, 0), now=500.0)
+    assert held.state == failed and held.reason == "TemplateRolloutFailed"
+    retried = step(given, failed, pods(4, 0), now=500.0, retried=failed.id)
+    assert retried.state is not None and retried.state.stage == CANARY
+    assert retried.state.started_at == 500.0 and retried.state.progress_at == 500.0
+    assert retried.replicas == {"mlp": 4, TARGET: 1} and retried.cleared == (RETRY,)
+    assert [e.reason for e in retried.events] == [
+        "TemplateRolloutRetried",
+        "TemplateRolloutStarted",
+    ]
+    again = step(given, retried.state, pods(4, 1, new_ready=0), now=501.0, retried=failed.id)
+    assert again.state is not None and again.state.stage == CANARY and again.events == ()
+
+
+def test_an_abort_sends_the_pods_back_to_the_stable_template_until_a_retry() -> None:
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), BATCHES, 0.0, wanted=3, batch=2)
+    aborted = step(spec(), state, pods(1, 3), aborted=state.id)
+    assert aborted.state is not None and aborted.state.stage == FAILED and aborted.state.aborted
+    assert aborted.phase is Phase.DEGRADED and aborted.reason == "TemplateRolloutAborted"
+    assert aborted.replicas == {"mlp": 4, TARGET: 3} and aborted.draining == (TARGET,)
+    assert aborted.cleared == (ABORT,) and aborted.events[0].reason == "TemplateRolloutAborted"
+    assert TemplateRollout.from_status(aborted.state.to_status()) == aborted.state
+    later = step(spec(), aborted.state, pods(4, 3), now=5000.0, aborted=state.id)
+    assert later.state == aborted.state and later.events == ()  # read again: quietly
+    assert later.reason == "TemplateRolloutAborted" and later.replicas[TARGET] == 0
+    retried = step(spec(), aborted.state, pods(4, 0), now=5001.0, retried=state.id)
+    assert retried.state is not None and retried.state.stage == CANARY
+
+
+def test_an_abort_or_retry_of_no_such_template_rollout_is_ignored_with_an_event() -> None:
+    state = TemplateRollout(STABLE, TemplateRef(TARGET, NEW), CANARY, 0.0, wanted=1)
+    plan = step(spec(), state, pods(4, 0), retried=f"{TARGET}@1", aborted="mlp-cccccccccc@3")
+    assert plan.state is not None and plan.state.stage == CANARY
+    assert [e.reason for e in plan.events] == ["AbortIgnored"]
+    assert sorted(plan.cleared) == sorted((ABORT, RETRY))
+    failed = replace(state, stage=FAILED, started_at=5.0)
+    stale = step(spec(), failed, pods(4, 0), retried=state.id)  # of an earlier one
+    assert stale.state == failed and [e.reason for e in stale.events] == ["RetryIgnored"]
+    idle = step(spec(), None, pods(4, 0), digest=OLD, retried="mlp@1")
+    assert [e.reason for e in idle.events] == ["RetryIgnored"] and idle.cleared == (RETRY,)
+
+
+def test_only_an_abort_or_retry_naming_a_template_rollout_is_the_templates() -> None:
+    annotations = {ABORT: "mlp-bbbbbbbbbb@100", RETRY: "v2", f"{RETRY}.acme": "x@1"}
+    rest, aborted, retried = template_actions(annotations)
+    assert (aborted, retried) == ("mlp-bbbbbbbbbb@100", None)
+    assert rest == {RETRY: "v2", f"{RETRY}.acme": "x@1"}
