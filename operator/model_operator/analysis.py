@@ -252,6 +252,19 @@ class AnalysisState:
             return None
 
 
+def last_check_passed(analysis: AnalysisState | None) -> bool:
+    """Whether a canary's last check passed: what its end (or a promotion) waits for."""
+    return analysis is not None and analysis.last_result is Result.PASSED
+
+
+def verdict_of(analysis: AnalysisState | None) -> str:
+    """A canary's analysis so far, for a status message."""
+    if analysis is None or analysis.last_result is None:
+        return "waiting for the first check"
+    a = analysis
+    return f"{a.last_result} ({a.checks} checks, {a.failures} failed): {a.message}"
+
+
 def _snapshot(raw: Any) -> Snapshot | None:
     """A baseline read back from the status; one of the wrong shape is no baseline (the
     next scrape becomes one)."""

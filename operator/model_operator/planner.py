@@ -102,7 +102,7 @@ from model_rollout_contract.canary import TrafficPolicy
 from model_rollout_contract.defaults import MAX_SIGNAL_DELAY_SECONDS
 from model_rollout_contract.states import CanaryStep, Phase, RolloutStage
 
-from .analysis import AnalysisState, Result, Sample
+from .analysis import AnalysisState, Result, Sample, last_check_passed, verdict_of
 from .pods import PodView
 from .spec import AnalysisSpec, ModelDeploymentSpec
 
@@ -632,7 +632,7 @@ class _Tick:
         if spec is not None:
             if failed := self._analyse(spec, sample):
                 return failed
-            verdict = f"; analysis {self._verdict()}"
+            verdict = f"; analysis {verdict_of(self.analysis)}"
             if (why := self._undecided(spec)) is not None:  # onInconclusive: hold
                 return self.plan(
                     Phase.DEGRADED,
@@ -651,13 +651,13 @@ class _Tick:
                     f"{PROMOTE}={self.state.promotion}"
                     + (" (it promotes after a passed check)" if spec is not None else ""),
                 )
-            if spec is not None and not self._passed():
+            if spec is not None and not last_check_passed(self.analysis):
                 checked = self.analysis is not None and self.analysis.last_result is not None
                 return self.plan(  # the annotation stays: it approves, the analysis decides
                     Phase.CANARY,
                     "AwaitingAnalysis",
                     "canary healthy; approved; waiting for analysis to pass (last: "
-                    f"{self._verdict() if checked else 'no check yet'})",
+                    f"{verdict_of(self.analysis) if checked else 'no check yet'})",
                 )
             self.promotion_used = True
         elif self.now < healthy_at + self.spec.canary.pause_seconds:
@@ -665,7 +665,7 @@ class _Tick:
             return self.plan(
                 Phase.CANARY, "CanaryPause", f"canary healthy{verdict}; {left:.0f}s of pause left"
             )
-        elif spec is not None and not self._passed():
+        elif spec is not None and not last_check_passed(self.analysis):
             return self.plan(
                 Phase.CANARY,
                 "AnalysisHolding",
@@ -692,7 +692,7 @@ class _Tick:
         goes live on the step's first passed check. A promote annotation read now is
         kept: it approves the canary, it never skips the shadow or the live step's check."""
         shadow = self.spec.canary.shadow
-        if spec is not None and shadow.enabled and not self._passed():
+        if spec is not None and shadow.enabled and not last_check_passed(self.analysis):
             approved = (
                 "; approved: promoted once the live step passes a check too"
                 if self.spec.canary.manual_promote and promoted_version == self.state.promotion
@@ -711,8 +711,8 @@ class _Tick:
         """The shadow step passed (or is no longer asked for): the canary pods get their
         live share, held and judged afresh as a canary without a shadow step is."""
         a = self.analysis
-        passed = spec is not None and a is not None and self._passed()
-        if passed and a is not None:
+        shadow_passed = spec is not None and a is not None and last_check_passed(self.analysis)
+        if shadow_passed and a is not None:
             result = f"passed at check {a.checks} ({a.failures} failed): {a.message}"
         else:
             result = "skipped: spec.canary no longer asks for it"
@@ -729,7 +729,7 @@ class _Tick:
         )
         self.events.append(
             Event(
-                "ShadowPassed" if passed else "ShadowSkipped",
+                "ShadowPassed" if shadow_passed else "ShadowSkipped",
                 f"shadow step of {self.version} {result}; it now answers {share}",
             )
         )
@@ -775,16 +775,6 @@ class _Tick:
             self.analysis = held.restart_window(self.now, spec)
         else:
             self.analysis = AnalysisState.start(self.state.promotion, self.now, spec)
-
-    def _passed(self) -> bool:
-        """Whether the last check of this canary passed: what a promotion waits for."""
-        return self.analysis is not None and self.analysis.last_result is Result.PASSED
-
-    def _verdict(self) -> str:
-        a = self.analysis
-        if a is None or a.last_result is None:
-            return "waiting for the first check"
-        return f"{a.last_result} ({a.checks} checks, {a.failures} failed): {a.message}"
 
     def _analyse(self, spec: AnalysisSpec, sample: Sample | None) -> Plan | None:
         """Record ``sample``; roll the canary back when that makes ``failureLimit``."""
@@ -835,7 +825,7 @@ class _Tick:
         """``onInconclusive: rollback``: an unproven candidate goes, as a failed one does."""
         why = (
             f"canary analysis of {self.version} inconclusive{self._in_step()}: {why}: "
-            f"{self._verdict()}"
+            f"{verdict_of(self.analysis)}"
         )
         self.state = replace(
             self.state,

@@ -51,7 +51,15 @@ from typing import Any
 from model_rollout_contract.annotations import ABORT, FULL_PROMOTION_SUFFIX, RETRY, promotion_id
 from model_rollout_contract.states import Phase
 
-from .analysis import CANDIDATE_GROUP, STABLE_GROUP, AnalysisState, Result, Sample
+from .analysis import (
+    CANDIDATE_GROUP,
+    STABLE_GROUP,
+    AnalysisState,
+    Result,
+    Sample,
+    last_check_passed,
+    verdict_of,
+)
 from .manifests import deployment_name, template_label
 from .planner import INCONCLUSIVE_REASON, Event
 from .pods import PodView
@@ -489,7 +497,7 @@ class _Step:
         if spec is not None:  # checked even while spec.paused holds it, as a version's is
             if failed := self._analyse(spec):
                 return failed
-            verdict = f"; analysis {self._verdict()}"
+            verdict = f"; analysis {verdict_of(self.analysis)}"
             if (why := self._undecided(spec)) is not None:  # onInconclusive: hold
                 return self._plan(
                     Phase.DEGRADED, INCONCLUSIVE_REASON,
@@ -507,11 +515,11 @@ class _Step:
                     f"the canary of {target} waits for a promotion (kubectl model promote)"
                     + (" and a passed check" if spec is not None else "") + verdict, ready,
                 )  # fmt: skip
-            if spec is not None and not self._passed():
+            if spec is not None and not last_check_passed(self.analysis):
                 return self._plan(  # the annotation stays: it approves, the analysis decides
                     Phase.CANARY, "AwaitingAnalysis",
                     f"the canary of {target} is approved; waiting for analysis to pass "
-                    f"(last: {self._verdict()})", ready,
+                    f"(last: {verdict_of(self.analysis)})", ready,
                 )  # fmt: skip
             self.promotion_used = True
         elif held_for < canary.pause_seconds:
@@ -520,7 +528,7 @@ class _Step:
                 Phase.CANARY, "CanaryPause",
                 f"the canary of {target} holds {left:.0f}s more{verdict}", ready, wake_in=left,
             )  # fmt: skip
-        elif spec is not None and not self._passed():
+        elif spec is not None and not last_check_passed(self.analysis):
             return self._plan(
                 Phase.CANARY, "AnalysisHolding",
                 f"the canary of {target} moves on after a passed check{verdict}", ready,
@@ -545,7 +553,7 @@ class _Step:
         if (why := self._undecided(spec)) is not None:
             if spec.on_inconclusive == "rollback":
                 return self._fail(
-                    f"canary analysis of {target} inconclusive: {why}: {self._verdict()}"
+                    f"canary analysis of {target} inconclusive: {why}: {verdict_of(self.analysis)}"
                 )
             if held_before is None:
                 self.events.append(
@@ -575,16 +583,6 @@ class _Step:
         if self.analysis is None:
             return None
         return self.analysis.undecided(spec, spec.inconclusive_deadline(self.spec.rollout))
-
-    def _passed(self) -> bool:
-        """Whether the last check passed: what the canary's end waits for."""
-        return self.analysis is not None and self.analysis.last_result is Result.PASSED
-
-    def _verdict(self) -> str:
-        a = self.analysis
-        if a is None or a.last_result is None:
-            return "waiting for the first check"
-        return f"{a.last_result} ({a.checks} checks, {a.failures} failed): {a.message}"
 
     def _batches(self, ready: int) -> TemplatePlan:
         if ready < min(self.state.wanted, self.spec.replicas):
