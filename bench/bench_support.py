@@ -53,14 +53,20 @@ def publish_sized(
 
 
 def publish_versions(
-    root: Path, in_dim: int, hidden: int, depth: int, count: int = 1, model: str = "mlp"
+    root: Path,
+    in_dim: int,
+    hidden: int,
+    depth: int,
+    count: int = 1,
+    model: str = "mlp",
+    chunk_size: int | None = None,
 ) -> Path:
-    """v1 to v``count`` of one MLP shape, each with its own weights (seed = its number);
-    the path of the last."""
+    """v1 to v``count`` of one MLP shape, each with its own weights (seed = its number)
+    and its digest per ``chunk_size`` bytes if given; the path of the last."""
     path = root
     for seed in range(1, count + 1):
         path, _ = publish_mlp(
-            root, model, f"v{seed}", seed,
+            root, model, f"v{seed}", seed, chunk_size,
             in_dim=in_dim, hidden=hidden, out_dim=OUT_DIM, depth=depth,
         )  # fmt: skip
     return path

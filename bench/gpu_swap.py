@@ -277,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
     )
     p.add_argument(
+        "--digest-chunk-mib",
+        type=int,
+        default=8,
+        help="the manifests' digest per this many MiB, as publish writes them (0: the whole "
+        "file's only, hashed in one stream)",
+    )
+    p.add_argument(
         "--spare-copy-mb",
         type=int,
         default=ServerConfig.spare_copy_mb,
@@ -303,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
-        publish_versions(root, args.in_dim, args.hidden, args.depth, count=args.loads + 1)
+        chunk = args.digest_chunk_mib * 2**20 or None
+        publish_versions(
+            root, args.in_dim, args.hidden, args.depth, count=args.loads + 1, chunk_size=chunk
+        )
         model = root / "mlp" / "v1" / "model.onnx"
         size = model.stat().st_size / 2**20
         limits = physical_limits(model, "cuda")  # before the loads: nothing else runs
