@@ -168,9 +168,11 @@ class TorchEngine:
         chunk_bytes: int = torch_gpu.CHUNK_BYTES,
         io: torch_gpu.PerThreadIO | None = None,
         graphs: torch_gpu.GraphPool | None = None,
+        pinned: tuple[int, int] | None = None,
     ) -> None:
         """``io``: the backend's per-thread streams and buffers; ``graphs``: where this
-        engine keeps its CUDA graphs (None: none are captured)."""
+        engine keeps its CUDA graphs (None: none are captured); ``pinned``: the range of
+        ``data`` registered with CUDA (uploaded from there with no staging copy)."""
         self._torch = torch
         self._device = torch.device(device)
         self._gpu = self._device.type == "cuda"
@@ -185,7 +187,8 @@ class TorchEngine:
         started = self._timed("parse", started)
         self.upload_pieces = 0
         self._held_bytes = 0
-        self._weights: dict[str, Any] | None = self._upload(weights, chunk_bytes)
+        self.direct_bytes = 0
+        self._weights: dict[str, Any] | None = self._upload(weights, chunk_bytes, pinned)
         started = self._timed("upload", started)
         self._steps: list[_Step] | None = [self._step(n) for n in graph.node]
         self.inputs = tuple(_value_spec(v) for v in graph.input if v.name not in self._weights)
@@ -206,14 +209,20 @@ class TorchEngine:
         self.load_stages[stage] = now - started
         return now
 
-    def _upload(self, weights: Sequence[onnx_weights.Weight], chunk_bytes: int) -> dict[str, Any]:
+    def _upload(
+        self,
+        weights: Sequence[onnx_weights.Weight],
+        chunk_bytes: int,
+        pinned: tuple[int, int] | None,
+    ) -> dict[str, Any]:
         """All the weights in one allocation (one ``cudaMalloc`` rather than one per
-        tensor), each a view at an aligned offset, filled through the staged upload."""
+        tensor), each a view at an aligned offset, filled through the staged upload
+        (straight from ``pinned`` memory where the weights are)."""
         torch = self._torch
         stream = None
         if self._gpu:
             stream = torch.cuda.Stream(device=self._device, priority=torch_gpu.LOAD_PRIORITY)
-        upload = torch_gpu.StagedUpload(torch, chunk_bytes, stream)
+        upload = torch_gpu.StagedUpload(torch, chunk_bytes, stream, pinned)
         offsets, total = [], 0
         for weight in weights:
             offsets.append(total)
@@ -228,6 +237,7 @@ class TorchEngine:
                 tensors[weight.name] = tensor
         upload.finish()
         self.upload_pieces = upload.pieces
+        self.direct_bytes = upload.direct_bytes
         self._held_bytes = total
         return tensors
 
@@ -478,4 +488,29 @@ class TorchBackend:
 
     def load(self, model: ModelFile) -> TorchEngine:
         graphs = torch_gpu.GraphPool(GRAPHS_PER_SHAPE, GRAPH_SHAPES) if self.cuda_graphs else None
-        return TorchEngine(self._torch, model.data, self.device, self.chunk_bytes, self._io, graphs)
+        started = time.perf_counter()
+        pinned = self._pinned(model)
+        pin_s = time.perf_counter() - started
+        engine = TorchEngine(
+            self._torch, model.data, self.device, self.chunk_bytes, self._io, graphs, pinned
+        )
+        engine.load_stages["pin"] = pin_s  # registering a new private copy's pages
+        return engine
+
+    def _pinned(self, model: ModelFile) -> tuple[int, int] | None:
+        """The range of ``model``'s private copy registered with CUDA, registering it
+        first if need be: only a copy kept for later versions (its registration then
+        serves them too; pinning a copy for one load costs more than staging it)."""
+        private = model.private
+        if self._io is None or private is None or not private.reusable:
+            return None
+        address = private.address
+        if address is None:
+            return None
+        size = model.size
+        if torch_gpu.HOST_PIN not in private.pins:
+            if not torch_gpu.register_host(self._torch, address, size):
+                return None
+            torch = self._torch
+            private.pin(torch_gpu.HOST_PIN, lambda: torch_gpu.unregister_host(torch, address))
+        return address, size

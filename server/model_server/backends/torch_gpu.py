@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,20 +47,53 @@ def pieces(total: int, room: int, chunk: int) -> Iterator[int]:
         room -= piece
 
 
+HOST_PIN = "cuda-host-register"  # the owner of a private copy's CUDA registration
+
+
+def register_host(torch: Any, address: int, size: int) -> bool:
+    """Register ``size`` bytes at ``address`` with CUDA as pinned memory, so copies from
+    them go by DMA with no staging copy; False where the driver refuses (a copy is then
+    staged, as any pageable memory)."""
+    code = torch.cuda.cudart().cudaHostRegister(address, size, 0)
+    if int(code) != 0:
+        log.warning("cudaHostRegister of %d bytes refused (error %s): staged copies", size, code)
+        return False
+    return True
+
+
+def unregister_host(torch: Any, address: int) -> None:
+    code = torch.cuda.cudart().cudaHostUnregister(address)
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostUnregister failed (error {code})")
+
+
 class StagedUpload:
     """Copies host bytes into tensors through two reused staging buffers of
     ``chunk_bytes`` (pinned, on ``stream``, when there is one): while the DMA drains one
     buffer the host fills the other, and a buffer is refilled only once the copies out of
     it are done (an event per buffer), so no more than ``2 * chunk_bytes`` is ever pinned
     and no copy on the link is longer than a chunk. Without a stream (the CPU) the same
-    steps run on plain memory, which is how they are tested without a GPU."""
+    steps run on plain memory, which is how they are tested without a GPU.
 
-    def __init__(self, torch: Any, chunk_bytes: int, stream: Any = None) -> None:
+    ``pinned`` (an address and a length): host memory registered with CUDA (a private
+    copy, :func:`register_host`); a source inside it is copied to the device straight
+    from there, a chunk at a time, with no staging copy on the host."""
+
+    def __init__(
+        self,
+        torch: Any,
+        chunk_bytes: int,
+        stream: Any = None,
+        pinned: tuple[int, int] | None = None,
+    ) -> None:
         if chunk_bytes < 1:
             raise ValueError("chunk_bytes must be positive")
         self._torch = torch
         self._stream = stream
         self._gpu = stream is not None
+        self._pinned = pinned if self._gpu else None
+        self._sources: list[Any] = []  # direct copies' sources: alive until finish()
+        self.direct_bytes = 0  # copied with no staging (for tests and benchmarks)
         self._chunk = chunk_bytes
         self._buffers = [
             torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=self._gpu) for _ in range(2)
@@ -88,6 +122,9 @@ class StagedUpload:
         into = target.reshape(-1).view(self._torch.uint8)
         into_host = None if self._gpu else into.numpy()
         src = np.frombuffer(source, dtype=np.uint8)
+        if self._registered(src):
+            self._copy_direct(into, src)
+            return
         done = 0
         for piece in pieces(src.size, self._chunk - self._used, self._chunk):
             if self._used == self._chunk:
@@ -105,11 +142,33 @@ class StagedUpload:
             done += piece
             self.pieces += 1
 
+    def _registered(self, src: np.ndarray) -> bool:
+        if self._pinned is None or src.size == 0:
+            return False
+        base, length = self._pinned
+        start = int(src.ctypes.data)
+        return base <= start and start + src.size <= base + length
+
+    def _copy_direct(self, into: Any, src: np.ndarray) -> None:
+        """Queue ``src`` (registered memory) to ``into`` on the load's stream, a chunk per
+        copy (no copy on the link longer than a staged one)."""
+        with warnings.catch_warnings():  # read-only bytes: they are only read
+            warnings.simplefilter("ignore", UserWarning)
+            host = self._torch.from_numpy(src)
+        self._sources.append(host)
+        for at in range(0, src.size, self._chunk):
+            end = min(src.size, at + self._chunk)
+            into[at:end].copy_(host[at:end], non_blocking=True)
+            self.pieces += 1
+        self.direct_bytes += src.size
+
     def finish(self) -> None:
         """Wait for this upload's stream (the load's only wait); the buffers go back to
-        torch's pinned-memory cache when this object is dropped."""
+        torch's pinned-memory cache when this object is dropped, and the direct copies'
+        sources are let go (their bytes may be released from here on)."""
         if self._stream is not None:
             self._stream.synchronize()
+        self._sources.clear()
 
 
 class ThreadIO:

@@ -30,7 +30,7 @@ from typing import Protocol
 from model_server.files import chunk_verifier
 from model_server.files.chunk_hasher import ChunkHasher, Hash
 from model_server.files.chunk_verifier import ChunkVerifier, ExpectedBytes
-from model_server.files.spare_copies import SpareCopies, SpareCopy, rewind
+from model_server.files.spare_copies import Pins, SpareCopies, SpareCopy, rewind
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +91,42 @@ class PrivateCopy:
         mapping: mmap.mmap | None = None,
         memfd_closer: weakref.finalize | None = None,
         spare: tuple[int, SpareCopies] | None = None,
+        pins: Pins | None = None,
     ) -> None:
         """``spare``: the memfd and where its memory goes at :meth:`close` when no view
-        holds it any more (kept for the next read of that size, not given back)."""
+        holds it any more (kept for the next read of that size, not given back);
+        ``pins``: see :meth:`pin`."""
         self.view = view
         self._path = path
         self.mapping = mapping
         self._memfd_closer = memfd_closer
         self._spare = spare
+        self.pins: Pins = {} if pins is None else pins
         self._closing = threading.Lock()  # two closes at once: one punches, one returns
         self.closed = False
+
+    @property
+    def reusable(self) -> bool:
+        """Kept for the next read of its size once let go (not given back): work done
+        on its pages (:meth:`pin`) pays off over several versions."""
+        return self._spare is not None
+
+    @property
+    def address(self) -> int | None:
+        """Where the bytes start in this process's memory; None when empty or closed."""
+        if self.closed or self.mapping is None or self.mapping.closed or not len(self.mapping):
+            return None
+        anchor = ctypes.c_char.from_buffer(self.mapping)  # an export, for the address only
+        address = ctypes.addressof(anchor)
+        del anchor
+        return address
+
+    def pin(self, owner: str, undo: Callable[[], None]) -> None:
+        """Record that ``owner`` did something to these pages (registered them with a
+        device driver) that ``undo`` reverses: it is called before the pages are given
+        back, never while they are kept for a later read (the next version read into
+        them finds ``owner`` in :attr:`pins` and need not do it again)."""
+        self.pins[owner] = undo
 
     @property
     def path(self) -> str | None:
@@ -135,17 +161,23 @@ class PrivateCopy:
                 return
             if self._spare is not None and self._memfd_closer is not None:
                 memfd, spares = self._spare
-                kept = SpareCopy(memfd, mapping, self._memfd_closer, len(mapping))
+                kept = SpareCopy(memfd, mapping, self._memfd_closer, len(mapping), self.pins)
                 for dropped in spares.keep(kept):
-                    free(dropped.mapping, dropped.closer)
+                    free(dropped.mapping, dropped.closer, dropped.pins)
                 return
-            free(mapping, self._memfd_closer)
+            free(mapping, self._memfd_closer, self.pins)
 
 
-def free(mapping: mmap.mmap, memfd_closer: weakref.finalize | None) -> None:
-    """Give a private copy's pages back (a hole punched, see :meth:`PrivateCopy.close`),
-    unmap it and close its memfd. Never raises: a kernel that refuses the hole leaves
-    the pages to the unmapping."""
+def free(mapping: mmap.mmap, memfd_closer: weakref.finalize | None, pins: Pins) -> None:
+    """Give a private copy's pages back: undo its ``pins`` first, then punch a hole
+    (see :meth:`PrivateCopy.close`), unmap it and close its memfd. Never raises: a kernel
+    that refuses the hole leaves the pages to the unmapping."""
+    for owner, undo in list(pins.items()):
+        try:
+            undo()
+        except Exception as exc:  # the pages still go: a driver's error is its own
+            log.warning("could not undo %s's pin of a private copy: %s", owner, exc)
+    pins.clear()
     try:
         punch_hole(mapping)
     except OSError as exc:
@@ -234,6 +266,7 @@ def read_into_private_copy(
         digest = new_hash().hexdigest()
         return HashedCopy(PrivateCopy(memoryview(b"")), digest, time.perf_counter() - started, 0.0)
     spare = spares.take(size) if spares is not None else None
+    pins: Pins = spare.pins if spare is not None else {}
     if spare is not None:
         memfd, mapping, closer = spare.memfd, spare.mapping, spare.closer
     else:
@@ -263,10 +296,10 @@ def read_into_private_copy(
             hash_wait = time.perf_counter() - read
             readonly = view.toreadonly()
     except BaseException:  # refused: the copy goes here, not wherever the error is dropped
-        PrivateCopy(memoryview(b""), None, mapping, closer).close()
+        PrivateCopy(memoryview(b""), None, mapping, closer, pins=pins).close()
         raise
     kept = (memfd, spares) if spares is not None else None
-    copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer, kept)
+    copy = PrivateCopy(readonly, f"/proc/self/fd/{memfd}", mapping, closer, kept, pins)
     return HashedCopy(copy, digest, read - started, hash_wait)
 
 

@@ -19,18 +19,25 @@ import mmap
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# what a runtime did to a copy's memory that must be undone before its pages go (a
+# device driver's registration of them as pinned memory), by who did it
+Pins = dict[str, Callable[[], None]]
 
 
 @dataclass(frozen=True)
 class SpareCopy:
     """A memfd (owned by ``closer``) and its shared writable mapping, ``size`` bytes,
-    sealed against resizing, its pages already in memory."""
+    sealed against resizing, its pages already in memory; ``pins``: kept with them (a
+    registration made for an earlier version serves the next one read into them)."""
 
     memfd: int
     mapping: mmap.mmap
     closer: weakref.finalize
     size: int
+    pins: Pins = field(default_factory=dict)
 
 
 class SpareCopies:

@@ -63,7 +63,7 @@ class ModelRepository:
         """Give back the private copies kept for later loads."""
         if self.spares is not None:
             for spare in self.spares.clear():
-                free(spare.mapping, spare.closer)
+                free(spare.mapping, spare.closer, spare.pins)
 
     def model_dir(self, key: str) -> Path:
         return self.root.joinpath(*ModelKey.parse(key).parts)

@@ -381,3 +381,42 @@ def test_the_torch_engine_raises_bad_request_for_a_shape_failure(
         engine.infer({"a": np.ones((2, 3), np.float32), "b": np.ones((3, 3), np.float32)})
     fine = engine.infer({"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)})
     assert np.array_equal(fine["y"], np.full((2, 3), 2, np.float32))  # the engine still runs
+
+
+def test_a_kept_private_copy_is_registered_once_and_uploaded_with_no_staging(
+    torch: Any, tmp_path: Path
+) -> None:
+    """With spare copies (the server's default) the torch backend registers a private
+    copy's pages with CUDA at its first load; the next version, read into the same
+    pages, is copied to the device straight from them, and answers as itself. The
+    registration is undone when the pages go."""
+    from model_rollout_e2e.onnx_models import reference_forward
+    from model_server.backends.torch_backend import TorchBackend
+    from model_server.backends.torch_gpu import HOST_PIN
+    from model_server.files.spare_copies import SpareCopies
+    from model_server.lifecycle.repository import ModelRepository
+
+    versions = [
+        add_version(tmp_path / "repo", "mlp", f"v{n}", seed=n, hidden=512, depth=4) for n in (1, 2)
+    ]
+    spares = SpareCopies(2**30)
+    repository = ModelRepository(tmp_path / "repo", spares)
+    backend = TorchBackend("cuda")
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    stages = []
+    try:
+        for version in versions:
+            model = repository.read_version("mlp", version.name).model
+            engine = backend.load(model)
+            assert model.private is not None and HOST_PIN in model.private.pins
+            assert engine.direct_bytes == engine_bytes(version)  # every weight, unstaged
+            stages.append(engine.load_stages)
+            model.release()  # kept for the next version, still registered
+            out = engine.infer({"input": x})["output"]
+            np.testing.assert_allclose(out, reference_forward(version.weights, x), atol=2e-3)
+            engine.close()
+        assert spares.taken == 1
+    finally:
+        repository.close()  # unregisters, then gives the pages back
+    assert spares.held_bytes() == 0
+    assert stages[0]["pin"] >= 0 and "upload" in stages[1]

@@ -18,7 +18,7 @@ from model_rollout_e2e.onnx_models import write_mlp
 from model_server.backends.onnxruntime_backend import OnnxRuntimeBackend
 from model_server.files import chunk_verifier
 from model_server.files.chunk_verifier import ExpectedBytes, Mismatch
-from model_server.files.private_copy import HashedCopy, read_into_private_copy
+from model_server.files.private_copy import HashedCopy, free, read_into_private_copy
 from model_server.files.spare_copies import SpareCopies
 from model_server.lifecycle.load_pipeline import LoadPipeline
 from model_server.lifecycle.repository import ModelRepository
@@ -170,3 +170,40 @@ def test_loads_through_the_pipeline_reuse_the_last_versions_copy(tmp_path: Path)
     assert spares.taken == 1
     assert not np.allclose(first, second)  # v2's weights, not v1's left in the pages
     assert spares.held_bytes() == 0
+
+
+def test_a_pin_is_kept_with_the_pages_and_undone_only_when_they_go(tmp_path: Path) -> None:
+    """A device driver's registration of a copy's pages (the torch backend's
+    cudaHostRegister) serves the next version read into them, and is undone before the
+    pages are given back, never while they are kept."""
+    undone: list[str] = []
+    spares = SpareCopies(SIZE)
+    write(tmp_path / "v1", 1)
+    first = read(tmp_path / "v1", spares)
+    assert first.copy.reusable and first.copy.address is not None
+    first.copy.pin("driver", lambda: undone.append("v1's pages"))
+    first.copy.close()
+    assert undone == []  # kept: still registered
+
+    write(tmp_path / "v2", 2)
+    second = read(tmp_path / "v2", spares)
+    assert "driver" in second.copy.pins  # the next version finds it done
+    second.copy.close()
+    assert undone == []
+
+    for spare in spares.clear():  # as the repository closes
+        free(spare.mapping, spare.closer, spare.pins)
+    assert undone == ["v1's pages"]
+
+
+def test_a_pin_of_a_copy_given_back_is_undone_before_its_pages_go(tmp_path: Path) -> None:
+    order: list[str] = []
+    write(tmp_path / "v1", 1)
+    copy = read(tmp_path / "v1", None).copy
+    assert not copy.reusable
+    mapping = copy.mapping
+    assert mapping is not None
+    copy.pin("driver", lambda: order.append(f"undone, mapped={not mapping.closed}"))
+    copy.close()
+    assert order == ["undone, mapped=True"]
+    assert mapping.closed
