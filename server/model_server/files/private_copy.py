@@ -104,6 +104,9 @@ class PrivateCopy:
         self.pins: Pins = {} if pins is None else pins
         self._closing = threading.Lock()  # two closes at once: one punches, one returns
         self.closed = False
+        # the pages were kept or given back: a later close (once a view went) is a no-op,
+        # never a second keep of pages another copy may already be filling
+        self._let_go = False
 
     @property
     def reusable(self) -> bool:
@@ -152,6 +155,8 @@ class PrivateCopy:
         unmapping."""
         with self._closing:
             self.closed = True
+            if self._let_go:
+                return
             try:
                 self.view.release()
             except BufferError:
@@ -159,6 +164,7 @@ class PrivateCopy:
             mapping = self.mapping
             if mapping is None or mapping.closed or _still_viewed(mapping):
                 return
+            self._let_go = True
             if self._spare is not None and self._memfd_closer is not None:
                 memfd, spares = self._spare
                 kept = SpareCopy(memfd, mapping, self._memfd_closer, len(mapping), self.pins)

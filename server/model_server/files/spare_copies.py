@@ -48,6 +48,7 @@ class SpareCopies:
         self.budget_bytes = max(0, budget_bytes)
         self._spares: list[SpareCopy] = []
         self._lock = threading.Lock()
+        self._closed = False  # after close(): nothing is kept (no one would free it)
         self.taken = 0  # reads that found their memory ready (for the load's stages)
 
     def take(self, size: int) -> SpareCopy | None:
@@ -66,6 +67,8 @@ class SpareCopies:
         if spare.size > self.budget_bytes or spare.size == 0:
             return [spare]
         with self._lock:
+            if self._closed:
+                return [spare]
             self._spares.insert(0, spare)
             kept, dropped, total = [], [], 0
             for one in self._spares:
@@ -84,6 +87,14 @@ class SpareCopies:
     def clear(self) -> list[SpareCopy]:
         """Every spare, now the caller's to free."""
         with self._lock:
+            spares, self._spares = self._spares, []
+        return spares
+
+    def close(self) -> list[SpareCopy]:
+        """Every spare, now the caller's to free; a copy let go later (a load that was
+        still running) is given back rather than kept."""
+        with self._lock:
+            self._closed = True
             spares, self._spares = self._spares, []
         return spares
 

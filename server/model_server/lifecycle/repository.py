@@ -62,7 +62,7 @@ class ModelRepository:
     def close(self) -> None:
         """Give back the private copies kept for later loads."""
         if self.spares is not None:
-            for spare in self.spares.clear():
+            for spare in self.spares.close():
                 free(spare.mapping, spare.closer, spare.pins)
 
     def model_dir(self, key: str) -> Path:

@@ -207,3 +207,42 @@ def test_a_pin_of_a_copy_given_back_is_undone_before_its_pages_go(tmp_path: Path
     copy.close()
     assert order == ["undone, mapped=True"]
     assert mapping.closed
+
+
+def test_a_copy_closed_twice_is_kept_once(tmp_path: Path) -> None:
+    """A copy is closed again once its last view goes (the ONNX Runtime cache build and
+    the load pipeline each let it go): kept twice, two later reads of its size would
+    both fill the same pages, and one version would serve the other's bytes."""
+    spares = SpareCopies(64 * 2**20)
+    write(tmp_path / "v1", 1)
+    first = read(tmp_path / "v1", spares)
+    first.copy.close()
+    first.copy.close()
+    assert spares.held_bytes() == SIZE
+
+    second_data = write(tmp_path / "v2", 2)
+    write(tmp_path / "v3", 3)
+    second = read(tmp_path / "v2", spares)
+    third = read(tmp_path / "v3", spares)  # another tenant's model of that size
+    assert second.copy.path != third.copy.path
+    assert bytes(second.copy.view) == second_data
+    second.copy.close()
+    third.copy.close()
+    for spare in spares.clear():
+        free(spare.mapping, spare.closer, spare.pins)
+
+
+def test_a_copy_let_go_after_the_repository_closed_is_given_back(tmp_path: Path) -> None:
+    """A load still running when the server shuts down lets its copy go afterwards: it
+    must not be kept where no one will ever free it (nor undo its pins)."""
+    undone: list[str] = []
+    write(tmp_path / "v1", 1)
+    repository = ModelRepository(tmp_path, SpareCopies(64 * 2**20))
+    assert repository.spares is not None
+    late = read(tmp_path / "v1", repository.spares)
+    late.copy.pin("driver", lambda: undone.append("v1's pages"))
+    repository.close()
+    late.copy.close()
+    assert repository.spares.held_bytes() == 0
+    assert late.copy.mapping is not None and late.copy.mapping.closed
+    assert undone == ["v1's pages"]
