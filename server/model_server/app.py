@@ -63,7 +63,7 @@ class ModelServer:
         self.metrics.watch_tenants(self.policy.tenants, self.policy.rate_limits.buckets)
         self.audit = AuditLog(config.audit_log)
         self.repository = ModelRepository(
-            config.repository, SpareCopies(config.spare_copy_mb * 2**20)
+            config.repository, SpareCopies(config.spare_copy_mb * 2**20 // share)
         )
         self.executor = ThreadPoolExecutor(
             config.workers,

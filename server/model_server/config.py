@@ -228,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=ServerConfig.spare_copy_mb,
         help="host memory kept between loads for the next version's private copy: a "
         "version of a size loaded before is read into pages already there (for 400 MiB "
-        "on an H100 host, 65 ms rather than 235); 0: give each copy back",
+        "on an H100 host, 65 ms rather than 235); the pod's, shared by --processes "
+        "workers; 0: give each copy back",
     )
     p.add_argument(
         "--control-socket", help="Unix socket on which the sidecar announces new versions"

@@ -661,3 +661,16 @@ def test_a_pool_needs_fixed_ports(tmp_path: Path) -> None:
             parse_args(["--repository", str(tmp_path), "--processes", "2", *ports])
     config = parse_args(["--repository", str(tmp_path), "--processes", "2", "--port", "8000"])
     assert (config.processes, config.in_pool) == (2, False)  # the supervisor
+
+
+def test_each_worker_keeps_its_share_of_the_spare_copies(tmp_path: Path) -> None:
+    """--spare-copy-mb is the pod's, as --memory-budget-mb is: each of N workers keeps
+    1/N of it (N workers each keeping all of it would hold N times what was asked)."""
+    config = ServerConfig(repository=tmp_path, spare_copy_mb=1024, pool_size=4, worker_index=0)
+    config.pool_dir = tmp_path / "pool"
+    server = ModelServer(config, OnnxRuntimeBackend())
+    try:
+        assert server.repository.spares is not None
+        assert server.repository.spares.budget_bytes == 256 * 2**20
+    finally:
+        server.repository.close()
