@@ -228,14 +228,16 @@ class TorchEngine:
             offsets.append(total)
             total += torch_gpu.aligned(weight.nbytes)
         tensors = {}
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            flat = torch.empty(total, dtype=torch.uint8, device=self._device)
-            for weight, at in zip(weights, offsets, strict=True):
-                dtype = getattr(torch, str(weight.dtype))
-                tensor = flat[at : at + weight.nbytes].view(dtype).view(weight.shape)
-                upload.copy(tensor, weight.data)
-                tensors[weight.name] = tensor
-        upload.finish()
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                flat = torch.empty(total, dtype=torch.uint8, device=self._device)
+                for weight, at in zip(weights, offsets, strict=True):
+                    dtype = getattr(torch, str(weight.dtype))
+                    tensor = flat[at : at + weight.nbytes].view(dtype).view(weight.shape)
+                    upload.copy(tensor, weight.data)
+                    tensors[weight.name] = tensor
+        finally:  # a failed upload too: no copy still reads the private copy once it goes
+            upload.finish()
         self.upload_pieces = upload.pieces
         self.direct_bytes = upload.direct_bytes
         self._held_bytes = total

@@ -160,9 +160,13 @@ class PrivateCopy:
             try:
                 self.view.release()
             except BufferError:
+                undo_pins(self.pins)
                 return
             mapping = self.mapping
-            if mapping is None or mapping.closed or _still_viewed(mapping):
+            if mapping is None or mapping.closed:
+                return
+            if _still_viewed(mapping):  # never kept: unmapped by whoever drops it last
+                undo_pins(self.pins)
                 return
             self._let_go = True
             if self._spare is not None and self._memfd_closer is not None:
@@ -178,12 +182,7 @@ def free(mapping: mmap.mmap, memfd_closer: weakref.finalize | None, pins: Pins) 
     """Give a private copy's pages back: undo its ``pins`` first, then punch a hole
     (see :meth:`PrivateCopy.close`), unmap it and close its memfd. Never raises: a kernel
     that refuses the hole leaves the pages to the unmapping."""
-    for owner, undo in list(pins.items()):
-        try:
-            undo()
-        except Exception as exc:  # the pages still go: a driver's error is its own
-            log.warning("could not undo %s's pin of a private copy: %s", owner, exc)
-    pins.clear()
+    undo_pins(pins)
     try:
         punch_hole(mapping)
     except OSError as exc:
@@ -191,6 +190,19 @@ def free(mapping: mmap.mmap, memfd_closer: weakref.finalize | None, pins: Pins) 
     mapping.close()
     if memfd_closer is not None:
         memfd_closer()  # the memfd too, now (once: the finalizer is spent)
+
+
+def undo_pins(pins: Pins) -> None:
+    """Undo what runtimes did to a copy's pages (see :meth:`PrivateCopy.pin`) while they
+    are still mapped: before they are given back, or before a copy still viewed is left
+    to whoever drops the last view (the garbage collector unmaps it then, and knows
+    nothing of a driver's registration). Never raises."""
+    for owner, undo in list(pins.items()):
+        try:
+            undo()
+        except Exception as exc:  # the pages still go: a driver's error is its own
+            log.warning("could not undo %s's pin of a private copy: %s", owner, exc)
+    pins.clear()
 
 
 def _still_viewed(mapping: mmap.mmap) -> bool:

@@ -246,3 +246,21 @@ def test_a_copy_let_go_after_the_repository_closed_is_given_back(tmp_path: Path)
     assert repository.spares.held_bytes() == 0
     assert late.copy.mapping is not None and late.copy.mapping.closed
     assert undone == ["v1's pages"]
+
+
+def test_a_pin_of_a_copy_still_viewed_at_close_is_undone_there(tmp_path: Path) -> None:
+    """A copy still viewed when let go (a failed torch load's traceback holds its weights'
+    views) is never kept: its pages go whenever the view does, unmapped by the garbage
+    collector, which knows nothing of a driver's registration. So the registration is
+    undone at close, while the pages are still mapped, and the view still reads them."""
+    undone: list[str] = []
+    spares = SpareCopies(64 * 2**20)
+    data = write(tmp_path / "v1", 1)
+    copy = read(tmp_path / "v1", spares).copy
+    copy.pin("driver", lambda: undone.append("v1's pages"))
+    held = np.frombuffer(copy.view, dtype=np.uint8)
+    copy.close()
+    assert spares.held_bytes() == 0
+    assert undone == ["v1's pages"]
+    assert copy.pins == {}
+    assert held.tobytes() == data
