@@ -264,3 +264,35 @@ def test_a_pin_of_a_copy_still_viewed_at_close_is_undone_there(tmp_path: Path) -
     assert undone == ["v1's pages"]
     assert copy.pins == {}
     assert held.tobytes() == data
+
+
+def test_an_onnx_runtime_engine_on_its_own_copy_of_the_weights_keeps_the_pages_once(
+    tmp_path: Path,
+) -> None:
+    """Every initializer small (kept in the graph): the pipeline lets the copy go after
+    the load, and the engine lets it go again when closed. Kept twice, the next two
+    reads of that size (two tenants' models) would fill the same memfd, and a session
+    made from its path would run the other tenant's model."""
+    path = tmp_path / "repo" / "mlp" / "v1" / "model.onnx"
+    write_mlp(path, 1, in_dim=8, hidden=16, out_dim=4, depth=2)
+    write_manifest(path)
+    spares = SpareCopies(64 * 2**20)
+    repository = ModelRepository(tmp_path / "repo", spares)
+    backend = OnnxRuntimeBackend()
+    pipeline = LoadPipeline(backend, repository)
+
+    async def load_and_close() -> int:
+        checked = await pipeline.read("mlp", "v1", None, None)
+        size = checked.model.size
+        loaded = await pipeline.load("mlp", "v1", checked, 0)
+        pipeline.settle()
+        loaded.engine.close()
+        backend.settle()
+        return size
+
+    try:
+        size = asyncio.run(load_and_close())
+        assert spares.held_bytes() == size
+    finally:
+        pipeline.close()
+        repository.close()
