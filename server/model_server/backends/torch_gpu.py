@@ -48,13 +48,16 @@ def pieces(total: int, room: int, chunk: int) -> Iterator[int]:
 
 
 HOST_PIN = "cuda-host-register"  # the owner of a private copy's CUDA registration
+_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 
 
 def register_host(torch: Any, address: int, size: int) -> bool:
     """Register ``size`` bytes at ``address`` with CUDA as pinned memory, so copies from
     them go by DMA with no staging copy; False where the driver refuses (a copy is then
     staged, as any pageable memory)."""
-    code = torch.cuda.cudart().cudaHostRegister(address, size, 0)
+    # portable: pinned for every CUDA context, whichever device this thread is on (the
+    # engine's may be another) and whichever thread undoes it
+    code = torch.cuda.cudart().cudaHostRegister(address, size, _HOST_REGISTER_PORTABLE)
     if int(code) != 0:
         log.warning("cudaHostRegister of %d bytes refused (error %s): staged copies", size, code)
         return False
