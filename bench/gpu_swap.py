@@ -76,7 +76,9 @@ def _percentile_ms(latencies_s: list[float], q: float) -> float | None:
 async def measure(args: argparse.Namespace, root: Path) -> dict:
     import torch
 
-    backend = TorchBackend("cuda", chunk_bytes=int(args.chunk_mib * 2**20))
+    backend = TorchBackend(
+        "cuda", chunk_bytes=int(args.chunk_mib * 2**20), pin_copies=args.pin_private_copies
+    )
     threads = ThreadPoolExecutor(args.workers, thread_name_prefix="infer")
     manager = EngineManager(
         backend,
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the manifests' digest per this many MiB, as publish writes them (0: the whole "
         "file's only, hashed in one stream)",
     )
+    p.add_argument("--pin-private-copies", action="store_true", help="the server's flag (torch)")
     p.add_argument(
         "--spare-copy-mb",
         type=int,

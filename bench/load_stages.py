@@ -54,6 +54,7 @@ async def measure(args: argparse.Namespace, work: Path) -> list[dict]:
     extra = ["--backend", args.backend, "--admin-token-file", str(token)]
     extra += ["--inference-nice", str(args.inference_nice)]
     extra += ["--spare-copy-mb", str(args.spare_copy_mb)]
+    extra += ["--pin-private-copies"] if args.pin_private_copies else []
     extra += ["--cache-dir", str(work / "cache")] if not args.no_cache else []
     server = ServerProcess(work / "repo", [f"{args.size}=v1"], work / "server.log", extra=extra)
     server.start()
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause-s", type=float, default=1.0, help="serving before each load")
     p.add_argument("--no-cache", action="store_true", help="no --cache-dir (pods have one)")
     p.add_argument("--inference-nice", type=int, default=0, help="the server's flag")
+    p.add_argument("--pin-private-copies", action="store_true", help="the server's flag (torch)")
     p.add_argument(
         "--spare-copy-mb",
         type=int,
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache": not args.no_cache,
         "inference_nice": args.inference_nice,
         "spare_copy_mb": args.spare_copy_mb,
+        "pin_private_copies": args.pin_private_copies,
         "chunk_mib": args.chunk_mib,
         "host": platform.node(),
         "python": sys.version.split()[0],

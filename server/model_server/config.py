@@ -126,6 +126,8 @@ class ServerConfig:
     # the last private copies kept for the next read of a file of their size
     # (model_server.files.spare_copies): a load fills pages already there; 0: none kept
     spare_copy_mb: int = 1024
+    # torch: a kept private copy registered with CUDA and uploaded from with no staging
+    pin_private_copies: bool = False
     control_socket: Path | None = None  # where the sidecar announces new versions
     admin_token_file: Path | None = None  # without it the admin API is off
     tenants_file: Path | None = None  # tenants.yaml: API keys and models per tenant
@@ -176,6 +178,8 @@ class ServerConfig:
 
     def backend_options(self) -> dict[str, object]:
         """What ``make_backend`` is given for this configuration's backend."""
+        if self.backend == "torch":
+            return {"pin_copies": self.pin_private_copies}
         return self.tensorrt.backend_options() if self.backend == "tensorrt" else {}
 
 
@@ -230,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         "version of a size loaded before is read into pages already there (for 400 MiB "
         "on an H100 host, 65 ms rather than 235); the pod's, shared by --processes "
         "workers; 0: give each copy back",
+    )
+    p.add_argument(
+        "--pin-private-copies",
+        action="store_true",
+        help="torch backend: register a private copy kept for later versions "
+        "(--spare-copy-mb) with CUDA at its first load, and upload the next versions' "
+        "weights straight from its pages, with no staging copy on the host",
     )
     p.add_argument(
         "--control-socket", help="Unix socket on which the sidecar announces new versions"
@@ -534,6 +545,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         retain=a.retain,
         memory_budget_mb=a.memory_budget_mb,
         spare_copy_mb=a.spare_copy_mb,
+        pin_private_copies=a.pin_private_copies,
         control_socket=optional_path(a.control_socket),
         admin_token_file=optional_path(a.admin_token_file),
         tenants_file=optional_path(a.tenants_file),

@@ -475,8 +475,11 @@ class TorchBackend:
         device: str | None = None,
         chunk_bytes: int = torch_gpu.CHUNK_BYTES,
         cuda_graphs: bool = True,
+        pin_copies: bool = False,
     ) -> None:
+        """``pin_copies``: register kept private copies with CUDA (see :meth:`_pinned`)."""
         self._torch = import_torch()
+        self.pin_copies = pin_copies
         self.device = device or ("cuda" if self._torch.cuda.is_available() else "cpu")
         self.chunk_bytes = chunk_bytes
         self.cuda_graphs = cuda_graphs
@@ -504,7 +507,7 @@ class TorchBackend:
         first if need be: only a copy kept for later versions (its registration then
         serves them too; pinning a copy for one load costs more than staging it)."""
         private = model.private
-        if self._io is None or private is None or not private.reusable:
+        if not self.pin_copies or self._io is None or private is None or not private.reusable:
             return None
         address = private.address
         if address is None:

@@ -401,7 +401,7 @@ def test_a_kept_private_copy_is_registered_once_and_uploaded_with_no_staging(
     ]
     spares = SpareCopies(2**30)
     repository = ModelRepository(tmp_path / "repo", spares)
-    backend = TorchBackend("cuda")
+    backend = TorchBackend("cuda", pin_copies=True)
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     stages = []
     try:

@@ -107,7 +107,7 @@ async def serve_and_swap(
     threads = ThreadPoolExecutor(4, thread_name_prefix="infer")
     batching = BatchPolicy(32, 200e-6, 4, frozenset({"mlp"})) if rows > 1 else BatchPolicy()
     manager = EngineManager(
-        TorchBackend("cuda"),
+        TorchBackend("cuda", pin_copies=True),  # weights uploaded from the kept pages
         ModelRepository(root, spares),
         ServerMetrics(),
         AuditLog(),
