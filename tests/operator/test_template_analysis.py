@@ -314,6 +314,23 @@ def test_failure_limit_failed_checks_fail_it_and_the_stable_deployment_grows_bac
     assert later.reason == "TemplateRolloutFailed" and "error rate" in later.message
 
 
+def test_an_aborted_canary_keeps_its_analysis_as_a_failed_one_does() -> None:
+    """``kubectl model abort`` of a template canary with a failed check: the analysis
+    stays in the plan (status.analysis, kind template) while the aborted rollout is in
+    status.templateRollout, as after a failure by its checks; it was dropped at the abort."""
+    sp = spec()
+    plan = checked(sp, held_canary(sp), BAD)
+    assert plan.state is not None and plan.analysis is not None
+    aborted = plan_template(
+        "mlp", sp, NEW, STABLE, None, plan.state, pods(), 15.0, random.Random(1), None, False,
+        analysis=plan.analysis, aborted=plan.state.id,
+    )  # fmt: skip
+    assert aborted.state is not None and aborted.state.stage == FAILED
+    assert aborted.reason == "TemplateRolloutAborted"
+    assert aborted.analysis is not None and aborted.analysis.failures == 1
+    assert aborted.analysis.baseline is None  # that canary is over
+
+
 def test_inconclusive_with_on_inconclusive_hold_holds_the_canary() -> None:
     sp = spec({"inconclusiveLimit": 2, "onInconclusive": "hold"})
     plan = checked(sp, held_canary(sp), FEW, FEW)
