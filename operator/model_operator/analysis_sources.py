@@ -170,10 +170,25 @@ def pods_regex(deployment: str) -> str:
     return POD_NAME_TEMPLATE.replace("{deployment}", _escaped(deployment))
 
 
+# Kubernetes names a pod after the first 58 characters of "<replicaset>-" (63 with the 5
+# random ones): a long Deployment name leaves room for only part of the hash and its "-"
+_POD_PREFIX_MAX = 58
+_HASH_MAX = 10
+
+
 def deployment_pods_regex(deployment: str) -> str:
     """That of the pods of the one Deployment ``deployment`` (a template canary's two
-    groups): "mlp" matches none of "mlp-<10 hex digits>"'s pods."""
-    return _escaped(deployment) + _POD_SUFFIX
+    groups): "mlp" matches none of "mlp-<10 hex digits>"'s pods; a long name's pods are
+    named with what of "<hash>-" fits (a ModelDeployment name of up to 45 characters
+    keeps its template Deployments' pods apart from the first one's)."""
+    prefix = f"{deployment}-"
+    room = _POD_PREFIX_MAX - len(prefix)  # characters of "<hash>-" in the pod's name
+    if room > _HASH_MAX:
+        return _escaped(deployment) + _POD_SUFFIX
+    if room <= 0:
+        return _escaped(prefix[:_POD_PREFIX_MAX]) + "[a-z0-9]{5}"
+    cut = f"[a-z0-9]{{{room}}}" + (f"|[a-z0-9]{{1,{room - 1}}}-" if room > 1 else "")
+    return f"{_escaped(prefix)}({cut})[a-z0-9]{{5}}"
 
 
 @dataclass(frozen=True)

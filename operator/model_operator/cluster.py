@@ -52,20 +52,25 @@ class ApplyResult(Enum):
     FOREIGN = "foreign"  # an object of that name that this resource does not control
 
 
-def _contains(live: Any, desired: Any, quantities: bool = False) -> bool:
+def _contains(live: Any, desired: Any, quantities: bool = False, added: bool = False) -> bool:
     """Does ``live`` hold everything ``desired`` says? (The API server adds defaults, so
     a live object is compared on the fields the operator writes, lists item by item;
-    resource quantities by value, as the server rewrites them in its canonical form.)"""
+    resource quantities by value, as the server rewrites them in its canonical form.)
+    ``added``: a list may hold other items between the desired ones, in their order
+    (what a mutating webhook appends to a list the spec gives)."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
-            _contains(live.get(key), value, quantities or key in _QUANTITY_FIELDS)
+            _contains(live.get(key), value, quantities or key in _QUANTITY_FIELDS, added)
             for key, value in desired.items()
         )
     if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(desired)
-            and all(_contains(a, b, quantities) for a, b in zip(live, desired, strict=True))
+        if not isinstance(live, list):
+            return False
+        if added:  # each desired item found after the last one's (an iterator consumed)
+            rest = iter(live)
+            return all(any(_contains(a, b, quantities, added) for a in rest) for b in desired)
+        return len(live) == len(desired) and all(
+            _contains(a, b, quantities) for a, b in zip(live, desired, strict=True)
         )
     if quantities and live != desired:
         value = quantity(desired)
@@ -82,9 +87,10 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
     """Create ``obj``, or restore what drifted in an object this resource controls. An
     object of the same name that it does not control is left alone (never adopted). A
     Deployment's pod template is written only when the template the operator rendered
-    changed (its :data:`~.manifests.TEMPLATE_DIGEST`), not whenever the live one differs:
-    a mutating webhook's additions to it (a toleration appended to the spec's) would be
-    taken away on every pass and written back by the webhook."""
+    changed (its :data:`~.manifests.TEMPLATE_DIGEST`) or the live one lacks what it gives
+    (an edit by hand), not whenever the live one differs: a mutating webhook's additions
+    to it (a toleration appended to the spec's) would be taken away on every pass and
+    written back by the webhook."""
     meta = obj["metadata"]
     base = collection(obj["kind"], meta["namespace"])
     existing = await api.request("GET", f"{base}/{meta['name']}")
@@ -107,10 +113,17 @@ async def apply(api: KubeClient, obj: dict[str, Any]) -> ApplyResult:
 
 
 def _same_template(live: dict[str, Any], desired: dict[str, Any]) -> bool:
-    """Does the live Deployment run the pod template ``desired`` renders, by the digest
-    the operator stamped on both? (None stamped: an older operator's, compared whole.)"""
+    """Does the live Deployment run the pod template ``desired`` renders: the digest the
+    operator stamped on both, and every field it gives still there (another tool's
+    additions aside; a field edited by hand is not)? (None stamped: an older operator's,
+    compared whole.)"""
     path = ("metadata", "annotations", TEMPLATE_DIGEST)
-    return _at(desired, path) is not None and _at(live, path) == _at(desired, path)
+    template = ("spec", "template")
+    return (
+        _at(desired, path) is not None
+        and _at(live, path) == _at(desired, path)
+        and _contains(_at(live, template), _at(desired, template), added=True)
+    )
 
 
 def _at(obj: Any, path: tuple[str, ...]) -> Any:

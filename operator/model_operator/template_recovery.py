@@ -37,16 +37,21 @@ def inferred_stable(
     name: str, digest: str, owned: Mapping[str, str | None], pods: list[PodView]
 ) -> TemplateRef | None:
     """The stable template among the Deployments this resource owns (``owned``: each one's
-    stamped digest, ``None`` where it has none): the one that runs the spec's template
-    ``digest``, else the one with the most ready pods. ``None``: neither (the first
-    Deployment's, as on a first pass). One whose digest is unknown is the spec's if it is
-    the first Deployment (as an upgrade from an operator without template rollouts takes
-    it), else known by its digest's head only: the spec's template is rolled out to."""
+    stamped digest, ``None`` where it has none): the one with the most ready pods, the
+    one that runs the spec's template ``digest`` on a tie (or with none ready anywhere):
+    a canary of the spec's template, or a failed one at zero pods, is never taken for it
+    (every pod would move onto it unjudged, the serving one drained). ``None``: none
+    (the first Deployment's, as on a first pass). One whose digest is unknown is the
+    spec's if it is the first Deployment (as an upgrade from an operator without
+    template rollouts takes it), else known by its digest's head only: the spec's
+    template is rolled out to."""
     own = deployment_name(name, template_label(digest))
-    for known, stamped in sorted(owned.items()):
-        if stamped == digest or (stamped is None and known == own != name):
-            return TemplateRef(known, digest)
     ready = Counter(d for p in pods if p.ready and (d := deployment_of(name, p)) in owned)
+    most = max(ready.values(), default=0)
+    for known, stamped in sorted(owned.items()):
+        runs_spec = stamped == digest or (stamped is None and known == own != name)
+        if runs_spec and ready[known] == most:
+            return TemplateRef(known, digest)
     if not ready:
         return None
     best = min(ready, key=lambda d: (-ready[d], d))  # a tie: by name, the same each pass

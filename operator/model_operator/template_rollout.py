@@ -313,8 +313,10 @@ def plan_template(
                 )
             )
     if state is not None:
-        step = _Step(name, spec, state, stable, previous, pods, now, rng, promoted, refused)
-        plan = step.abort() if abort else step.run(analysis, sample)
+        step = _Step(
+            name, spec, state, stable, previous, pods, now, rng, promoted, refused, analysis
+        )
+        plan = step.abort() if abort else step.run(sample)
     plan = replace(plan, cleared=tuple(cleared))
     return _drain(name, spec, plan, pods, (*draining, *abandoned), events)
 
@@ -421,19 +423,21 @@ class _Step:
         rng: random.Random,
         promoted: str | None,
         refused: str | None,
+        analysis: AnalysisState | None,
     ) -> None:
+        """``analysis``: the last plan's, kept if it is this rollout's (an aborted or
+        failed one's too: its verdict stays beside it)."""
         self.spec, self.state, self.stable, self.previous = spec, state, stable, previous
         self.now, self.rng, self.promoted, self.refused = now, rng, promoted, refused
         self.new = [p for p in pods if deployment_of(name, p) == state.target.deployment]
         self.old = [p for p in pods if deployment_of(name, p) == stable.deployment]
         self.events: list[Event] = []
         self.promotion_used = False
-        self.analysis: AnalysisState | None = None
+        # another rollout's never carries over
+        self.analysis = analysis if analysis is not None and analysis.rollout == state.id else None
         self.sample: Sample | None = None
 
-    def run(self, analysis: AnalysisState | None, sample: Sample | None) -> TemplatePlan:
-        if analysis is not None and analysis.rollout == self.state.id:
-            self.analysis = analysis  # another rollout's never carries over
+    def run(self, sample: Sample | None) -> TemplatePlan:
         self.sample = sample
         if self.state.stage == FAILED:
             reason = ABORTED_REASON if self.state.aborted else FAILED_REASON

@@ -400,6 +400,25 @@ async def test_a_webhooks_addition_to_a_list_the_spec_gives_is_left_alone() -> N
     assert "template" not in api.patches[0]["spec"] and api.patches[0]["spec"]["replicas"] == 7
 
 
+async def test_a_hand_edit_of_the_live_template_is_repaired_though_the_stamp_stayed() -> None:
+    """``kubectl edit`` of the Deployment's image (or a toleration taken away) keeps the
+    stamped digest: the pods must still go back to the spec's template, as any drift does;
+    only what another tool added to the template is left alone."""
+    live = _live(_stamped(pod={"tolerations": [GPU_TOLERATION]}))
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "server:hand-edited"
+    api = _LiveDeployment(live)
+    again = _stamped(pod={"tolerations": [GPU_TOLERATION]})
+    assert await cluster.apply(api, again) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    [patch] = api.patches
+    image = patch["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == again["spec"]["template"]["spec"]["containers"][0]["image"]
+    removed = _live(again)
+    removed["spec"]["template"]["spec"]["tolerations"] = []
+    api = _LiveDeployment(removed)
+    assert await cluster.apply(api, again) is cluster.ApplyResult.UPDATED  # type: ignore[arg-type]
+    assert api.patches[0]["spec"]["template"]["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
 def test_a_pod_affinity_term_without_a_label_selector_counts_this_deployments_pods() -> None:
     """Kubernetes matches a pod affinity term without a labelSelector with no pod at all:
     the docs' one-pod-per-node anti-affinity would do nothing. As a topology spread

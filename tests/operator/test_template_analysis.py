@@ -172,6 +172,26 @@ def test_a_deployments_pod_pattern_matches_its_pods_only() -> None:
     assert not re.fullmatch(deployment_pods_regex("mlp-0123456789"), first)
 
 
+def test_a_long_names_pod_pattern_matches_its_truncated_pod_names() -> None:
+    """Kubernetes names a pod ``(<replicaset>-)[:58]`` and 5 random characters: a
+    ModelDeployment of 40 characters has a template's pods named without the whole hash
+    (``<name>-<10 hex>-<6 of the hash>xxxxx``); each Deployment's pattern still matches
+    its own pods only (none matched: the candidate had no requests, and the analysis
+    failed every template canary of such a name as inconclusive)."""
+    name = "recommendation-ranker-distilled-prod-eu1"  # 40 characters
+    template = f"{name}-0123456789"
+
+    def pod(deployment: str, pod_template_hash: str) -> str:
+        return f"{deployment}-{pod_template_hash}-"[:58] + "p7wz4"
+
+    for digits in ("6c8d7b9f5", "6c8d7b9f5x"):
+        stable_pod, template_pod = pod(name, digits), pod(template, digits)
+        assert re.fullmatch(deployment_pods_regex(name), stable_pod)
+        assert re.fullmatch(deployment_pods_regex(template), template_pod)
+        assert not re.fullmatch(deployment_pods_regex(name), template_pod)
+        assert not re.fullmatch(deployment_pods_regex(template), stable_pod)
+
+
 async def test_prometheus_is_asked_of_each_templates_pods_on_the_one_version() -> None:
     asked: list[str] = []
     candidate_pods = f'pod=~"{deployment_pods_regex(TARGET)}"'
@@ -312,6 +332,23 @@ def test_failure_limit_failed_checks_fail_it_and_the_stable_deployment_grows_bac
     later = step(sp, plan.state, plan.analysis, 100.0)  # and stays failed
     assert later.state is not None and later.state.stage == FAILED
     assert later.reason == "TemplateRolloutFailed" and "error rate" in later.message
+
+
+def test_an_aborted_canary_keeps_its_analysis_as_a_failed_one_does() -> None:
+    """``kubectl model abort`` of a template canary with a failed check: the analysis
+    stays in the plan (status.analysis, kind template) while the aborted rollout is in
+    status.templateRollout, as after a failure by its checks; it was dropped at the abort."""
+    sp = spec()
+    plan = checked(sp, held_canary(sp), BAD)
+    assert plan.state is not None and plan.analysis is not None
+    aborted = plan_template(
+        "mlp", sp, NEW, STABLE, None, plan.state, pods(), 15.0, random.Random(1), None, False,
+        analysis=plan.analysis, aborted=plan.state.id,
+    )  # fmt: skip
+    assert aborted.state is not None and aborted.state.stage == FAILED
+    assert aborted.reason == "TemplateRolloutAborted"
+    assert aborted.analysis is not None and aborted.analysis.failures == 1
+    assert aborted.analysis.baseline is None  # that canary is over
 
 
 def test_inconclusive_with_on_inconclusive_hold_holds_the_canary() -> None:

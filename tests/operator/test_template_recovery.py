@@ -96,8 +96,27 @@ def test_without_the_specs_template_the_deployment_with_most_ready_pods_is_stabl
     # the first Deployment, unstamped (an upgrade): the spec's template, as before
     assert inferred_stable("mlp", new, {"mlp": None}, ready(2, None)) == TemplateRef("mlp", new)
     assert inferred_stable("mlp", new, {"mlp": None}, []) is None
-    # a stamp that says it runs the spec's template wins over ready pods
-    assert inferred_stable("mlp", new, {**stamped, "mlp": new}, pods) == TemplateRef("mlp", new)
+    # a stamp that says it runs the spec's template wins a tie of ready pods, or none
+    tie = pods + ready(3, None)
+    assert inferred_stable("mlp", new, {**stamped, "mlp": new}, tie) == TemplateRef("mlp", new)
+    assert inferred_stable("mlp", new, {**stamped, "mlp": new}, []) == TemplateRef("mlp", new)
+
+
+async def test_a_wiped_status_mid_canary_keeps_the_serving_deployment_stable() -> None:
+    """The status lost ``template`` while the spec's template was a canary (1 pod of 4)
+    or had failed (its Deployment kept at 0 pods): the Deployment stamped with the spec's
+    template is not taken for the stable one over the one serving every other ready pod,
+    which would move all pods onto an unjudged (or failed) template with no canary."""
+    given = spec()
+    digest = template_digest("mlp", "ml", given)
+    target = f"mlp-{template_label(digest)}"
+    for canary in (1, 0):  # a canary running, a failed one drained
+        api = Deployments({"mlp": "o" * 16, target: digest})
+        pods = ready(4 - canary, None) + ready(canary, template_label(digest))
+        passed = await plan_templates(api, "mlp", "ml", given, {}, pods, None, UID)  # type: ignore[arg-type]
+        assert passed.plan.stable == TemplateRef("mlp", "o" * 16)
+        assert passed.plan.state is not None and passed.plan.state.stage == CANARY
+        assert passed.plan.replicas["mlp"] == 4 - canary
 
 
 def test_the_rendered_deployment_carries_its_templates_digest() -> None:
