@@ -53,6 +53,7 @@ from tests.support.cli import (
     bound_user,
     flaky_proxy,
     intercepting_proxy,
+    interruptible,
     kubeconfig_through,
     run_tool,
     user_roles,
@@ -566,6 +567,7 @@ async def test_release_json_reports_what_was_done_whatever_ends_it(
     proc = await asyncio.create_subprocess_exec(
         str(BIN / "model-rollout"), *argv("v4", kubeconfig),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=interruptible,
     )  # fmt: skip
     await admin.when(lambda md: md["spec"]["version"] == "v4")  # following now
     proc.send_signal(signal.SIGINT)
@@ -659,6 +661,7 @@ async def test_status_shows_each_tenant_track_and_watch_prints_a_change_in_one(
         str(BIN / "kubectl-model"), "status", "mlp", "--watch", "--interval", "0.1",
         "--kubeconfig", kubeconfig,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=interruptible,
     )  # fmt: skip
     assert proc.stdout is not None
     try:

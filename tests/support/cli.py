@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -53,6 +54,14 @@ REQUIRED_SPEC = {
     "store": {"pvc": "models"},
     "signingPublicKeySecret": "model-signing-key",
 }
+
+
+def interruptible() -> None:
+    """A child's ``preexec_fn``: SIGINT at its default, as a terminal's foreground job has
+    it, so that Python turns it into KeyboardInterrupt. A test run as a background job of
+    a shell without job control (``make test &``) inherits SIGINT ignored, and so would
+    the tool it starts (Python installs no handler for an ignored SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 async def run_tool(
