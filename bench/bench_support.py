@@ -4,6 +4,7 @@ stages beside the machine's limits, and the operator's planner on a virtual cloc
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import mmap
@@ -22,11 +23,33 @@ from prometheus_client.samples import Sample
 from model_operator.spec import parse_spec
 from model_rollout_e2e.onnx_models import publish_mlp
 from model_rollout_e2e.simulation import SimCluster
+from model_server.config import ServerConfig
 
 # 8-layer MLPs: (input width, hidden width); about 25 MiB and 400 MiB of fp32 weights
 SIZES = {"small": (256, 1024), "large": (1024, 4096)}
 DEPTH = 8
 OUT_DIM = 16
+
+
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the benchmarks that load versions: how the versions are published
+    (``--digest-chunk-mib``) and the server's own flags that change a load."""
+    parser.add_argument(
+        "--digest-chunk-mib",
+        type=int,
+        default=8,
+        help="the manifests' digest per this many MiB, as publish writes them, checked on "
+        "several threads (0: the whole file's only, hashed in one stream)",
+    )
+    parser.add_argument(
+        "--spare-copy-mb",
+        type=int,
+        default=ServerConfig.spare_copy_mb,
+        help="the server's flag: the last private copy kept for the next load (0: none)",
+    )
+    parser.add_argument(
+        "--pin-private-copies", action="store_true", help="the server's flag (torch)"
+    )
 
 
 def write_json(out: str | Path, report: Any) -> Path:

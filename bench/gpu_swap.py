@@ -37,10 +37,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_support import physical_limits, print_stages, publish_versions, write_json
+from bench_support import (
+    add_load_flags,
+    physical_limits,
+    print_stages,
+    publish_versions,
+    write_json,
+)
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
-from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US, ServerConfig
+from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
 from model_server.files.spare_copies import SpareCopies
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.repository import ModelRepository
@@ -77,7 +83,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
     import torch
 
     backend = TorchBackend(
-        "cuda", chunk_bytes=int(args.chunk_mib * 2**20), pin_copies=args.pin_private_copies
+        "cuda", chunk_bytes=int(args.staging_chunk_mib * 2**20), pin_copies=args.pin_private_copies
     )
     threads = ThreadPoolExecutor(args.workers, thread_name_prefix="infer")
     manager = EngineManager(
@@ -102,7 +108,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         "clients": args.clients,
         "batch": args.batch,
         "workers": args.workers,
-        "chunk_mib": args.chunk_mib,
+        "staging_chunk_mib": args.staging_chunk_mib,
         "gil_switch_interval_us": args.gil_switch_interval_us,
         "quick_run_us": args.quick_run_us,
         "sample_memory_ms": args.sample_memory_ms,
@@ -257,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retain", type=int, default=2)
     p.add_argument("--workers", type=int, default=4, help="inference threads")
     p.add_argument(
-        "--chunk-mib", type=float, default=CHUNK_BYTES / 2**20, help="load staging chunk"
+        "--staging-chunk-mib",
+        type=float,
+        default=CHUNK_BYTES / 2**20,
+        help="the pinned chunks a load is staged through on its way to the GPU",
     )
     p.add_argument(
         "--gil-switch-interval-us",
@@ -278,20 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         help="poll torch.cuda.memory_allocated on the event loop while each version loads (the "
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
     )
-    p.add_argument(
-        "--digest-chunk-mib",
-        type=int,
-        default=8,
-        help="the manifests' digest per this many MiB, as publish writes them (0: the whole "
-        "file's only, hashed in one stream)",
-    )
-    p.add_argument("--pin-private-copies", action="store_true", help="the server's flag (torch)")
-    p.add_argument(
-        "--spare-copy-mb",
-        type=int,
-        default=ServerConfig.spare_copy_mb,
-        help="the server's flag: the last private copy kept for the next load (0: none)",
-    )
+    add_load_flags(p)
     p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before each load")
     p.add_argument(
         "--after-s",

@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace, cluster: ControlPlane) -> dict[str, Any]
 KINDS = ("before", "now")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=8.0)
     p.add_argument("--lease-seconds", type=float, default=1.5)
@@ -158,7 +158,7 @@ def main() -> None:
     )
     p.add_argument("--seed", type=int, default=29)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "lease_flaky.json"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with ControlPlane(Path(tempfile.mkdtemp(prefix="lease-bench-"))) as cluster:
         report = asyncio.run(run(args, cluster))
     report["args"] = vars(args)

@@ -4,9 +4,10 @@ that size: its read from the page cache, its sha256 and, on a GPU, its copy to t
 device from pinned and pageable memory. The server reads and hashes a model file in one
 pass (``read_hash``, then ``hash_wait`` for the hash to catch up): their sum is bounded
 below by the longer of the read into fresh pages and the sha256, printed as its floor.
-Versions are published with their digest per ``--chunk-mib`` MiB (as ``publish`` writes
-them), which the server checks on several threads: the sha256's share of the floor is
-then split among them; ``--chunk-mib 0`` publishes the whole-file digest alone.
+Versions are published with their digest per ``--digest-chunk-mib`` MiB (as ``publish``
+writes them), which the server checks on several threads: the sha256's share of the
+floor is then split among them; ``--digest-chunk-mib 0`` publishes the whole-file digest
+alone.
 
 A real server process on 127.0.0.1, started as a pod runs it (with an engine cache);
 ``--loads N`` swaps to N new versions in turn, under ``--clients`` closed-loop clients
@@ -29,10 +30,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench_support import SIZES, physical_limits, print_stages, publish_sized, write_json
+from bench_support import (
+    SIZES,
+    add_load_flags,
+    physical_limits,
+    print_stages,
+    publish_sized,
+    write_json,
+)
 from model_rollout_e2e.loadgen import LoadGenerator
 from model_rollout_e2e.processes import ServerProcess
-from model_server.config import ServerConfig
 from model_server.files.chunk_verifier import WORKERS
 
 ADMIN_TOKEN = "bench-token"
@@ -89,23 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause-s", type=float, default=1.0, help="serving before each load")
     p.add_argument("--no-cache", action="store_true", help="no --cache-dir (pods have one)")
     p.add_argument("--inference-nice", type=int, default=0, help="the server's flag")
-    p.add_argument("--pin-private-copies", action="store_true", help="the server's flag (torch)")
-    p.add_argument(
-        "--spare-copy-mb",
-        type=int,
-        default=ServerConfig.spare_copy_mb,
-        help="the server's flag: the last private copy kept for the next load (0: none)",
-    )
-    p.add_argument(
-        "--chunk-mib", type=int, default=8, help="manifest chunk digests (0: whole file only)"
-    )
+    add_load_flags(p)
     p.add_argument("--ready-timeout", type=float, default=120)
     p.add_argument("--out", default="bench/results/load_stages.json")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-stages-") as tmp:
         work = Path(tmp)
         for n in range(1, args.loads + 2):
-            chunk = args.chunk_mib * 2**20 or None
+            chunk = args.digest_chunk_mib * 2**20 or None
             model = publish_sized(work / "repo", args.size, f"v{n}", n, args.size, chunk)
         device = "cuda" if args.backend == "torch" else None
         limits = physical_limits(model, device)
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.clients} clients, host {platform.node()}"
     )
     medians = print_stages(title, stages, limits)
-    threads = WORKERS if args.chunk_mib else 1  # the chunks are hashed on WORKERS threads
+    threads = WORKERS if args.digest_chunk_mib else 1  # the chunks are hashed on WORKERS threads
     floor = max(limits["page_cache_read_fresh_pages"]["ms"], limits["sha256"]["ms"] / threads)
     label = f"read_hash + hash_wait floor ({threads} hash threads)"
     print(f"  {label:<46} {floor:>8.2f} ms")
@@ -129,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "inference_nice": args.inference_nice,
         "spare_copy_mb": args.spare_copy_mb,
         "pin_private_copies": args.pin_private_copies,
-        "chunk_mib": args.chunk_mib,
+        "digest_chunk_mib": args.digest_chunk_mib,
         "host": platform.node(),
         "python": sys.version.split()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -308,3 +308,53 @@ def test_the_link_check_sees_links(tmp_path: Path) -> None:
         "[gone](missing.md) [bad anchor](there.md#nowhere)\n```text\n[in code](nope.md)\n```\n"
     )
     assert broken_links(doc) == ["missing.md (no such file)", "there.md#nowhere (no such heading)"]
+
+
+BENCH = ROOT / "bench"
+
+
+class _Parsed(Exception):
+    """Raised in place of running a benchmark once its arguments parsed."""
+
+
+def benchmark_commands() -> list[tuple[str, str, list[str]]]:
+    """Every ``python bench/<script>.py ...`` shown in the docs and in the scripts' own
+    docstrings: where it is shown, the script's name and its arguments."""
+    shown = [(f"{c.doc}:{c.line}", c.text) for doc in DOCS for c in shell_commands(doc)]
+    for script in sorted(BENCH.glob("*.py")):
+        docstring = ast.get_docstring(ast.parse(script.read_text())) or ""
+        for number, line in enumerate(docstring.splitlines(), 1):
+            shown.append((f"bench/{script.name} docstring:{number}", line.strip()))
+    found = []
+    for where, text in shown:
+        words = text.partition(" #")[0].replace("[", " ").replace("]", " ").split()
+        if len(words) >= 2 and words[0] == "python" and words[1].startswith("bench/"):
+            found.append((where, Path(words[1]).stem, words[2:]))
+    return found
+
+
+@pytest.mark.parametrize(("where", "script", "argv"), benchmark_commands(), ids=lambda v: str(v))
+def test_each_benchmark_command_shown_parses(
+    where: str, script: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark's command shown with a flag it lost would mislead whoever copies it:
+    each is parsed by the script's own parser (and not run)."""
+    import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    module = importlib.import_module(script)
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        parse(self, *args, **kw)  # type: ignore[arg-type]
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed):
+        module.main(argv)
+
+
+def test_the_benchmark_command_check_sees_commands() -> None:
+    scripts = {script for _, script, _ in benchmark_commands()}
+    assert {"gpu_swap", "load_stages", "mlserver_side_by_side"} <= scripts
