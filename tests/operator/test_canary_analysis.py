@@ -440,11 +440,9 @@ async def test_prometheus_one_live_answer_too_many_in_a_shadow_only_window_is_en
     read one more request of the candidate than its shadow runs in a window where it
     answered no client: with no live answer timed, latency is still engine time, and a
     candidate 20x slower fails."""
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
     from model_operator.analysis_sources import query_prometheus
     from model_operator.spec import AnalysisSpec, PrometheusSpec
+    from tests.support.fake_prometheus import fake_prometheus
 
     def value(q: str) -> float | None:
         cand = 'version="v2"' in q
@@ -462,17 +460,8 @@ async def test_prometheus_one_live_answer_too_many_in_a_shadow_only_window_is_en
             return None if cand else 0.015  # no live answer of the candidate was timed
         return None
 
-    async def query(request: web.Request) -> web.Response:
-        v = value(request.query["query"])
-        result = [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
-        return web.json_response(
-            {"status": "success", "data": {"resultType": "vector", "result": result}}
-        )
-
-    app = web.Application()
-    app.router.add_get("/api/v1/query", query)
-    async with TestServer(app) as server:
-        spec = PrometheusSpec(str(server.make_url("/")))
+    async with fake_prometheus(value) as url:
+        spec = PrometheusSpec(url)
         got = await query_prometheus(spec, "ns", "mlp", "mlp", ("v1", "v2"), 60.0, 0.0)
     assert got.figures is not None and got.figures.engine_time
     check = judge(got.figures, AnalysisSpec(min_requests=10, max_latency_ratio=1.5), 60.0)

@@ -75,6 +75,22 @@ async def read_pods(servers: dict[str, ServerProcess]) -> dict:
     return snapshot
 
 
+async def scraping(tmp_path: Path, pods: dict[str, ServerProcess]) -> PrometheusServer:
+    """A Prometheus scraping each pod's server (namespace "ml") every 0.5 s, returned once
+    it has scraped them all 3 times (stopped if it never does)."""
+    prometheus = PrometheusServer(
+        tmp_path / "prometheus",
+        [(f"127.0.0.1:{s.port}", {"namespace": "ml", "pod": n}) for n, s in pods.items()],
+        scrape_interval_s=0.5,
+    ).start()
+    try:
+        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+    except BaseException:
+        prometheus.stop()
+        raise
+    return prometheus
+
+
 def close(a: float | None, b: float | None, rel: float) -> bool:
     return a is not None and b is not None and abs(a - b) <= rel * max(abs(a), abs(b))
 
@@ -112,15 +128,7 @@ async def test_promql_figures_agree_with_the_pods_own_metrics(
         # scrapes (increase() counts from a series' first sample)
         assert await send(canary_url, 1, "v1") == await send(canary_url, 1, "v2") == [200]
         assert await send(stable_url, 1) == [200]
-        prometheus = PrometheusServer(
-            tmp_path / "prometheus",
-            [
-                (f"127.0.0.1:{servers[name].port}", {"namespace": "ml", "pod": POD_NAMES[name]})
-                for name in ("canary", "stable")
-            ],
-            scrape_interval_s=0.5,
-        ).start()
-        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        prometheus = await scraping(tmp_path, {POD_NAMES[n]: s for n, s in servers.items()})
         before, started = await read_pods(servers), time.time()
         codes = await send(canary_url, 400) + await send(stable_url, 200)
         assert set(codes) == {200}
@@ -250,12 +258,7 @@ async def test_two_deployments_of_the_same_model_judge_only_their_own_pods(
         # every series exists before the first scrape (increase() counts from there)
         assert await send(urls[canary_pod], 1, "v1") == await send(urls[canary_pod], 1, "v2")
         assert await send(urls[stable_pod], 1) == await send(urls[other_pod], 1) == [200]
-        prometheus = PrometheusServer(
-            tmp_path / "prometheus",
-            [(f"127.0.0.1:{s.port}", {"namespace": "ml", "pod": n}) for n, s in servers.items()],
-            scrape_interval_s=0.5,
-        ).start()
-        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        prometheus = await scraping(tmp_path, servers)
         before, started = await read_pods({canary_pod: servers[canary_pod]}), time.time()
         codes = await send(urls[canary_pod], 200) + await send(urls[stable_pod], 100)
         codes += await send(urls[other_pod], 600)
@@ -329,12 +332,7 @@ async def test_a_template_canary_asks_each_deployments_own_pods(
             await asyncio.to_thread(server.wait_ready)
         urls = {name: server.url for name, server in servers.items()}
         assert await send(urls[stable_pod], 1) == await send(urls[candidate_pod], 1) == [200]
-        prometheus = PrometheusServer(
-            tmp_path / "prometheus",
-            [(f"127.0.0.1:{s.port}", {"namespace": "ml", "pod": n}) for n, s in servers.items()],
-            scrape_interval_s=0.5,
-        ).start()
-        await asyncio.to_thread(prometheus.wait_for_scrapes, 3)
+        prometheus = await scraping(tmp_path, servers)
         before, started = await read(), time.time()
         codes = await send(urls[candidate_pod], 300) + await send(urls[stable_pod], 100)
         assert set(codes) == {200}

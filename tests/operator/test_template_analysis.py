@@ -12,8 +12,6 @@ import random
 import re
 from typing import Any
 
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 
 from model_operator.analysis import (
@@ -47,10 +45,9 @@ from model_operator.template_rollout import (
 from model_rollout_contract import canary
 from model_rollout_contract.states import Phase, SidecarState
 from model_rollout_e2e.simulated_servers import Behaviour, SimulatedServer
+from tests.support.fake_prometheus import fake_prometheus
+from tests.support.template_rollout import NEW, STABLE, TARGET
 
-OLD, NEW = "a" * 16, "b" * 16
-STABLE = TemplateRef("mlp", OLD)
-TARGET = f"mlp-{NEW[:10]}"
 GOOD, BAD = (
     Figures(200, 0, 0, 600, 0.010, 0.010, None, None, 0),
     Figures(200, 40, 0, 600, 0.010, 0.010, None, None, 0),
@@ -198,6 +195,7 @@ async def test_prometheus_is_asked_of_each_templates_pods_on_the_one_version() -
     stable_pods = f'pod=~"{deployment_pods_regex("mlp")}"'
 
     def value(q: str) -> float | None:
+        asked.append(q)
         assert 'version="v1"' in q and (candidate_pods in q) != (stable_pods in q), q
         cand = candidate_pods in q
         if canary.REQUESTS in q and "code=~" in q:
@@ -208,18 +206,8 @@ async def test_prometheus_is_asked_of_each_templates_pods_on_the_one_version() -
             return 0.020 if cand else 0.010
         return None
 
-    async def query(request: web.Request) -> web.Response:
-        asked.append(request.query["query"])
-        v = value(request.query["query"])
-        result = [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
-        return web.json_response(
-            {"status": "success", "data": {"resultType": "vector", "result": result}}
-        )
-
-    app = web.Application()
-    app.router.add_get("/api/v1/query", query)
-    async with TestServer(app) as server:
-        sp = spec({"prometheus": {"url": str(server.make_url("/"))}})
+    async with fake_prometheus(value) as url:
+        sp = spec({"prometheus": {"url": url}})
         sample = await read_template_canary(
             sp, "ns", "v1", ("mlp", []), (TARGET, []), window_start=0.0, at=60.0
         )
@@ -236,20 +224,13 @@ async def test_a_pass_reads_the_canarys_two_templates_when_a_check_is_due() -> N
     check in status.analysis (kind template), and a passed check ends the canary."""
     asked: list[str] = []
 
-    async def query(request: web.Request) -> web.Response:
-        q = request.query["query"]
+    def value(q: str) -> float | None:
         asked.append(q)
         v = 0.0 if "code=~" in q else 100.0 if canary.REQUESTS in q else None
-        v = 0.010 if canary.LATENCY in q and canary.SHADOW_LATENCY not in q else v
-        result = [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
-        return web.json_response(
-            {"status": "success", "data": {"resultType": "vector", "result": result}}
-        )
+        return 0.010 if canary.LATENCY in q and canary.SHADOW_LATENCY not in q else v
 
-    app = web.Application()
-    app.router.add_get("/api/v1/query", query)
-    async with TestServer(app) as server:
-        sp = spec({"prometheus": {"url": str(server.make_url("/"))}})
+    async with fake_prometheus(value) as url:
+        sp = spec({"prometheus": {"url": url}})
         digest = template_digest("mlp", "ns", sp)
         target = TemplateRef(deployment_name("mlp", template_label(digest)), digest)
         state = TemplateRollout(STABLE, target, CANARY, 0.0, wanted=1, canary_ready_at=1.0,

@@ -22,10 +22,7 @@ from model_operator.template_rollout import (
 )
 from model_rollout_contract.annotations import ABORT, RETRY
 from model_rollout_contract.states import Phase
-
-OLD, NEW = "a" * 16, "b" * 16
-STABLE = TemplateRef("mlp", OLD)
-TARGET = f"mlp-{NEW[:10]}"
+from tests.support.template_rollout import NEW, OLD, STABLE, TARGET
 
 
 def spec(**given: Any) -> ModelDeploymentSpec:
