@@ -47,6 +47,7 @@ from bench_support import (
 from model_server.backends.torch_backend import TorchBackend
 from model_server.backends.torch_gpu import CHUNK_BYTES
 from model_server.config import GIL_SWITCH_INTERVAL_US, QUICK_RUN_US
+from model_server.files import chunk_verifier
 from model_server.files.spare_copies import SpareCopies
 from model_server.lifecycle.engine_manager import EngineManager
 from model_server.lifecycle.repository import ModelRepository
@@ -108,6 +109,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict:
         "clients": args.clients,
         "batch": args.batch,
         "workers": args.workers,
+        "hash_threads": chunk_verifier.WORKERS,
         "staging_chunk_mib": args.staging_chunk_mib,
         "gil_switch_interval_us": args.gil_switch_interval_us,
         "quick_run_us": args.quick_run_us,
@@ -288,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         "bench's old way of finding the peak; 0: read the allocator's peak instead)",
     )
     add_load_flags(p)
+    p.add_argument(
+        "--hash-threads",
+        type=int,
+        default=chunk_verifier.WORKERS,
+        help="threads that check a load's chunk digests (the server's: one core less than "
+        "the machine's, at most 4); fewer leave more of the GIL to serving",
+    )
     p.add_argument("--steady-s", type=float, default=2.0, help="steady serving before each load")
     p.add_argument(
         "--after-s",
@@ -307,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.loads < 1:
         p.error("--loads must be at least 1")
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
+    chunk_verifier.WORKERS = args.hash_threads  # read at each load
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(tmp)
         chunk = args.digest_chunk_mib * 2**20 or None
