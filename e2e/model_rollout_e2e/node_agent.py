@@ -29,10 +29,8 @@ pod's failing readiness (:meth:`NodeAgent.fail_readiness`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from .loop_thread import LoopThread
 from .node_heartbeat import NodeHeartbeat, node_conditions
 from .pod_runtime import ContainerRuntime
 from .pod_worker import HOST_IP, PodWorker, WorkerSettings
@@ -323,48 +322,30 @@ class AgentThread:
 
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, name=f"node-{agent.name}", daemon=True)
+        self._thread = LoopThread(f"node-{agent.name}", self._serve)
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._started.set()
-            self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+    async def _serve(self, ready: Callable[[], None], stopping: asyncio.Event) -> None:
         try:
             await self.agent.start()
-            self._started.set()
-            await self._stop.wait()
+            ready()
+            await stopping.wait()
         finally:
             await self.agent.stop()
 
     def start(self, timeout_s: float = 60.0) -> AgentThread:
-        self._thread.start()
-        if not self._started.wait(timeout_s):
-            raise TimeoutError(f"node agent {self.agent.name} did not register")
-        if self._error is not None:
-            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+        name = self.agent.name
+        self._thread.start(
+            timeout_s,
+            late=f"node agent {name} did not register",
+            failed=f"node agent {name} failed",
+        )
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self._thread.is_alive() and self._stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if not self._thread.stop(timeout_s):
             raise TimeoutError(f"node agent {self.agent.name} still running")
-        if self._error is not None:
-            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+        if self._thread.error is not None:
+            raise RuntimeError(f"node agent {self.agent.name} failed") from self._thread.error
 
     def __enter__(self) -> AgentThread:
         return self.start()
