@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +44,11 @@ from .loop_thread import LoopThread
 from .node_heartbeat import NodeHeartbeat, node_conditions
 from .pod_runtime import ContainerRuntime
 from .pod_worker import HOST_IP, PodWorker, WorkerSettings
-from .raw_api import check, json_call
+from .raw_api import WatchGone, json_call, watch_events
 
 log = logging.getLogger(__name__)
 KUBELET_VERSION = "v1.37.2"
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-class WatchGone(Exception):
-    """The watch's resourceVersion was compacted away (410): list again."""
 
 
 class NodeAgent:
@@ -213,7 +209,8 @@ class NodeAgent:
                     for pod in pods:
                         self._dispatch("ADDED", pod)
                     resource_version = str(listed["metadata"]["resourceVersion"])
-                async for kind, pod in self._events(selector, resource_version):
+                watch = await self._watch(selector, resource_version)
+                async for kind, pod in watch_events(watch):
                     resource_version = str(pod["metadata"].get("resourceVersion"))
                     if kind != "BOOKMARK":
                         self._dispatch(kind, pod)
@@ -224,10 +221,9 @@ class NodeAgent:
                 resource_version = None
                 await asyncio.sleep(1)
 
-    async def _events(
-        self, selector: str, resource_version: str
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        response = await self._core.list_pod_for_all_namespaces(
+    async def _watch(self, selector: str, resource_version: str) -> Any:
+        """The watch's response, for :func:`~.raw_api.watch_events`."""
+        return await self._core.list_pod_for_all_namespaces(
             field_selector=selector,
             watch="true",
             resource_version=resource_version,
@@ -236,20 +232,6 @@ class NodeAgent:
             _preload_content=False,
             _request_timeout=330,
         )
-        try:
-            if not 200 <= response.status <= 299:
-                check(response, await response.read())
-            while line := await response.content.readline():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    if (event.get("object") or {}).get("code") == 410:
-                        raise WatchGone()
-                    raise ApiException(status=event["object"].get("code"), reason=str(event))
-                yield str(event["type"]), event["object"]
-        finally:
-            response.release()
 
     async def _sync_statuses(self) -> None:
         """A kubelet's periodic status sync: each pod whose status on the API (the
