@@ -29,11 +29,9 @@ pod's failing readiness (:meth:`NodeAgent.fail_readiness`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +40,15 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from .loop_thread import LoopThread
 from .node_heartbeat import NodeHeartbeat, node_conditions
 from .pod_runtime import ContainerRuntime
 from .pod_worker import HOST_IP, PodWorker, WorkerSettings
-from .raw_api import check, json_call
+from .raw_api import WatchGone, json_call, watch_events
 
 log = logging.getLogger(__name__)
 KUBELET_VERSION = "v1.37.2"
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-class WatchGone(Exception):
-    """The watch's resourceVersion was compacted away (410): list again."""
 
 
 class NodeAgent:
@@ -214,7 +209,8 @@ class NodeAgent:
                     for pod in pods:
                         self._dispatch("ADDED", pod)
                     resource_version = str(listed["metadata"]["resourceVersion"])
-                async for kind, pod in self._events(selector, resource_version):
+                watch = await self._watch(selector, resource_version)
+                async for kind, pod in watch_events(watch):
                     resource_version = str(pod["metadata"].get("resourceVersion"))
                     if kind != "BOOKMARK":
                         self._dispatch(kind, pod)
@@ -225,10 +221,9 @@ class NodeAgent:
                 resource_version = None
                 await asyncio.sleep(1)
 
-    async def _events(
-        self, selector: str, resource_version: str
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        response = await self._core.list_pod_for_all_namespaces(
+    async def _watch(self, selector: str, resource_version: str) -> Any:
+        """The watch's response, for :func:`~.raw_api.watch_events`."""
+        return await self._core.list_pod_for_all_namespaces(
             field_selector=selector,
             watch="true",
             resource_version=resource_version,
@@ -237,20 +232,6 @@ class NodeAgent:
             _preload_content=False,
             _request_timeout=330,
         )
-        try:
-            if not 200 <= response.status <= 299:
-                check(response, await response.read())
-            while line := await response.content.readline():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    if (event.get("object") or {}).get("code") == 410:
-                        raise WatchGone()
-                    raise ApiException(status=event["object"].get("code"), reason=str(event))
-                yield str(event["type"]), event["object"]
-        finally:
-            response.release()
 
     async def _sync_statuses(self) -> None:
         """A kubelet's periodic status sync: each pod whose status on the API (the
@@ -323,48 +304,30 @@ class AgentThread:
 
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, name=f"node-{agent.name}", daemon=True)
+        self._thread = LoopThread(f"node-{agent.name}", self._serve)
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._started.set()
-            self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+    async def _serve(self, ready: Callable[[], None], stopping: asyncio.Event) -> None:
         try:
             await self.agent.start()
-            self._started.set()
-            await self._stop.wait()
+            ready()
+            await stopping.wait()
         finally:
             await self.agent.stop()
 
     def start(self, timeout_s: float = 60.0) -> AgentThread:
-        self._thread.start()
-        if not self._started.wait(timeout_s):
-            raise TimeoutError(f"node agent {self.agent.name} did not register")
-        if self._error is not None:
-            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+        name = self.agent.name
+        self._thread.start(
+            timeout_s,
+            late=f"node agent {name} did not register",
+            failed=f"node agent {name} failed",
+        )
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self._thread.is_alive() and self._stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if not self._thread.stop(timeout_s):
             raise TimeoutError(f"node agent {self.agent.name} still running")
-        if self._error is not None:
-            raise RuntimeError(f"node agent {self.agent.name} failed") from self._error
+        if self._thread.error is not None:
+            raise RuntimeError(f"node agent {self.agent.name} failed") from self._thread.error
 
     def __enter__(self) -> AgentThread:
         return self.start()

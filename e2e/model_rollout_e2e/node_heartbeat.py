@@ -12,10 +12,9 @@ pods on an overloaded machine) cannot hold a renewal back past the Lease's durat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from .loop_thread import LoopThread
 from .raw_api import json_call
 
 log = logging.getLogger(__name__)
@@ -69,40 +69,22 @@ class NodeHeartbeat:
         self.max_gap_s = 0.0
         self._last_renewal: float | None = None
         self._last_report = time.monotonic()  # the agent reported the node at registration
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._first = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name=f"lease-{name}", daemon=True)
+        self._thread = LoopThread(f"lease-{name}", self._serve)
 
     def start(self, timeout_s: float = 60.0) -> None:
-        self._thread.start()
-        if not self._first.wait(timeout_s):
-            raise TimeoutError(f"node {self.name}: no first Lease renewal")
-        if self._error is not None:
-            raise RuntimeError(f"node {self.name}: Lease renewal failed") from self._error
+        self._thread.start(
+            timeout_s,
+            late=f"node {self.name}: no first Lease renewal",
+            failed=f"node {self.name}: Lease renewal failed",
+        )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._thread.is_alive() and self._stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
+        self._thread.stop(timeout_s)
         if self.max_gap_s:
             log.info("node %s: longest gap between Lease renewals %.1f s", self.name,
                      self.max_gap_s)  # fmt: skip
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._first.set()
-            self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+    async def _serve(self, ready: Callable[[], None], stopping: asyncio.Event) -> None:
         configuration = k8s.Configuration()
         await k8s_config.load_kube_config(
             config_file=str(self.kubeconfig), client_configuration=configuration
@@ -110,10 +92,10 @@ class NodeHeartbeat:
         async with k8s.ApiClient(configuration) as api:
             coordination, core = k8s.CoordinationV1Api(api), k8s.CoreV1Api(api)
             await self._renew(coordination)
-            self._first.set()
+            ready()
             while True:
                 try:
-                    await asyncio.wait_for(self._stop.wait(), self.renew_s)
+                    await asyncio.wait_for(stopping.wait(), self.renew_s)
                     return
                 except asyncio.TimeoutError:
                     pass

@@ -48,7 +48,7 @@ from .control_plane import ControlPlane
 from .kubectl import Kubectl
 from .node_agent import AgentThread, NodeAgent
 from .pod_sandbox import Sandbox
-from .raw_api import check, json_call
+from .raw_api import WatchEnded, json_call, watch_events
 
 GROUP, API_VERSION, PLURAL = DOMAIN, "v1alpha1", "modeldeployments"
 WATCH_S = 60  # each status watch request's length; a new one follows
@@ -331,19 +331,15 @@ class Scenario:
                 _preload_content=False, _request_timeout=WATCH_S + 30,
             )  # fmt: skip
             try:
-                if not 200 <= response.status <= 299:
-                    check(response, await response.read())
-                while line := await response.content.readline():
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    if event.get("type") in ("ERROR", "DELETED"):
-                        break  # expired (410) or gone: read it again
-                    status = dict((event.get("object") or {}).get("status") or {})
-                    if seen(status):
-                        return status
-            finally:
-                response.release()
+                async with contextlib.aclosing(watch_events(response)) as events:
+                    async for kind, md in events:
+                        if kind == "DELETED":
+                            break  # gone: read it again
+                        status = dict(md.get("status") or {})
+                        if seen(status):
+                            return status
+            except WatchEnded:
+                pass  # expired (410) or another error: read it again
 
     # -- the pods ------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ from .container_runtime import SimulatedContainers
 from .pod_runtime import Container
 from .pod_sandbox import Sandbox
 from .pod_volumes import DEFAULT_TOKEN_SECONDS, REFRESH_AT
-from .raw_api import check, json_call
+from .raw_api import WatchGone, json_call, watch_events
 
 log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300  # the sidecar's pod watch, resumed when the server ends it
@@ -423,11 +423,13 @@ class SimulatedSidecar:
                     )
                     self._seen(pod)
                     version = str(pod["metadata"]["resourceVersion"])
-                async for kind, pod in self._events(version):
+                async for kind, pod in watch_events(await self._watch(version)):
+                    if kind not in ("ADDED", "MODIFIED", "BOOKMARK"):
+                        continue  # a deletion is no change to follow
                     version = str(pod["metadata"].get("resourceVersion") or version)
                     if kind != "BOOKMARK":
                         self._seen(pod)
-            except _WatchGone:
+            except WatchGone:
                 version = None
             except (ApiException, *_TRANSPORT_ERRORS, json.JSONDecodeError) as exc:
                 log.warning(
@@ -439,8 +441,9 @@ class SimulatedSidecar:
                 version = None
                 await asyncio.sleep(RETRY_S)
 
-    async def _events(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        response = await self._core.list_namespaced_pod(
+    async def _watch(self, resource_version: str) -> Any:
+        """The watch's response, for :func:`~.raw_api.watch_events`."""
+        return await self._core.list_namespaced_pod(
             self.namespace,
             field_selector=f"metadata.name={self.name}",
             watch="true",
@@ -450,22 +453,6 @@ class SimulatedSidecar:
             _preload_content=False,
             _request_timeout=WATCH_TIMEOUT_S + 30,
         )
-        try:
-            if not 200 <= response.status <= 299:
-                check(response, await response.read())
-            while line := await response.content.readline():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, pod = str(event.get("type")), event.get("object") or {}
-                if kind == "ERROR":
-                    if pod.get("code") == 410:
-                        raise _WatchGone()
-                    raise ApiException(status=pod.get("code"), reason=str(pod.get("message")))
-                if kind in ("ADDED", "MODIFIED", "BOOKMARK"):
-                    yield kind, pod
-        finally:
-            response.release()
 
     def _seen(self, pod: Mapping[str, Any]) -> None:
         """The pod as the API shows it now: a new cycle when the track's target,
@@ -587,10 +574,6 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, ApiException):
         return f"HTTP {exc.status}: {exc.reason}"
     return repr(exc)
-
-
-class _WatchGone(Exception):
-    """The watch's resourceVersion is gone (410): read the pod again."""
 
 
 def model_store_claim(namespace: str, claim: str = "models") -> list[dict[str, Any]]:

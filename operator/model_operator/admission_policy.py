@@ -30,6 +30,8 @@ from typing import Any
 from model_rollout_contract.annotations import SIDECAR_STATUS
 from model_rollout_contract.tracks import TRACK_PATTERN
 
+from .policy_binding import LABELS, with_binding
+
 POLICY_NAME = "model-rollout-sidecar-pods"
 SIDECAR_SA_PREFIX = "model-sidecar-"
 # what a bound (projected) service-account token adds to the request's userInfo.extra
@@ -136,8 +138,6 @@ VALIDATIONS = [
     ),
 ]
 
-LABELS = {"app.kubernetes.io/part-of": "model-rollout"}
-
 
 def policy() -> dict[str, Any]:
     return {
@@ -173,16 +173,7 @@ def policy() -> dict[str, Any]:
     }
 
 
-def binding() -> dict[str, Any]:
-    """Every namespace: the account names are this project's own."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": LABELS},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
-    }
-
-
 def objects() -> list[dict[str, Any]]:
-    """What the cluster needs, in the order to apply it."""
-    return [policy(), binding()]
+    """What the cluster needs, in the order to apply it: bound in every namespace, as the
+    account names are this project's own."""
+    return with_binding(policy())

@@ -33,8 +33,9 @@ from typing import Any
 from model_rollout_contract.annotations import ABORT, CHANGE_CAUSE, PROMOTE, RETRY
 from model_rollout_contract.tracks import TRACK_PATTERN
 
-from .admission_policy import LABELS, literal_pattern, or_empty
+from .admission_policy import literal_pattern, or_empty
 from .constants import GROUP, PLURAL, VERSION
+from .policy_binding import LABELS, with_binding
 
 POLICY_NAME = "model-rollout-rollout-editors"
 # the RBAC verb that allows changing any field (the chart's owner role and the operator)
@@ -176,16 +177,7 @@ def policy() -> dict[str, Any]:
     }
 
 
-def binding() -> dict[str, Any]:
-    """Every namespace: a ModelDeployment anywhere is this project's."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": LABELS},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
-    }
-
-
 def objects() -> list[dict[str, Any]]:
-    """What the cluster needs, in the order to apply it."""
-    return [policy(), binding()]
+    """What the cluster needs, in the order to apply it: bound in every namespace, as a
+    ModelDeployment anywhere is this project's."""
+    return with_binding(policy())

@@ -31,7 +31,7 @@ from model_rollout_contract.annotations import TARGET_VERSION
 from model_rollout_e2e.control_plane import ControlPlane
 from model_rollout_e2e.identities import Identity
 from model_rollout_e2e.node_agent import NodeAgent
-from model_rollout_e2e.raw_api import check, json_call
+from model_rollout_e2e.raw_api import WatchGone, json_call, watch_events
 from model_rollout_e2e.seaweed import CREDENTIALS_ENV
 from model_rollout_e2e.simulated_sidecar import SidecarBehaviour, model_store_claim
 from tests.support.control_plane_operator import Operator
@@ -264,23 +264,14 @@ class RolloutCluster:
             _request_timeout=90,
         )  # fmt: skip
         try:
-            if not 200 <= response.status <= 299:
-                check(response, await response.read())
-            while line := await response.content.readline():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                md = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    if md.get("code") == 410:
-                        return None
-                    raise ApiException(status=md.get("code"), reason=str(md.get("message")))
-                version = str(md["metadata"]["resourceVersion"])
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self._seen(md)
-            return version
-        finally:
-            response.release()
+            async with contextlib.aclosing(watch_events(response)) as events:
+                async for kind, md in events:
+                    version = str(md["metadata"]["resourceVersion"])
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._seen(md)
+        except WatchGone:
+            return None
+        return version
 
 
 @contextlib.contextmanager
