@@ -6,7 +6,9 @@ relative link there, and in the benchmarks' dated notes, points at a file that e
 
 from __future__ import annotations
 
+import argparse
 import ast
+import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,8 @@ def repository_root() -> Path:
 
 ROOT = repository_root()
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-NOTES = sorted((ROOT / "bench" / "results").rglob("NOTES.md"))
+BENCH = ROOT / "bench"
+NOTES = sorted((BENCH / "results").rglob("NOTES.md"))
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 
 # A comment line in a shell block marks every command of the block; a comment after a
@@ -310,9 +313,6 @@ def test_the_link_check_sees_links(tmp_path: Path) -> None:
     assert broken_links(doc) == ["missing.md (no such file)", "there.md#nowhere (no such heading)"]
 
 
-BENCH = ROOT / "bench"
-
-
 class _Parsed(Exception):
     """Raised in place of running a benchmark once its arguments parsed."""
 
@@ -339,9 +339,6 @@ def test_each_benchmark_command_shown_parses(
 ) -> None:
     """A benchmark's command shown with a flag it lost would mislead whoever copies it:
     each is parsed by the script's own parser (and not run)."""
-    import argparse
-    import importlib
-
     monkeypatch.syspath_prepend(str(BENCH))
     module = importlib.import_module(script)
     parse = argparse.ArgumentParser.parse_args
